@@ -1,0 +1,686 @@
+#include "cache/artifact_store.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/sqlite.h"
+#include "common/fmt_absl.h"
+#include "common/platform.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::cache {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kSchemaVersion = 1;
+
+// Version 1. Blobs are shared between entries; a blob row is deleted when no
+// entry references it any more. Sizes are in bytes; times in unix milliseconds.
+constexpr absl::string_view kSchema = R"sql(
+CREATE TABLE blobs (
+  id          INTEGER PRIMARY KEY,
+  digest      BLOB NOT NULL UNIQUE,   -- SHA-256 of the uncompressed content
+  size        INTEGER NOT NULL,       -- uncompressed
+  stored_size INTEGER NOT NULL,       -- as stored, counted against the cap
+  codec       INTEGER NOT NULL,       -- 0 raw, 1 zstd
+  location    INTEGER NOT NULL,       -- 0 inline in `data`, 1 file blobs/<hh>/<hex>
+  data        BLOB
+);
+CREATE TABLE entries (
+  id           INTEGER PRIMARY KEY,
+  namespace    TEXT NOT NULL,
+  key          TEXT NOT NULL,
+  created_ms   INTEGER NOT NULL,
+  last_used_ms INTEGER NOT NULL,
+  UNIQUE (namespace, key)
+);
+CREATE INDEX entries_by_last_use ON entries (last_used_ms);
+CREATE TABLE entry_blobs (
+  entry_id INTEGER NOT NULL REFERENCES entries (id) ON DELETE CASCADE,
+  name     TEXT NOT NULL,
+  blob_id  INTEGER NOT NULL REFERENCES blobs (id),
+  PRIMARY KEY (entry_id, name)
+) WITHOUT ROWID;
+CREATE INDEX entry_blobs_by_blob ON entry_blobs (blob_id);
+)sql";
+
+enum Codec : int64_t { kRaw = 0, kZstd = 1 };
+enum Location : int64_t { kInline = 0, kFile = 1 };
+
+// Compression must save at least this fraction to be worth a decompress on every read.
+constexpr double kMinCompressionGain = 0.10;
+constexpr size_t kMinCompressibleSize = 256;
+constexpr int kEvictionBatch = 64;
+
+int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
+
+absl::StatusOr<std::string> ReadWholeFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("blob file missing: ", path.string()));
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
+  return content;
+}
+
+}  // namespace
+
+// Blob rows a transaction deleted; their files go only after it commits.
+struct ArtifactStore::FreedBlobs {
+  uint64_t bytes = 0;
+  std::vector<fs::path> files;
+};
+
+struct ArtifactStore::ReaderConnection {
+  std::unique_ptr<sqlite::Database> db;
+  sqlite::Statement lookup;
+};
+
+struct ArtifactStore::Writer {
+  std::unique_ptr<sqlite::Database> db;
+  sqlite::Statement find_entry;
+  sqlite::Statement delete_entry;
+  sqlite::Statement entry_blob_ids;
+  sqlite::Statement find_blob;
+  sqlite::Statement insert_blob;
+  sqlite::Statement insert_entry;
+  sqlite::Statement insert_entry_blob;
+  sqlite::Statement orphan_blob;
+  sqlite::Statement delete_blob;
+  sqlite::Statement touch_entry;
+  sqlite::Statement least_recently_used;
+  sqlite::Statement entries_with_blob;
+  sqlite::Statement file_blob_exists;
+};
+
+struct ArtifactStore::PreparedBlob {
+  std::string name;
+  std::string digest;
+  uint64_t size = 0;
+  Codec codec = kRaw;
+  std::string stored;  // the bytes as stored; empty for file blobs once written
+  uint64_t stored_size = 0;
+  Location location = kInline;
+  fs::path temp_path;  // file blobs: written durably, renamed into place on publish
+};
+
+// Returns a reader connection to the pool when the lookup is done.
+class ArtifactStore::ReaderLease {
+ public:
+  ReaderLease(ArtifactStore* store, std::unique_ptr<ReaderConnection> reader)
+      : store_(store), reader_(std::move(reader)) {}
+  ReaderLease(ReaderLease&&) = default;
+  ~ReaderLease() {
+    if (reader_) store_->ReleaseReader(std::move(reader_));
+  }
+  ReaderConnection* operator->() { return reader_.get(); }
+
+ private:
+  ArtifactStore* store_;
+  std::unique_ptr<ReaderConnection> reader_;
+};
+
+ArtifactStore::ArtifactStore(StoreOptions options) : options_(std::move(options)) {}
+
+ArtifactStore::~ArtifactStore() {
+  {
+    std::lock_guard lock(maintenance_mutex_);
+    stopping_ = true;
+  }
+  maintenance_wakeup_.notify_all();
+  if (maintenance_thread_.joinable()) maintenance_thread_.join();
+  std::lock_guard lock(writer_mutex_);
+  if (writer_) {
+    if (absl::Status status = FlushTouches(); !status.ok()) {
+      spdlog::warn("cache: last-use times not saved at shutdown: {}", status.message());
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ArtifactStore>> ArtifactStore::Open(StoreOptions options) {
+  std::unique_ptr<ArtifactStore> store(new ArtifactStore(std::move(options)));
+  RETURN_IF_ERROR(store->Initialize());
+  store->maintenance_thread_ = std::thread([raw = store.get()] { raw->MaintenanceLoop(); });
+  return store;
+}
+
+absl::Status ArtifactStore::Initialize() {
+  std::error_code error;
+  fs::create_directories(options_.data_dir / "blobs" / "tmp", error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot create cache directory %s: %s; choose a writable --data-dir",
+        options_.data_dir.string(), error.message()));
+  }
+  auto writer = std::make_unique<Writer>();
+  ASSIGN_OR_RETURN(writer->db,
+                   sqlite::Database::Open(options_.data_dir / "kiln.db", options_.busy_timeout));
+  sqlite::Database& db = *writer->db;
+  ASSIGN_OR_RETURN(sqlite::Statement version, db.Prepare("PRAGMA user_version"));
+  ASSIGN_OR_RETURN(bool has_row, version.Step());
+  const int64_t found_version = has_row ? version.ColumnInt(0) : 0;
+  if (found_version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache database %s has schema version %d, newer than this kilnd understands (%d); "
+        "upgrade kilnd or use another --data-dir",
+        (options_.data_dir / "kiln.db").string(), found_version, kSchemaVersion));
+  }
+  if (found_version == 0) {
+    ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
+    RETURN_IF_ERROR(db.Exec(kSchema));
+    RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  struct StatementSpec {
+    sqlite::Statement Writer::*member;
+    absl::string_view sql;
+  };
+  const StatementSpec specs[] = {
+      {&Writer::find_entry, "SELECT id FROM entries WHERE namespace = ?1 AND key = ?2"},
+      {&Writer::delete_entry, "DELETE FROM entries WHERE id = ?1"},
+      {&Writer::entry_blob_ids, "SELECT blob_id FROM entry_blobs WHERE entry_id = ?1"},
+      {&Writer::find_blob, "SELECT id FROM blobs WHERE digest = ?1"},
+      {&Writer::insert_blob,
+       "INSERT INTO blobs (digest, size, stored_size, codec, location, data) "
+       "VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
+      {&Writer::insert_entry,
+       "INSERT INTO entries (namespace, key, created_ms, last_used_ms) VALUES (?1, ?2, ?3, ?3)"},
+      {&Writer::insert_entry_blob,
+       "INSERT INTO entry_blobs (entry_id, name, blob_id) VALUES (?1, ?2, ?3)"},
+      {&Writer::orphan_blob,
+       "SELECT digest, stored_size, location FROM blobs WHERE id = ?1 AND NOT EXISTS "
+       "(SELECT 1 FROM entry_blobs WHERE blob_id = ?1)"},
+      {&Writer::delete_blob, "DELETE FROM blobs WHERE id = ?1"},
+      {&Writer::touch_entry,
+       "UPDATE entries SET last_used_ms = max(last_used_ms, ?2) WHERE id = ?1"},
+      {&Writer::least_recently_used,
+       "SELECT id FROM entries ORDER BY last_used_ms, id LIMIT ?1"},
+      {&Writer::entries_with_blob,
+       "SELECT b.id, eb.entry_id FROM blobs b LEFT JOIN entry_blobs eb ON eb.blob_id = b.id "
+       "WHERE b.digest = ?1"},
+      {&Writer::file_blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1 AND location = 1"},
+  };
+  for (const StatementSpec& spec : specs) {
+    ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
+  }
+  ASSIGN_OR_RETURN(sqlite::Statement total, db.Prepare("SELECT total(stored_size) FROM blobs"));
+  ASSIGN_OR_RETURN(has_row, total.Step());
+  stored_bytes_ = has_row ? static_cast<uint64_t>(total.ColumnInt(0)) : 0;
+  writer_ = std::move(writer);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ArtifactStore::ReaderConnection>> ArtifactStore::OpenReader() {
+  auto reader = std::make_unique<ReaderConnection>();
+  ASSIGN_OR_RETURN(reader->db,
+                   sqlite::Database::Open(options_.data_dir / "kiln.db", options_.busy_timeout));
+  ASSIGN_OR_RETURN(reader->lookup,
+                   reader->db->Prepare(
+                       "SELECT e.id, e.created_ms, eb.name, b.digest, b.size, b.codec, "
+                       "b.location, b.data FROM entries e "
+                       "JOIN entry_blobs eb ON eb.entry_id = e.id "
+                       "JOIN blobs b ON b.id = eb.blob_id "
+                       "WHERE e.namespace = ?1 AND e.key = ?2 ORDER BY eb.name"));
+  return reader;
+}
+
+absl::StatusOr<ArtifactStore::ReaderLease> ArtifactStore::AcquireReader() {
+  {
+    std::lock_guard lock(readers_mutex_);
+    if (!idle_readers_.empty()) {
+      std::unique_ptr<ReaderConnection> reader = std::move(idle_readers_.back());
+      idle_readers_.pop_back();
+      return ReaderLease(this, std::move(reader));
+    }
+  }
+  // The pool grows to the peak number of concurrent lookups.
+  ASSIGN_OR_RETURN(std::unique_ptr<ReaderConnection> reader, OpenReader());
+  return ReaderLease(this, std::move(reader));
+}
+
+void ArtifactStore::ReleaseReader(std::unique_ptr<ReaderConnection> reader) {
+  std::lock_guard lock(readers_mutex_);
+  idle_readers_.push_back(std::move(reader));
+}
+
+fs::path ArtifactStore::BlobPath(absl::string_view digest) const {
+  const std::string hex = DigestHex(digest);
+  return options_.data_dir / "blobs" / hex.substr(0, 2) / hex;
+}
+
+absl::StatusOr<std::string> ArtifactStore::ReadBlobContent(int64_t codec, int64_t location,
+                                                           absl::string_view inline_data,
+                                                           absl::string_view digest,
+                                                           uint64_t size) {
+  std::string stored;
+  if (location == kFile) {
+    ASSIGN_OR_RETURN(stored, ReadWholeFile(BlobPath(digest)));
+  } else {
+    stored.assign(inline_data.data(), inline_data.size());
+  }
+  std::string content;
+  if (codec == kZstd) {
+    content.resize(size);
+    const size_t produced = ZSTD_decompress(content.data(), size, stored.data(), stored.size());
+    if (ZSTD_isError(produced) || produced != size) {
+      return absl::DataLossError(absl::StrCat("zstd frame does not decode to ", size, " bytes"));
+    }
+  } else {
+    content = std::move(stored);
+  }
+  if (content.size() != size || DigestBytes(Sha256(content)) != digest) {
+    return absl::DataLossError("content does not match its SHA-256");
+  }
+  return content;
+}
+
+absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
+    absl::string_view ns, absl::string_view key,
+    const absl::flat_hash_set<std::string>& digests_to_skip) {
+  CacheEntry entry;
+  int64_t entry_id = -1;
+  std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
+  {
+    ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
+    sqlite::Statement& lookup = reader->lookup;
+    lookup.BindText(1, ns).BindText(2, key);
+    // One statement is one read transaction: eviction cannot remove a blob
+    // between reading the manifest and reading its rows.
+    while (true) {
+      absl::StatusOr<bool> row = lookup.Step();
+      if (!row.ok()) {
+        lookup.Reset();
+        return row.status();
+      }
+      if (!*row) break;
+      entry_id = lookup.ColumnInt(0);
+      entry.created = absl::FromUnixMillis(lookup.ColumnInt(1));
+      StoredBlob blob{std::string(lookup.ColumnText(2)), std::string(lookup.ColumnBlob(3)),
+                      static_cast<uint64_t>(lookup.ColumnInt(4)), std::nullopt};
+      if (!digests_to_skip.contains(blob.digest)) {
+        absl::StatusOr<std::string> content =
+            ReadBlobContent(lookup.ColumnInt(5), lookup.ColumnInt(6), lookup.ColumnBlob(7),
+                            blob.digest, blob.size);
+        if (!content.ok()) {
+          broken.emplace_back(blob.digest, std::string(content.status().message()));
+          continue;
+        }
+        blob.data = *std::move(content);
+      }
+      entry.blobs.push_back(std::move(blob));
+    }
+    lookup.Reset();
+  }
+  if (entry_id < 0) {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return absl::NotFoundError(absl::StrFormat("no cache entry for %s/%s", ns, key));
+  }
+  if (!broken.empty()) {
+    for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return absl::NotFoundError(
+        absl::StrFormat("cache entry %s/%s failed its integrity check and was dropped", ns, key));
+  }
+  RecordTouch(entry_id);
+  hits_.fetch_add(1, std::memory_order_relaxed);
+  return entry;
+}
+
+void ArtifactStore::RecordTouch(int64_t entry_id) {
+  std::lock_guard lock(touches_mutex_);
+  pending_touches_[entry_id] = NowMillis();
+}
+
+absl::StatusOr<ArtifactStore::PreparedBlob> ArtifactStore::PrepareBlob(BlobInput input) {
+  PreparedBlob blob;
+  blob.name = std::move(input.name);
+  blob.digest = DigestBytes(Sha256(input.data));
+  blob.size = input.data.size();
+  if (!input.expected_digest.empty() && input.expected_digest != blob.digest) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "blob '%s': data has SHA-256 %s but the request claims %s; the upload was damaged or "
+        "the client hashed different bytes",
+        blob.name, DigestHex(blob.digest), DigestHex(input.expected_digest)));
+  }
+  blob.stored = std::move(input.data);
+  if (options_.zstd_level > 0 && blob.size >= kMinCompressibleSize) {
+    std::string compressed(ZSTD_compressBound(blob.size), '\0');
+    const size_t length = ZSTD_compress(compressed.data(), compressed.size(), blob.stored.data(),
+                                        blob.stored.size(), options_.zstd_level);
+    if (!ZSTD_isError(length) &&
+        static_cast<double>(length) <= static_cast<double>(blob.size) * (1 - kMinCompressionGain)) {
+      compressed.resize(length);
+      blob.stored = std::move(compressed);
+      blob.codec = kZstd;
+    }
+  }
+  blob.stored_size = blob.stored.size();
+  if (blob.stored_size >= options_.inline_threshold_bytes) {
+    blob.location = kFile;
+    blob.temp_path = options_.data_dir / "blobs" / "tmp" /
+                     absl::StrCat(DigestHex(blob.digest).substr(0, 16), ".",
+                                  temp_file_counter_.fetch_add(1), ".tmp");
+    RETURN_IF_ERROR(platform::WriteFileDurably(blob.temp_path, blob.stored));
+    blob.stored.clear();
+  }
+  return blob;
+}
+
+absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
+  const fs::path target = BlobPath(blob.digest);
+  std::error_code error;
+  fs::create_directories(target.parent_path(), error);
+  fs::rename(blob.temp_path, target, error);
+  if (error) {
+    return absl::InternalError(absl::StrFormat("cannot move blob into %s: %s",
+                                               target.string(), error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ArtifactStore::Put(absl::string_view ns, absl::string_view key,
+                                std::vector<BlobInput> blobs) {
+  if (ns.empty() || key.empty()) {
+    return absl::InvalidArgumentError("a cache entry needs a non-empty namespace and key");
+  }
+  if (blobs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("entry %s/%s has no blobs; send at least one artifact", ns, key));
+  }
+  absl::flat_hash_set<std::string> names;
+  for (const BlobInput& blob : blobs) {
+    if (blob.name.empty() || !names.insert(blob.name).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "entry %s/%s: blob name '%s' is empty or repeated; every blob needs a unique name", ns,
+          key, blob.name));
+    }
+  }
+  std::vector<PreparedBlob> prepared;
+  prepared.reserve(blobs.size());
+  absl::Status status;
+  for (BlobInput& blob : blobs) {
+    absl::StatusOr<PreparedBlob> ready = PrepareBlob(std::move(blob));
+    if (!ready.ok()) {
+      status = ready.status();
+      break;
+    }
+    prepared.push_back(*std::move(ready));
+  }
+  if (status.ok()) {
+    std::lock_guard lock(writer_mutex_);
+    status = PutLocked(ns, key, prepared);
+  }
+  std::error_code ignored;
+  for (const PreparedBlob& blob : prepared) {
+    if (!blob.temp_path.empty()) fs::remove(blob.temp_path, ignored);
+  }
+  if (status.ok()) {
+    puts_.fetch_add(1, std::memory_order_relaxed);
+    if (stored_bytes_.load() > options_.max_size_bytes) {
+      {
+        std::lock_guard lock(maintenance_mutex_);
+        eviction_needed_ = true;
+      }
+      maintenance_wakeup_.notify_one();
+    }
+  }
+  return status;
+}
+
+absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view key,
+                                      const std::vector<PreparedBlob>& prepared) {
+  Writer& w = *writer_;
+  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+  std::vector<int64_t> replaced_blob_ids;
+  w.find_entry.BindText(1, ns).BindText(2, key);
+  ASSIGN_OR_RETURN(bool exists, w.find_entry.Step());
+  const int64_t old_entry = exists ? w.find_entry.ColumnInt(0) : -1;
+  w.find_entry.Reset();
+  if (exists) {
+    w.entry_blob_ids.Bind(1, old_entry);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, w.entry_blob_ids.Step());
+      if (!row) break;
+      replaced_blob_ids.push_back(w.entry_blob_ids.ColumnInt(0));
+    }
+    w.entry_blob_ids.Reset();
+    RETURN_IF_ERROR(w.delete_entry.Bind(1, old_entry).Run());
+  }
+  RETURN_IF_ERROR(w.insert_entry.BindText(1, ns).BindText(2, key).Bind(3, NowMillis()).Run());
+  const int64_t entry_id = w.db->LastInsertId();
+  uint64_t added_bytes = 0;
+  for (const PreparedBlob& blob : prepared) {
+    w.find_blob.BindBlob(1, blob.digest);
+    ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
+    int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;
+    w.find_blob.Reset();
+    if (!known) {
+      if (blob.location == kFile) RETURN_IF_ERROR(PublishBlobFile(blob));
+      w.insert_blob.BindBlob(1, blob.digest)
+          .Bind(2, static_cast<int64_t>(blob.size))
+          .Bind(3, static_cast<int64_t>(blob.stored_size))
+          .Bind(4, blob.codec)
+          .Bind(5, blob.location);
+      if (blob.location == kInline) {
+        w.insert_blob.BindBlob(6, blob.stored);
+      } else {
+        w.insert_blob.BindNull(6);
+      }
+      RETURN_IF_ERROR(w.insert_blob.Run());
+      blob_id = w.db->LastInsertId();
+      added_bytes += blob.stored_size;
+    }
+    RETURN_IF_ERROR(
+        w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
+  }
+  ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
+  RETURN_IF_ERROR(txn.Commit());
+  stored_bytes_ += added_bytes;
+  ReleaseFreedBlobs(freed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked(
+    const std::vector<int64_t>& candidate_ids) {
+  Writer& w = *writer_;
+  FreedBlobs freed;
+  for (int64_t blob_id : candidate_ids) {
+    w.orphan_blob.Bind(1, blob_id);
+    ASSIGN_OR_RETURN(bool orphaned, w.orphan_blob.Step());
+    if (orphaned) {
+      freed.bytes += static_cast<uint64_t>(w.orphan_blob.ColumnInt(1));
+      if (w.orphan_blob.ColumnInt(2) == kFile) {
+        freed.files.push_back(BlobPath(w.orphan_blob.ColumnBlob(0)));
+      }
+    }
+    w.orphan_blob.Reset();
+    if (orphaned) RETURN_IF_ERROR(w.delete_blob.Bind(1, blob_id).Run());
+  }
+  return freed;
+}
+
+void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
+  stored_bytes_ -= std::min<uint64_t>(freed.bytes, stored_bytes_.load());
+  for (const fs::path& file : freed.files) {
+    std::error_code error;
+    // A file another process holds open (Windows) stays behind as an orphan;
+    // the sweep at the next start removes it.
+    if (!fs::remove(file, error) && error) {
+      spdlog::warn("cache: cannot delete blob file {}: {}", file.string(), error.message());
+    }
+  }
+}
+
+void ArtifactStore::DropCorruptBlob(absl::string_view digest, absl::string_view reason) {
+  spdlog::error("cache: blob {} failed its integrity check ({}); dropping every entry that uses it",
+                DigestHex(digest), reason);
+  std::lock_guard lock(writer_mutex_);
+  Writer& w = *writer_;
+  auto drop = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+    std::vector<int64_t> blob_ids;
+    std::vector<int64_t> entry_ids;
+    w.entries_with_blob.BindBlob(1, digest);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, w.entries_with_blob.Step());
+      if (!row) break;
+      blob_ids.push_back(w.entries_with_blob.ColumnInt(0));
+      if (!w.entries_with_blob.ColumnIsNull(1)) entry_ids.push_back(w.entries_with_blob.ColumnInt(1));
+    }
+    w.entries_with_blob.Reset();
+    for (int64_t entry_id : entry_ids) RETURN_IF_ERROR(w.delete_entry.Bind(1, entry_id).Run());
+    ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(blob_ids));
+    RETURN_IF_ERROR(txn.Commit());
+    corrupt_entries_dropped_ += entry_ids.size();
+    ReleaseFreedBlobs(freed);
+    return absl::OkStatus();
+  };
+  if (absl::Status status = drop(); !status.ok()) {
+    spdlog::error("cache: could not drop entries of corrupt blob {}: {}", DigestHex(digest),
+                  status.message());
+  }
+}
+
+absl::Status ArtifactStore::FlushTouches() {
+  absl::flat_hash_map<int64_t, int64_t> touches;
+  {
+    std::lock_guard lock(touches_mutex_);
+    touches.swap(pending_touches_);
+  }
+  if (touches.empty()) return absl::OkStatus();
+  Writer& w = *writer_;
+  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+  for (const auto& [entry_id, used_ms] : touches) {
+    RETURN_IF_ERROR(w.touch_entry.Bind(1, entry_id).Bind(2, used_ms).Run());
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked() {
+  Writer& w = *writer_;
+  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+  std::vector<int64_t> entry_ids;
+  w.least_recently_used.Bind(1, kEvictionBatch);
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, w.least_recently_used.Step());
+    if (!row) break;
+    entry_ids.push_back(w.least_recently_used.ColumnInt(0));
+  }
+  w.least_recently_used.Reset();
+  std::vector<int64_t> blob_ids;
+  for (int64_t entry_id : entry_ids) {
+    w.entry_blob_ids.Bind(1, entry_id);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, w.entry_blob_ids.Step());
+      if (!row) break;
+      blob_ids.push_back(w.entry_blob_ids.ColumnInt(0));
+    }
+    w.entry_blob_ids.Reset();
+    RETURN_IF_ERROR(w.delete_entry.Bind(1, entry_id).Run());
+  }
+  ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(blob_ids));
+  RETURN_IF_ERROR(txn.Commit());
+  ReleaseFreedBlobs(freed);
+  evicted_entries_ += entry_ids.size();
+  return entry_ids.size();
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
+  uint64_t evicted = 0;
+  while (stored_bytes_.load() > target_bytes) {
+    // The lock is taken per batch so puts and corrupt-blob drops interleave;
+    // lookups never wait for it (WAL readers see the last committed state).
+    std::lock_guard lock(writer_mutex_);
+    RETURN_IF_ERROR(FlushTouches());
+    ASSIGN_OR_RETURN(uint64_t batch, EvictBatchLocked());
+    if (batch == 0) break;
+    evicted += batch;
+  }
+  if (evicted > 0) {
+    spdlog::info("cache: evicted {} least recently used entries; {} bytes stored", evicted,
+                 stored_bytes_.load());
+  }
+  return evicted;
+}
+
+void ArtifactStore::RemoveOrphanFiles() {
+  std::error_code error;
+  const fs::path blob_root = options_.data_dir / "blobs";
+  for (const fs::directory_entry& temp : fs::directory_iterator(blob_root / "tmp", error)) {
+    // Left by a process killed mid-put; the index never referenced them.
+    fs::remove(temp.path(), error);
+  }
+  for (const fs::directory_entry& file : fs::recursive_directory_iterator(blob_root, error)) {
+    if (!file.is_regular_file() || file.path().parent_path().filename() == "tmp") continue;
+    const std::string name = file.path().filename().string();
+    if (name.size() != 2 * kSha256Size || !std::all_of(name.begin(), name.end(), absl::ascii_isxdigit)) {
+      continue;
+    }
+    const std::string digest = absl::HexStringToBytes(name);
+    std::lock_guard lock(writer_mutex_);
+    sqlite::Statement& exists = writer_->file_blob_exists;
+    exists.BindBlob(1, digest);
+    absl::StatusOr<bool> row = exists.Step();
+    exists.Reset();
+    if (row.ok() && !*row) fs::remove(file.path(), error);
+  }
+}
+
+void ArtifactStore::MaintenanceLoop() {
+  RemoveOrphanFiles();
+  std::unique_lock lock(maintenance_mutex_);
+  while (!stopping_) {
+    maintenance_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(options_.lru_flush_interval),
+                                 [this] { return stopping_ || eviction_needed_; });
+    if (stopping_) break;
+    eviction_needed_ = false;
+    lock.unlock();
+    {
+      std::lock_guard writer_lock(writer_mutex_);
+      if (absl::Status status = FlushTouches(); !status.ok()) {
+        spdlog::warn("cache: cannot record last-use times: {}", status.message());
+      }
+    }
+    if (stored_bytes_.load() > options_.max_size_bytes) {
+      // Evict below the cap, not just to it, so the next put does not evict again.
+      const uint64_t target = options_.max_size_bytes / 10 * 9;
+      if (absl::StatusOr<uint64_t> evicted = EvictToSize(target); !evicted.ok()) {
+        spdlog::error("cache: eviction failed: {}", evicted.status().message());
+      }
+    }
+    lock.lock();
+  }
+}
+
+absl::StatusOr<StoreStats> ArtifactStore::Stats() {
+  StoreStats stats;
+  stats.hits = hits_.load();
+  stats.misses = misses_.load();
+  stats.puts = puts_.load();
+  stats.evicted_entries = evicted_entries_.load();
+  stats.corrupt_entries_dropped = corrupt_entries_dropped_.load();
+  stats.stored_bytes = stored_bytes_.load();
+  stats.max_size_bytes = options_.max_size_bytes;
+  ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
+  ASSIGN_OR_RETURN(sqlite::Statement count,
+                   reader->db->Prepare("SELECT (SELECT count(*) FROM entries), "
+                                       "(SELECT count(*) FROM blobs)"));
+  ASSIGN_OR_RETURN(bool has_row, count.Step());
+  if (has_row) {
+    stats.entries = static_cast<uint64_t>(count.ColumnInt(0));
+    stats.blobs = static_cast<uint64_t>(count.ColumnInt(1));
+  }
+  return stats;
+}
+
+}  // namespace kiln::cache

@@ -1,0 +1,176 @@
+#ifndef KILN_CACHE_ARTIFACT_STORE_H_
+#define KILN_CACHE_ARTIFACT_STORE_H_
+
+// The artifact cache: entries indexed by (namespace, key), each a manifest of
+// named, content-addressed blobs. One SQLite database indexes everything.
+//
+// On disk, under the data directory:
+//   kiln.db (+ -wal, -shm)   the index; PRAGMA user_version = schema version
+//   blobs/<hh>/<64 hex>      blobs whose stored size reaches the inline
+//                            threshold; named by the SHA-256 of their content,
+//                            so paths stay short (about 80 characters past the
+//                            data directory) and are written once
+//   blobs/tmp/               files being written; never referenced by the index
+// Small blobs live inline in the database. A blob is stored zstd-compressed
+// when that saves space. Its digest is always of the uncompressed content and
+// is checked on every read.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kiln::sqlite {
+class Database;
+}
+
+namespace kiln::cache {
+
+// Blobs whose stored size is below this stay inline in SQLite. Chosen by
+// measurement (bench/inline_threshold.sh): below ~64 KiB, inline reads are
+// faster than opening a file; above, files win and keep the WAL small.
+inline constexpr uint64_t kDefaultInlineThreshold = 64 * 1024;
+
+struct BlobInput {
+  std::string name;
+  std::string data;
+  // Raw 32-byte SHA-256 the sender claims for `data`; empty to skip the check.
+  std::string expected_digest;
+};
+
+struct StoredBlob {
+  std::string name;
+  std::string digest;  // raw 32-byte SHA-256 of the content
+  uint64_t size = 0;
+  // Absent when the caller listed the digest as one it already has.
+  std::optional<std::string> data;
+};
+
+struct CacheEntry {
+  std::vector<StoredBlob> blobs;  // sorted by name
+  absl::Time created;
+};
+
+struct StoreOptions {
+  std::filesystem::path data_dir;
+  uint64_t max_size_bytes = 10ull << 30;
+  uint64_t inline_threshold_bytes = kDefaultInlineThreshold;
+  int zstd_level = 1;  // 0 stores blobs uncompressed
+  absl::Duration busy_timeout = absl::Seconds(10);
+  // How often recorded lookups are written to the LRU column.
+  absl::Duration lru_flush_interval = absl::Seconds(2);
+};
+
+struct StoreStats {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t puts = 0;
+  uint64_t evicted_entries = 0;
+  uint64_t corrupt_entries_dropped = 0;
+  uint64_t entries = 0;
+  uint64_t blobs = 0;
+  uint64_t stored_bytes = 0;  // after compression, counted against the cap
+  uint64_t max_size_bytes = 0;
+};
+
+class ArtifactStore {
+ public:
+  // Opens or creates the store in options.data_dir. FAILED_PRECONDITION when the
+  // directory or database cannot be used, or was written by a newer schema.
+  static absl::StatusOr<std::unique_ptr<ArtifactStore>> Open(StoreOptions options);
+  ~ArtifactStore();
+  ArtifactStore(const ArtifactStore&) = delete;
+  ArtifactStore& operator=(const ArtifactStore&) = delete;
+
+  // The entry for (ns, key). Blobs whose digest is in `digests_to_skip` come
+  // back without data. NOT_FOUND on a miss, including when a blob fails its
+  // integrity check (the entry is then dropped and the error logged).
+  absl::StatusOr<CacheEntry> Lookup(absl::string_view ns, absl::string_view key,
+                                    const absl::flat_hash_set<std::string>& digests_to_skip = {});
+
+  // Stores (or replaces) the entry for (ns, key). INVALID_ARGUMENT for no
+  // blobs, duplicate or empty names, or data that does not match its
+  // expected digest; RESOURCE_EXHAUSTED when the disk is full.
+  absl::Status Put(absl::string_view ns, absl::string_view key, std::vector<BlobInput> blobs);
+
+  absl::StatusOr<StoreStats> Stats();
+
+  // Evicts least recently used entries until at most `target_bytes` are
+  // stored. Returns how many entries went.
+  absl::StatusOr<uint64_t> EvictToSize(uint64_t target_bytes);
+
+ private:
+  struct ReaderConnection;
+  struct Writer;
+  struct PreparedBlob;
+  struct FreedBlobs;
+  class ReaderLease;
+
+  explicit ArtifactStore(StoreOptions options);
+  absl::Status Initialize();
+  absl::StatusOr<std::unique_ptr<ReaderConnection>> OpenReader();
+  absl::StatusOr<ReaderLease> AcquireReader();
+  void ReleaseReader(std::unique_ptr<ReaderConnection> reader);
+
+  absl::StatusOr<PreparedBlob> PrepareBlob(BlobInput input);
+  absl::StatusOr<std::string> ReadBlobContent(int64_t codec, int64_t location,
+                                              absl::string_view inline_data,
+                                              absl::string_view digest, uint64_t size);
+  // Methods named *Locked run with writer_mutex_ held.
+  absl::Status PutLocked(absl::string_view ns, absl::string_view key,
+                         const std::vector<PreparedBlob>& prepared);
+  absl::Status PublishBlobFile(const PreparedBlob& blob);
+  absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
+  void ReleaseFreedBlobs(const FreedBlobs& freed);
+  void DropCorruptBlob(absl::string_view digest, absl::string_view reason);
+  absl::StatusOr<uint64_t> EvictBatchLocked();
+  absl::Status FlushTouches();
+  void RecordTouch(int64_t entry_id);
+  void MaintenanceLoop();
+  void RemoveOrphanFiles();
+  std::filesystem::path BlobPath(absl::string_view digest) const;
+
+  const StoreOptions options_;
+  std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_
+  std::mutex writer_mutex_;
+
+  std::mutex readers_mutex_;
+  std::vector<std::unique_ptr<ReaderConnection>> idle_readers_;
+
+  // Lookups record entry ids here; the maintenance thread writes them to the
+  // LRU column in one transaction, so a hit never waits for the writer.
+  std::mutex touches_mutex_;
+  absl::flat_hash_map<int64_t, int64_t> pending_touches_;  // entry id -> unix ms
+
+  std::atomic<uint64_t> stored_bytes_{0};
+  std::atomic<uint64_t> hits_{0};
+  std::atomic<uint64_t> misses_{0};
+  std::atomic<uint64_t> puts_{0};
+  std::atomic<uint64_t> evicted_entries_{0};
+  std::atomic<uint64_t> corrupt_entries_dropped_{0};
+  std::atomic<uint64_t> temp_file_counter_{0};
+
+  std::mutex maintenance_mutex_;
+  std::condition_variable maintenance_wakeup_;
+  bool stopping_ = false;       // guarded by maintenance_mutex_
+  bool eviction_needed_ = false;  // guarded by maintenance_mutex_
+  std::thread maintenance_thread_;
+};
+
+}  // namespace kiln::cache
+
+#endif  // KILN_CACHE_ARTIFACT_STORE_H_

@@ -1,0 +1,93 @@
+#ifndef KILN_CACHE_SQLITE_H_
+#define KILN_CACHE_SQLITE_H_
+
+// Thin RAII over the SQLite C API: a connection, prepared statements with bound
+// parameters, and transactions that roll back unless committed.
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kiln::sqlite {
+
+class Statement {
+ public:
+  Statement() = default;
+  Statement(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
+  Statement(Statement&& other) noexcept;
+  Statement& operator=(Statement&& other) noexcept;
+  ~Statement();
+
+  // Parameters are 1-based, as in SQLite. Text and blobs are copied by SQLite
+  // only when the statement outlives them, so callers keep them alive until Step().
+  Statement& Bind(int index, int64_t value);
+  Statement& BindText(int index, absl::string_view value);
+  Statement& BindBlob(int index, absl::string_view value);
+  Statement& BindNull(int index);
+
+  // Advances; true while a row is available, false when done.
+  absl::StatusOr<bool> Step();
+  // Runs a statement that returns no rows, then resets it for reuse.
+  absl::Status Run();
+  void Reset();
+
+  int64_t ColumnInt(int column) const;
+  // Views stay valid until the next Step() or Reset().
+  absl::string_view ColumnText(int column) const;
+  absl::string_view ColumnBlob(int column) const;
+  bool ColumnIsNull(int column) const;
+
+ private:
+  sqlite3* db_ = nullptr;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+class Database {
+ public:
+  // Opens (creating if absent) a database in WAL mode with a finite busy timeout
+  // and foreign keys on.
+  static absl::StatusOr<std::unique_ptr<Database>> Open(const std::filesystem::path& path,
+                                                        absl::Duration busy_timeout);
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  absl::Status Exec(absl::string_view sql);
+  absl::StatusOr<Statement> Prepare(absl::string_view sql);
+  int64_t ChangedRows() const { return sqlite3_changes64(db_); }
+  int64_t LastInsertId() const { return sqlite3_last_insert_rowid(db_); }
+  absl::Status Error(absl::string_view what) const;
+
+ private:
+  explicit Database(sqlite3* db) : db_(db) {}
+  sqlite3* db_;
+};
+
+// BEGIN IMMEDIATE on construction (so a writer fails fast on the busy timeout
+// rather than deadlocking on upgrade), ROLLBACK on destruction unless Commit().
+class Transaction {
+ public:
+  static absl::StatusOr<Transaction> Begin(Database& db);
+  Transaction(Transaction&& other) noexcept : db_(std::exchange(other.db_, nullptr)) {}
+  Transaction& operator=(Transaction&&) = delete;
+  ~Transaction();
+  absl::Status Commit();
+
+ private:
+  explicit Transaction(Database& db) : db_(&db) {}
+  Database* db_;
+};
+
+}  // namespace kiln::sqlite
+
+#endif  // KILN_CACHE_SQLITE_H_

@@ -1,0 +1,45 @@
+#ifndef KILN_COMMON_LATENCY_HISTOGRAM_H_
+#define KILN_COMMON_LATENCY_HISTOGRAM_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace kiln {
+
+// A lock-free latency histogram with logarithmic buckets (8 per power of two, so
+// a percentile is accurate to within ~9%). Record() is safe from any thread and
+// costs one atomic increment, so it can sit on every RPC's path.
+class LatencyHistogram {
+ public:
+  void Record(absl::Duration latency);
+
+  struct Summary {
+    uint64_t count = 0;
+    absl::Duration p50;
+    absl::Duration p90;
+    absl::Duration p99;
+    absl::Duration max;
+  };
+  // A snapshot; concurrent Record() calls may or may not be included.
+  Summary Summarize() const;
+
+ private:
+  static constexpr int kBucketsPerOctave = 8;
+  static constexpr int kOctaves = 44;  // 1 ns .. ~4.9 hours
+  static constexpr int kBuckets = kBucketsPerOctave * kOctaves;
+
+  static int BucketFor(int64_t nanos);
+  static int64_t BucketUpperBound(int bucket);
+  absl::Duration Percentile(const std::array<uint64_t, kBuckets>& counts, uint64_t total,
+                            double fraction) const;
+
+  std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
+  std::atomic<int64_t> max_nanos_{0};
+};
+
+}  // namespace kiln
+
+#endif  // KILN_COMMON_LATENCY_HISTOGRAM_H_

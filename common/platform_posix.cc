@@ -1,0 +1,186 @@
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/platform.h"
+
+namespace kiln::platform {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path EnvPathOr(const char* variable, const fs::path& fallback) {
+  const char* value = std::getenv(variable);
+  if (value != nullptr && value[0] == '/') return fs::path(value);
+  return fallback;
+}
+
+fs::path HomeDir() {
+  const char* home = std::getenv("HOME");
+  return home != nullptr && home[0] != '\0' ? fs::path(home) : fs::path("/tmp");
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// Closes a file descriptor on scope exit.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+class FlockLock : public ExclusiveLock {
+ public:
+  explicit FlockLock(int fd) : fd_(fd) {}
+  ~FlockLock() override {
+    flock(fd_, LOCK_UN);
+    close(fd_);
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+fs::path DefaultDataDir() { return EnvPathOr("XDG_CACHE_HOME", HomeDir() / ".cache") / "kiln"; }
+
+fs::path DefaultConfigPath() {
+  return EnvPathOr("XDG_CONFIG_HOME", HomeDir() / ".config") / "kiln" / "kilnd.conf";
+}
+
+fs::path DefaultSocketDir() {
+  const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime_dir != nullptr && runtime_dir[0] == '/') return fs::path(runtime_dir) / "kiln";
+  return fs::path(absl::StrCat("/tmp/kiln-", getuid()));
+}
+
+std::string DefaultLocalEndpoint() {
+  return absl::StrCat("unix:", (DefaultSocketDir() / "kilnd.sock").string());
+}
+
+absl::Status EnsurePrivateDirectory(const fs::path& dir) {
+  std::error_code error;
+  fs::create_directories(dir.parent_path(), error);
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot create directory %s: %s; create it or choose another path", dir.string(),
+        ErrnoText()));
+  }
+  struct stat info {};
+  // lstat: a symlink planted in /tmp by another user must not redirect our socket.
+  if (lstat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is not a directory (or is a symlink); remove it so kilnd can create a private one",
+        dir.string()));
+  }
+  if (info.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is owned by uid %d, not by you (uid %d); another user may be intercepting the "
+        "socket: remove it or set XDG_RUNTIME_DIR",
+        dir.string(), info.st_uid, geteuid()));
+  }
+  if ((info.st_mode & 077) != 0 && chmod(dir.c_str(), 0700) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is accessible by other users and chmod 0700 failed: %s", dir.string(), ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+bool LocalSocketAcceptsConnections(const fs::path& path) {
+  sockaddr_un address{};
+  const std::string text = path.string();
+  if (text.size() >= sizeof(address.sun_path)) return false;
+  FileDescriptor fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return false;
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, text.c_str(), text.size() + 1);
+  return connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+}
+
+absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
+  FileDescriptor fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (fd.get() < 0) {
+    return absl::InternalError(
+        absl::StrFormat("cannot create %s: %s", path.string(), ErrnoText()));
+  }
+  size_t written = 0;
+  while (written < data.size()) {
+    const ssize_t n = write(fd.get(), data.data() + written, data.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InternalError(absl::StrFormat(
+          "cannot write %s: %s; check free disk space", path.string(), ErrnoText()));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (fdatasync(fd.get()) != 0) {
+    return absl::InternalError(absl::StrFormat("cannot sync %s: %s", path.string(), ErrnoText()));
+  }
+  if (close(fd.release()) != 0) {
+    return absl::InternalError(absl::StrFormat("cannot close %s: %s", path.string(), ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
+  FileDescriptor fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.get() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot open lock file %s: %s", path.string(), ErrnoText()));
+  }
+  if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is locked by another process: another kilnd already uses this data directory; stop "
+        "it or pass a different --data-dir",
+        path.string()));
+  }
+  return std::make_unique<FlockLock>(fd.release());
+}
+
+namespace {
+sigset_t ShutdownSignalSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+}  // namespace
+
+ShutdownSignals::ShutdownSignals() {
+  const sigset_t set = ShutdownSignalSet();
+  // Threads inherit the mask, so only Wait() ever sees these signals.
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A client that disconnects mid-write must not kill the service.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+std::string ShutdownSignals::Wait() {
+  const sigset_t set = ShutdownSignalSet();
+  int signal_number = 0;
+  while (sigwait(&set, &signal_number) != 0) {
+  }
+  return signal_number == SIGTERM ? "SIGTERM" : "SIGINT";
+}
+
+}  // namespace kiln::platform

@@ -1,0 +1,36 @@
+#ifndef KILN_COMMON_THREAD_POOL_H_
+#define KILN_COMMON_THREAD_POOL_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+
+// A fixed set of threads running tasks in FIFO order. The destructor runs every
+// task already queued, then joins, so no accepted work is dropped at shutdown.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  void Schedule(std::function<void()> task);
+
+ private:
+  void WorkLoop();
+
+  std::mutex mutex_;
+  std::condition_variable wakeup_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mutex_
+  bool stopping_ = false;                    // guarded by mutex_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_COMMON_THREAD_POOL_H_
