@@ -1,0 +1,259 @@
+#include "service/config.h"
+
+#include <fstream>
+#include <functional>
+#include <iterator>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "common/byte_size.h"
+#include "common/platform.h"
+#include "common/status_macros.h"
+
+namespace kiln::service {
+namespace {
+
+using Setter = std::function<absl::Status(absl::string_view value, Config& config)>;
+
+struct Setting {
+  absl::string_view name;
+  absl::string_view help;
+  Setter apply;
+};
+
+Setter ByteSize(uint64_t Config::*field) {
+  return [field](absl::string_view value, Config& config) -> absl::Status {
+    ASSIGN_OR_RETURN(config.*field, ParseByteSize(value));
+    return absl::OkStatus();
+  };
+}
+
+Setter Text(std::string Config::*field) {
+  return [field](absl::string_view value, Config& config) {
+    config.*field = std::string(value);
+    return absl::OkStatus();
+  };
+}
+
+Setter Integer(int Config::*field, int min, int max) {
+  return [field, min, max](absl::string_view value, Config& config) {
+    int number = 0;
+    if (!absl::SimpleAtoi(value, &number) || number < min || number > max) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("'%s' is not a whole number from %d to %d", value, min, max));
+    }
+    config.*field = number;
+    return absl::OkStatus();
+  };
+}
+
+Setter Boolean(bool Config::*field) {
+  return [field](absl::string_view value, Config& config) {
+    if (!absl::SimpleAtob(value, &(config.*field))) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("'%s' is not a boolean; use true or false", value));
+    }
+    return absl::OkStatus();
+  };
+}
+
+const std::vector<Setting>& Settings() {
+  static const auto* settings = new std::vector<Setting>{
+      {"data_dir", "directory of the cache database and blobs",
+       [](absl::string_view value, Config& config) {
+         config.data_dir = std::filesystem::path(std::string(value));
+         return absl::OkStatus();
+       }},
+      {"local_socket", "path of the per-user Unix socket, or 'none'", Text(&Config::local_socket)},
+      {"tcp_listen", "also listen on TCP: PORT (loopback) or HOST:PORT", Text(&Config::tcp_listen)},
+      {"allow_remote", "permit a tcp_listen address other than loopback",
+       Boolean(&Config::allow_remote)},
+      {"max_cache_size", "evict least recently used entries above this size (10GiB)",
+       ByteSize(&Config::max_cache_size)},
+      {"max_request_size", "largest request accepted (64MiB)",
+       ByteSize(&Config::max_request_size)},
+      {"inline_threshold", "blobs smaller than this stay inside SQLite (64KiB)",
+       ByteSize(&Config::inline_threshold)},
+      {"zstd_level", "zstd level for stored blobs, 0 to store uncompressed (1)",
+       Integer(&Config::zstd_level, 0, 19)},
+      {"log_level", "trace, debug, info, warn, error or off (info)", Text(&Config::log_level)},
+      {"log_file_size", "rotate the log file at this size (10MiB)",
+       ByteSize(&Config::log_file_size)},
+      {"log_files", "rotated log files kept (3)", Integer(&Config::log_files, 1, 100)},
+  };
+  return *settings;
+}
+
+const Setting* FindSetting(absl::string_view name) {
+  const std::string normalized = absl::StrReplaceAll(name, {{"-", "_"}});
+  for (const Setting& setting : Settings()) {
+    if (setting.name == normalized) return &setting;
+  }
+  return nullptr;
+}
+
+absl::Status ApplySetting(absl::string_view name, absl::string_view value,
+                          absl::string_view origin, Config& config) {
+  const Setting* setting = FindSetting(name);
+  if (setting == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: unknown setting '%s'; run kilnd --help for the list", origin, name));
+  }
+  absl::Status status = setting->apply(value, config);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s: %s", origin, setting->name, status.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadConfigFile(const std::filesystem::path& path, Config& config) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot read config file %s; check the path given to --config", path.string()));
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ApplyConfigText(text, path.string(), config);
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  return host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
+}
+
+}  // namespace
+
+Config DefaultConfig() {
+  Config config;
+  config.data_dir = platform::DefaultDataDir();
+  config.local_socket = (platform::DefaultSocketDir() / "kilnd.sock").string();
+  return config;
+}
+
+absl::Status ApplyConfigText(absl::string_view text, absl::string_view origin, Config& config) {
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    const size_t equals = line.find('=');
+    const std::string where = absl::StrCat(origin, ":", line_number);
+    if (equals == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: expected 'name = value', got '%s'", where, line));
+    }
+    RETURN_IF_ERROR(ApplySetting(absl::StripAsciiWhitespace(line.substr(0, equals)),
+                                 absl::StripAsciiWhitespace(line.substr(equals + 1)), where,
+                                 config));
+  }
+  return absl::OkStatus();
+}
+
+std::string NormalizeTcpAddress(absl::string_view address) {
+  int port = 0;
+  if (absl::SimpleAtoi(address, &port)) return absl::StrCat("127.0.0.1:", port);
+  return std::string(address);
+}
+
+absl::Status ValidateConfig(const Config& config) {
+  if (config.local_socket == "none" && config.tcp_listen.empty()) {
+    return absl::InvalidArgumentError(
+        "kilnd would listen nowhere: local_socket is 'none' and tcp_listen is empty; set one");
+  }
+  if (!config.tcp_listen.empty()) {
+    const std::string address = NormalizeTcpAddress(config.tcp_listen);
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tcp_listen '%s' is not PORT or HOST:PORT, e.g. 127.0.0.1:7733", config.tcp_listen));
+    }
+    if (!IsLoopbackHost(address.substr(0, colon)) && !config.allow_remote) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tcp_listen '%s' accepts connections from other machines; kilnd serves only loopback "
+          "unless the config file sets allow_remote = true",
+          config.tcp_listen));
+    }
+  }
+  if (config.max_request_size < (1u << 20)) {
+    return absl::InvalidArgumentError(
+        "max_request_size below 1MiB cannot carry a kernel's IR; raise it");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
+  CommandLine result;
+  result.config = DefaultConfig();
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--help" || arg == "-h" || arg == "--version") {
+      result.command = arg == "--version" ? Command::kVersion : Command::kHelp;
+      return result;
+    }
+    if (arg == "--stats") {
+      result.command = Command::kStats;
+      continue;
+    }
+    if (arg == "--json") {
+      result.json = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("unexpected argument '%s'; run kilnd --help", arg));
+    }
+    arg.remove_prefix(2);
+    std::string name, value;
+    if (const size_t equals = arg.find('='); equals != absl::string_view::npos) {
+      name = std::string(arg.substr(0, equals));
+      value = std::string(arg.substr(equals + 1));
+    } else if (i + 1 < args.size()) {
+      name = std::string(arg);
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrFormat("--%s needs a value", arg));
+    }
+    if (name == "config") {
+      result.config_file = value;
+    } else {
+      flags.emplace_back(std::move(name), std::move(value));
+    }
+  }
+  if (result.config_file.empty() && std::filesystem::exists(platform::DefaultConfigPath())) {
+    result.config_file = platform::DefaultConfigPath();
+  }
+  if (!result.config_file.empty()) RETURN_IF_ERROR(ReadConfigFile(result.config_file, result.config));
+  // allow_remote is deliberately file-only: exposing the cache must be written down.
+  for (const auto& [name, value] : flags) {
+    if (FindSetting(name) != nullptr && FindSetting(name)->name == "allow_remote") {
+      return absl::InvalidArgumentError(
+          "allow_remote can only be set in the config file, so exposing the cache to the "
+          "network is always a written decision");
+    }
+    RETURN_IF_ERROR(ApplySetting(name, value, absl::StrCat("--", name), result.config));
+  }
+  return result;
+}
+
+std::string UsageText() {
+  std::string text =
+      "kilnd: the Kiln compile and cache service\n\n"
+      "usage: kilnd [--config FILE] [--SETTING=VALUE ...]   serve until SIGTERM/SIGINT\n"
+      "       kilnd --stats [--json] [--local-socket PATH | --tcp-listen ADDR]\n"
+      "                                                     print a running kilnd's stats\n"
+      "       kilnd --help | --version\n\n"
+      "Settings (config file: 'name = value'; flag: --name=value):\n";
+  for (const Setting& setting : Settings()) {
+    absl::StrAppend(&text, absl::StrFormat("  %-18s %s\n", setting.name, setting.help));
+  }
+  absl::StrAppend(&text, "\nDefault config file: ", platform::DefaultConfigPath().string(), "\n");
+  return text;
+}
+
+}  // namespace kiln::service

@@ -1,0 +1,64 @@
+#ifndef KILN_SERVICE_CONFIG_H_
+#define KILN_SERVICE_CONFIG_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kiln::service {
+
+// Everything kilnd's behaviour depends on. Every field has one name, used both
+// as `name = value` in the config file and as `--name=value` on the command
+// line (underscores or dashes), where the flag wins.
+struct Config {
+  std::filesystem::path data_dir;
+  // The per-user local socket; "none" disables it.
+  std::string local_socket;
+  // Optional TCP listener: "PORT" (loopback) or "HOST:PORT". Empty: no TCP.
+  std::string tcp_listen;
+  // A tcp_listen address off this machine is refused unless this is true.
+  bool allow_remote = false;
+  uint64_t max_cache_size = 10ull << 30;
+  uint64_t max_request_size = 64ull << 20;
+  uint64_t inline_threshold = 0;  // 0: the store's measured default
+  int zstd_level = 1;
+  std::string log_level = "info";
+  uint64_t log_file_size = 10ull << 20;
+  int log_files = 3;
+};
+
+enum class Command { kServe, kStats, kHelp, kVersion };
+
+struct CommandLine {
+  Command command = Command::kServe;
+  Config config;
+  std::filesystem::path config_file;  // empty when none was read
+  bool json = false;                  // --stats --json
+};
+
+// Defaults for this user: data dir, local socket.
+Config DefaultConfig();
+
+// Applies `name = value` lines (# comments, blank lines) from `text`.
+// INVALID_ARGUMENT names the file, line and problem.
+absl::Status ApplyConfigText(absl::string_view text, absl::string_view origin, Config& config);
+
+// Parses kilnd's arguments: reads --config FILE (or the default config file if
+// present), then applies the other flags on top.
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
+
+// Checks the combination: e.g. a non-loopback TCP address without allow_remote.
+absl::Status ValidateConfig(const Config& config);
+
+// "127.0.0.1:PORT" for a bare port; otherwise the address unchanged.
+std::string NormalizeTcpAddress(absl::string_view address);
+
+std::string UsageText();
+
+}  // namespace kiln::service
+
+#endif  // KILN_SERVICE_CONFIG_H_

@@ -1,0 +1,62 @@
+#ifndef KILN_SERVICE_KILN_SERVICE_H_
+#define KILN_SERVICE_KILN_SERVICE_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/time/time.h"
+#include "cache/artifact_store.h"
+#include "common/thread_pool.h"
+#include "kiln/v1/kiln.grpc.pb.h"
+#include "service/rpc_stats.h"
+
+namespace kiln::service {
+
+// The gRPC adapter of kiln.v1.Kiln over the artifact store. Handlers validate,
+// call the core, and convert the absl::Status in one place (Serve); storage
+// work that may block (puts: hashing, compression, fsync) runs on our own pool,
+// never on gRPC's threads.
+class KilnService final : public v1::Kiln::CallbackService {
+ public:
+  KilnService(cache::ArtifactStore& store, std::string data_dir);
+
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context,
+                                const v1::PutRequest* request,
+                                v1::PutResponse* response) override;
+  grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
+                                    const v1::CompileRequest* request,
+                                    v1::CompileResponse* response) override;
+  grpc::ServerUnaryReactor* BuildLauncher(grpc::CallbackServerContext* context,
+                                          const v1::BuildLauncherRequest* request,
+                                          v1::BuildLauncherResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* ListToolchains(grpc::CallbackServerContext* context,
+                                           const v1::ListToolchainsRequest* request,
+                                           v1::ListToolchainsResponse* response) override;
+
+ private:
+  enum class Where { kInline, kBlockingPool };
+
+  // Runs `handler` (returning absl::Status) inline or on the blocking pool,
+  // records its latency, logs server-side failures once with a request id, and
+  // finishes the call with the converted status.
+  template <typename Handler>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Rpc rpc, Where where,
+                                  Handler handler);
+
+  cache::ArtifactStore& store_;
+  const std::string data_dir_;
+  const absl::Time started_ = absl::Now();
+  RpcStats rpc_stats_;
+  std::atomic<uint64_t> next_request_id_{1};
+  ThreadPool blocking_pool_;  // last: drains before the members it uses go
+};
+
+}  // namespace kiln::service
+
+#endif  // KILN_SERVICE_KILN_SERVICE_H_

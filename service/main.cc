@@ -1,0 +1,135 @@
+// kilnd: the Kiln service. Serves until SIGTERM/SIGINT, then finishes in-flight
+// requests and closes the database.
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "cache/artifact_store.h"
+#include "common/fmt_absl.h"
+#include "common/platform.h"
+#include "common/status_macros.h"
+#include "kiln/client.h"
+#include "service/config.h"
+#include "service/server.h"
+#include "spdlog/sinks/rotating_file_sink.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using kiln::service::Config;
+
+// In-flight requests get this long to finish after a stop request.
+constexpr absl::Duration kShutdownGrace = absl::Seconds(30);
+
+absl::Status ConfigureLogging(const Config& config) {
+  const spdlog::level::level_enum level = spdlog::level::from_str(config.log_level);
+  if (level == spdlog::level::off && config.log_level != "off") {
+    return absl::InvalidArgumentError(
+        "log_level must be one of trace, debug, info, warn, error, critical, off");
+  }
+  std::vector<spdlog::sink_ptr> sinks;
+  sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  const fs::path log_file = config.data_dir / "logs" / "kilnd.log";
+  try {
+    sinks.push_back(std::make_shared<spdlog::sinks::rotating_file_sink_mt>(
+        log_file.string(), config.log_file_size, static_cast<size_t>(config.log_files)));
+  } catch (const spdlog::spdlog_ex& error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open log file ", log_file.string(), ": ", error.what()));
+  }
+  auto logger = std::make_shared<spdlog::logger>("kilnd", sinks.begin(), sinks.end());
+  logger->set_level(level);
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+  return absl::OkStatus();
+}
+
+absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signals) {
+  RETURN_IF_ERROR(kiln::service::ValidateConfig(config));
+  std::error_code error;
+  fs::create_directories(config.data_dir, error);
+  RETURN_IF_ERROR(ConfigureLogging(config));
+  ASSIGN_OR_RETURN(auto lock, kiln::platform::TryLockFile(config.data_dir / "kilnd.lock"));
+
+  kiln::cache::StoreOptions store_options;
+  store_options.data_dir = config.data_dir;
+  store_options.max_size_bytes = config.max_cache_size;
+  store_options.zstd_level = config.zstd_level;
+  if (config.inline_threshold > 0) store_options.inline_threshold_bytes = config.inline_threshold;
+  ASSIGN_OR_RETURN(std::unique_ptr<kiln::cache::ArtifactStore> store,
+                   kiln::cache::ArtifactStore::Open(store_options));
+
+  kiln::service::ServerOptions server_options;
+  if (config.local_socket != "none") server_options.local_socket = config.local_socket;
+  if (!config.tcp_listen.empty()) {
+    server_options.tcp_address = kiln::service::NormalizeTcpAddress(config.tcp_listen);
+  }
+  server_options.max_request_size = config.max_request_size;
+  server_options.data_dir = config.data_dir.string();
+  ASSIGN_OR_RETURN(std::unique_ptr<kiln::service::KilnServer> server,
+                   kiln::service::KilnServer::Start(server_options, *store));
+  spdlog::info("kilnd {} serving on {} (data dir {}, cache cap {} bytes)", KILN_VERSION,
+               absl::StrJoin(server->endpoints(), ", "), config.data_dir.string(),
+               config.max_cache_size);
+
+  const std::string signal_name = signals.Wait();
+  spdlog::info("{} received: finishing in-flight requests", signal_name);
+  server->Shutdown(kShutdownGrace);
+  server.reset();
+  store.reset();  // flushes last-use times and closes the database
+  spdlog::info("kilnd stopped cleanly");
+  return absl::OkStatus();
+}
+
+int PrintStats(const kiln::service::CommandLine& command_line) {
+  kiln::ClientOptions options;
+  if (!command_line.config.tcp_listen.empty()) {
+    options.endpoint = kiln::service::NormalizeTcpAddress(command_line.config.tcp_listen);
+  } else if (command_line.config.local_socket != "none") {
+    options.endpoint = "unix:" + command_line.config.local_socket;
+  }
+  kiln::Client client(options);
+  absl::StatusOr<kiln::v1::GetStatsResponse> stats = client.Stats();
+  if (!stats.ok()) {
+    std::cerr << "kilnd: " << stats.status().message() << "\n";
+    return 3;
+  }
+  std::cout << (command_line.json ? kiln::FormatStatsJson(*stats) : kiln::FormatStats(*stats));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // First, before any thread exists, so only the waiting thread sees stop signals.
+  kiln::platform::ShutdownSignals signals;
+  absl::StatusOr<kiln::service::CommandLine> command_line =
+      kiln::service::ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+  if (!command_line.ok()) {
+    std::cerr << "kilnd: " << command_line.status().message() << "\n";
+    return 2;
+  }
+  switch (command_line->command) {
+    case kiln::service::Command::kHelp:
+      std::cout << kiln::service::UsageText();
+      return 0;
+    case kiln::service::Command::kVersion:
+      std::cout << "kilnd " << KILN_VERSION << "\n";
+      return 0;
+    case kiln::service::Command::kStats:
+      return PrintStats(*command_line);
+    case kiln::service::Command::kServe:
+      break;
+  }
+  if (absl::Status status = Serve(command_line->config, signals); !status.ok()) {
+    spdlog::critical("kilnd cannot start: {}", status.message());
+    return 1;
+  }
+  return 0;
+}

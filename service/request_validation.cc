@@ -1,0 +1,97 @@
+#include "service/request_validation.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+
+namespace kiln::service {
+namespace {
+
+constexpr size_t kMaxNamespaceLength = 64;
+constexpr size_t kMaxKeyLength = 512;
+constexpr size_t kMaxBlobNameLength = 255;
+
+absl::Status ValidateNamespace(const std::string& ns) {
+  const bool valid_chars = std::all_of(ns.begin(), ns.end(), [](char c) {
+    return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '.' || c == '_' || c == '-';
+  });
+  if (ns.empty() || ns.size() > kMaxNamespaceLength || !valid_chars) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "namespace '%s' is invalid: use 1-%d characters of a-z 0-9 . _ - (e.g. 'triton')",
+        absl::CHexEscape(ns.substr(0, kMaxNamespaceLength)), kMaxNamespaceLength));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateKey(const std::string& key) {
+  const bool printable = std::all_of(key.begin(), key.end(), [](char c) {
+    return absl::ascii_isgraph(static_cast<unsigned char>(c));
+  });
+  if (key.empty() || key.size() > kMaxKeyLength || !printable) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "key is invalid (%d bytes): use 1-%d printable ASCII characters without spaces, such as "
+        "Triton's hex or base32 hashes",
+        key.size(), kMaxKeyLength));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDigest(const std::string& digest, absl::string_view field) {
+  if (digest.size() != kSha256Size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has %d bytes; a SHA-256 digest is 32 raw bytes", field, digest.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBlobName(const std::string& name) {
+  const bool clean = std::none_of(name.begin(), name.end(), [](char c) {
+    return c == '/' || c == '\\' || c == '\0' || absl::ascii_iscntrl(static_cast<unsigned char>(c));
+  });
+  if (name.empty() || name.size() > kMaxBlobNameLength || !clean || name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "blob name '%s' is invalid: use 1-%d characters with no path separators or control "
+        "characters (e.g. 'add_kernel.cubin')",
+        absl::CHexEscape(name.substr(0, kMaxBlobNameLength)), kMaxBlobNameLength));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateLookup(const v1::LookupRequest& request) {
+  RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  RETURN_IF_ERROR(ValidateKey(request.key()));
+  for (const std::string& digest : request.have_sha256()) {
+    RETURN_IF_ERROR(ValidateDigest(digest, "have_sha256"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePut(const v1::PutRequest& request) {
+  RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  RETURN_IF_ERROR(ValidateKey(request.key()));
+  if (request.blobs().empty()) {
+    return absl::InvalidArgumentError("put has no blobs; send at least one artifact");
+  }
+  for (const v1::Blob& blob : request.blobs()) {
+    RETURN_IF_ERROR(ValidateBlobName(blob.name()));
+    if (!blob.sha256().empty()) RETURN_IF_ERROR(ValidateDigest(blob.sha256(), "blob sha256"));
+    if (blob.data_omitted()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "blob '%s' is marked data_omitted; a put must carry every blob's data", blob.name()));
+    }
+    if (blob.size() != 0 && blob.size() != blob.data().size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "blob '%s' declares size %d but carries %d bytes", blob.name(), blob.size(),
+          blob.data().size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::service

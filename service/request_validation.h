@@ -1,0 +1,17 @@
+#ifndef KILN_SERVICE_REQUEST_VALIDATION_H_
+#define KILN_SERVICE_REQUEST_VALIDATION_H_
+
+// Checks of client-supplied fields. Each failure is INVALID_ARGUMENT naming the
+// field, what was wrong and what is accepted.
+
+#include "absl/status/status.h"
+#include "kiln/v1/kiln.pb.h"
+
+namespace kiln::service {
+
+absl::Status ValidateLookup(const v1::LookupRequest& request);
+absl::Status ValidatePut(const v1::PutRequest& request);
+
+}  // namespace kiln::service
+
+#endif  // KILN_SERVICE_REQUEST_VALIDATION_H_

@@ -1,0 +1,36 @@
+#include "service/rpc_stats.h"
+
+namespace kiln::service {
+namespace {
+
+constexpr std::array<absl::string_view, static_cast<size_t>(Rpc::kCount)> kRpcNames = {
+    "Lookup", "Put", "Compile", "BuildLauncher", "GetStats", "ListToolchains"};
+
+double Millis(absl::Duration duration) { return absl::ToDoubleMilliseconds(duration); }
+
+}  // namespace
+
+absl::string_view RpcName(Rpc rpc) { return kRpcNames[static_cast<size_t>(rpc)]; }
+
+void RpcStats::Record(Rpc rpc, absl::Duration latency, bool ok) {
+  PerRpc& stats = rpcs_[static_cast<size_t>(rpc)];
+  stats.latency.Record(latency);
+  if (!ok) stats.errors.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RpcStats::AppendTo(v1::GetStatsResponse& response) const {
+  for (size_t i = 0; i < rpcs_.size(); ++i) {
+    const LatencyHistogram::Summary summary = rpcs_[i].latency.Summarize();
+    if (summary.count == 0) continue;
+    v1::RpcLatency* latency = response.add_rpc_latency();
+    latency->set_method(std::string(kRpcNames[i]));
+    latency->set_count(summary.count);
+    latency->set_errors(rpcs_[i].errors.load(std::memory_order_relaxed));
+    latency->set_p50_ms(Millis(summary.p50));
+    latency->set_p90_ms(Millis(summary.p90));
+    latency->set_p99_ms(Millis(summary.p99));
+    latency->set_max_ms(Millis(summary.max));
+  }
+}
+
+}  // namespace kiln::service

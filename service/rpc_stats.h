@@ -1,0 +1,36 @@
+#ifndef KILN_SERVICE_RPC_STATS_H_
+#define KILN_SERVICE_RPC_STATS_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/latency_histogram.h"
+#include "kiln/v1/kiln.pb.h"
+
+namespace kiln::service {
+
+enum class Rpc { kLookup, kPut, kCompile, kBuildLauncher, kGetStats, kListToolchains, kCount };
+
+absl::string_view RpcName(Rpc rpc);
+
+// Per-RPC latency and error counts since the service started.
+class RpcStats {
+ public:
+  void Record(Rpc rpc, absl::Duration latency, bool ok);
+  // Appends one RpcLatency per method that has been called.
+  void AppendTo(v1::GetStatsResponse& response) const;
+
+ private:
+  struct PerRpc {
+    LatencyHistogram latency;
+    std::atomic<uint64_t> errors{0};
+  };
+  std::array<PerRpc, static_cast<size_t>(Rpc::kCount)> rpcs_;
+};
+
+}  // namespace kiln::service
+
+#endif  // KILN_SERVICE_RPC_STATS_H_

@@ -1,0 +1,58 @@
+#ifndef KILN_SERVICE_SERVER_H_
+#define KILN_SERVICE_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cache/artifact_store.h"
+#include "grpcpp/server.h"
+#include "service/kiln_service.h"
+
+namespace kiln::service {
+
+struct ServerOptions {
+  // Unix socket path; empty for none. Its directory is made private (0700).
+  std::string local_socket;
+  // "HOST:PORT" (port 0 picks a free one); empty for none. Callers check
+  // loopback-vs-remote policy before (ValidateConfig).
+  std::string tcp_address;
+  uint64_t max_request_size = 64ull << 20;
+  std::string data_dir;  // reported in stats
+};
+
+// A running gRPC server: kiln.v1.Kiln plus grpc.health.v1.Health.
+class KilnServer {
+ public:
+  // Binds every listener or fails: FAILED_PRECONDITION when the socket is in
+  // use by a live kilnd or its directory is not private, UNAVAILABLE when a
+  // port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<KilnServer>> Start(const ServerOptions& options,
+                                                           cache::ArtifactStore& store);
+  ~KilnServer();
+
+  // The bound TCP port, or 0 without a TCP listener.
+  int tcp_port() const { return tcp_port_; }
+  // gRPC targets clients can use, e.g. "unix:/run/user/1000/kiln/kilnd.sock".
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+
+  // Reports NOT_SERVING, stops accepting calls, lets in-flight calls finish
+  // for up to `grace`, then cancels the rest. Idempotent.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  KilnServer() = default;
+
+  std::unique_ptr<KilnService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string socket_path_;
+  std::vector<std::string> endpoints_;
+  int tcp_port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace kiln::service
+
+#endif  // KILN_SERVICE_SERVER_H_
