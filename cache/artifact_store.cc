@@ -27,6 +27,8 @@ constexpr int64_t kSchemaVersion = 1;
 
 // Version 1. Blobs are shared between entries; a blob row is deleted when no
 // entry references it any more. Sizes are in bytes; times in unix milliseconds.
+// LRU order uses a logical clock rather than wall time, so a clock step or two
+// uses within one millisecond cannot reorder it.
 constexpr absl::string_view kSchema = R"sql(
 CREATE TABLE blobs (
   id          INTEGER PRIMARY KEY,
@@ -42,10 +44,10 @@ CREATE TABLE entries (
   namespace    TEXT NOT NULL,
   key          TEXT NOT NULL,
   created_ms   INTEGER NOT NULL,
-  last_used_ms INTEGER NOT NULL,
+  last_use     INTEGER NOT NULL,       -- logical clock: higher = used more recently
   UNIQUE (namespace, key)
 );
-CREATE INDEX entries_by_last_use ON entries (last_used_ms);
+CREATE INDEX entries_by_last_use ON entries (last_use);
 CREATE TABLE entry_blobs (
   entry_id INTEGER NOT NULL REFERENCES entries (id) ON DELETE CASCADE,
   name     TEXT NOT NULL,
@@ -162,6 +164,12 @@ absl::Status ArtifactStore::Initialize() {
         "cannot create cache directory %s: %s; choose a writable --data-dir",
         options_.data_dir.string(), error.message()));
   }
+  for (const fs::directory_entry& temp :
+       fs::directory_iterator(options_.data_dir / "blobs" / "tmp", error)) {
+    // Left by a process killed mid-put; the index never referenced them. Swept
+    // before the first put can start one of its own.
+    fs::remove(temp.path(), error);
+  }
   auto writer = std::make_unique<Writer>();
   ASSIGN_OR_RETURN(writer->db,
                    sqlite::Database::Open(options_.data_dir / "kiln.db", options_.busy_timeout));
@@ -194,7 +202,7 @@ absl::Status ArtifactStore::Initialize() {
        "INSERT INTO blobs (digest, size, stored_size, codec, location, data) "
        "VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
       {&Writer::insert_entry,
-       "INSERT INTO entries (namespace, key, created_ms, last_used_ms) VALUES (?1, ?2, ?3, ?3)"},
+       "INSERT INTO entries (namespace, key, created_ms, last_use) VALUES (?1, ?2, ?3, ?4)"},
       {&Writer::insert_entry_blob,
        "INSERT INTO entry_blobs (entry_id, name, blob_id) VALUES (?1, ?2, ?3)"},
       {&Writer::orphan_blob,
@@ -202,9 +210,9 @@ absl::Status ArtifactStore::Initialize() {
        "(SELECT 1 FROM entry_blobs WHERE blob_id = ?1)"},
       {&Writer::delete_blob, "DELETE FROM blobs WHERE id = ?1"},
       {&Writer::touch_entry,
-       "UPDATE entries SET last_used_ms = max(last_used_ms, ?2) WHERE id = ?1"},
+       "UPDATE entries SET last_use = max(last_use, ?2) WHERE id = ?1"},
       {&Writer::least_recently_used,
-       "SELECT id FROM entries ORDER BY last_used_ms, id LIMIT ?1"},
+       "SELECT id FROM entries ORDER BY last_use LIMIT ?1"},
       {&Writer::entries_with_blob,
        "SELECT b.id, eb.entry_id FROM blobs b LEFT JOIN entry_blobs eb ON eb.blob_id = b.id "
        "WHERE b.digest = ?1"},
@@ -216,6 +224,9 @@ absl::Status ArtifactStore::Initialize() {
   ASSIGN_OR_RETURN(sqlite::Statement total, db.Prepare("SELECT total(stored_size) FROM blobs"));
   ASSIGN_OR_RETURN(has_row, total.Step());
   stored_bytes_ = has_row ? static_cast<uint64_t>(total.ColumnInt(0)) : 0;
+  ASSIGN_OR_RETURN(sqlite::Statement last_use, db.Prepare("SELECT max(last_use) FROM entries"));
+  ASSIGN_OR_RETURN(has_row, last_use.Step());
+  use_clock_ = has_row ? last_use.ColumnInt(0) : 0;
   writer_ = std::move(writer);
   return absl::OkStatus();
 }
@@ -338,7 +349,7 @@ absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
 
 void ArtifactStore::RecordTouch(int64_t entry_id) {
   std::lock_guard lock(touches_mutex_);
-  pending_touches_[entry_id] = NowMillis();
+  pending_touches_[entry_id] = ++use_clock_;
 }
 
 absl::StatusOr<ArtifactStore::PreparedBlob> ArtifactStore::PrepareBlob(BlobInput input) {
@@ -456,7 +467,11 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
     w.entry_blob_ids.Reset();
     RETURN_IF_ERROR(w.delete_entry.Bind(1, old_entry).Run());
   }
-  RETURN_IF_ERROR(w.insert_entry.BindText(1, ns).BindText(2, key).Bind(3, NowMillis()).Run());
+  RETURN_IF_ERROR(w.insert_entry.BindText(1, ns)
+                      .BindText(2, key)
+                      .Bind(3, NowMillis())
+                      .Bind(4, ++use_clock_)
+                      .Run());
   const int64_t entry_id = w.db->LastInsertId();
   uint64_t added_bytes = 0;
   for (const PreparedBlob& blob : prepared) {
@@ -560,25 +575,30 @@ absl::Status ArtifactStore::FlushTouches() {
   if (touches.empty()) return absl::OkStatus();
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  for (const auto& [entry_id, used_ms] : touches) {
-    RETURN_IF_ERROR(w.touch_entry.Bind(1, entry_id).Bind(2, used_ms).Run());
+  for (const auto& [entry_id, last_use] : touches) {
+    RETURN_IF_ERROR(w.touch_entry.Bind(1, entry_id).Bind(2, last_use).Run());
   }
   return txn.Commit();
 }
 
-absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked() {
+absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) {
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  std::vector<int64_t> entry_ids;
+  std::vector<int64_t> candidates;
   w.least_recently_used.Bind(1, kEvictionBatch);
   while (true) {
     ASSIGN_OR_RETURN(bool row, w.least_recently_used.Step());
     if (!row) break;
-    entry_ids.push_back(w.least_recently_used.ColumnInt(0));
+    candidates.push_back(w.least_recently_used.ColumnInt(0));
   }
   w.least_recently_used.Reset();
-  std::vector<int64_t> blob_ids;
-  for (int64_t entry_id : entry_ids) {
+  FreedBlobs freed;
+  uint64_t evicted = 0;
+  const uint64_t stored = stored_bytes_.load();
+  // Entry by entry, so eviction stops as soon as the store fits the target.
+  for (int64_t entry_id : candidates) {
+    if (stored - std::min(stored, freed.bytes) <= target_bytes) break;
+    std::vector<int64_t> blob_ids;
     w.entry_blob_ids.Bind(1, entry_id);
     while (true) {
       ASSIGN_OR_RETURN(bool row, w.entry_blob_ids.Step());
@@ -587,12 +607,15 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked() {
     }
     w.entry_blob_ids.Reset();
     RETURN_IF_ERROR(w.delete_entry.Bind(1, entry_id).Run());
+    ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
+    freed.bytes += entry_freed.bytes;
+    freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
+    ++evicted;
   }
-  ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(blob_ids));
   RETURN_IF_ERROR(txn.Commit());
   ReleaseFreedBlobs(freed);
-  evicted_entries_ += entry_ids.size();
-  return entry_ids.size();
+  evicted_entries_ += evicted;
+  return evicted;
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
@@ -602,7 +625,7 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
     // lookups never wait for it (WAL readers see the last committed state).
     std::lock_guard lock(writer_mutex_);
     RETURN_IF_ERROR(FlushTouches());
-    ASSIGN_OR_RETURN(uint64_t batch, EvictBatchLocked());
+    ASSIGN_OR_RETURN(uint64_t batch, EvictBatchLocked(target_bytes));
     if (batch == 0) break;
     evicted += batch;
   }
@@ -616,10 +639,6 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
 void ArtifactStore::RemoveOrphanFiles() {
   std::error_code error;
   const fs::path blob_root = options_.data_dir / "blobs";
-  for (const fs::directory_entry& temp : fs::directory_iterator(blob_root / "tmp", error)) {
-    // Left by a process killed mid-put; the index never referenced them.
-    fs::remove(temp.path(), error);
-  }
   for (const fs::directory_entry& file : fs::recursive_directory_iterator(blob_root, error)) {
     if (!file.is_regular_file() || file.path().parent_path().filename() == "tmp") continue;
     const std::string name = file.path().filename().string();

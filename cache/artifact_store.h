@@ -137,7 +137,9 @@ class ArtifactStore {
   absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
   void ReleaseFreedBlobs(const FreedBlobs& freed);
   void DropCorruptBlob(absl::string_view digest, absl::string_view reason);
-  absl::StatusOr<uint64_t> EvictBatchLocked();
+  // Evicts up to one batch of least recently used entries, stopping once the
+  // store fits `target_bytes`.
+  absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);
   absl::Status FlushTouches();
   void RecordTouch(int64_t entry_id);
   void MaintenanceLoop();
@@ -154,7 +156,8 @@ class ArtifactStore {
   // Lookups record entry ids here; the maintenance thread writes them to the
   // LRU column in one transaction, so a hit never waits for the writer.
   std::mutex touches_mutex_;
-  absl::flat_hash_map<int64_t, int64_t> pending_touches_;  // entry id -> unix ms
+  absl::flat_hash_map<int64_t, int64_t> pending_touches_;  // entry id -> use_clock_
+  std::atomic<int64_t> use_clock_{0};  // the LRU's logical clock
 
   std::atomic<uint64_t> stored_bytes_{0};
   std::atomic<uint64_t> hits_{0};

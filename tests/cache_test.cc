@@ -1,0 +1,397 @@
+// Tests of the artifact store on real SQLite files in a fresh directory.
+
+#include "cache/artifact_store.h"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+#include "gtest/gtest.h"
+#include "tests/test_dir.h"
+
+namespace kiln::cache {
+namespace {
+
+namespace fs = std::filesystem;
+using ::kiln::testing::TestBytes;
+using ::kiln::testing::TestDir;
+
+class ArtifactStoreTest : public ::testing::Test {
+ protected:
+  StoreOptions Options() const {
+    StoreOptions options;
+    options.data_dir = dir_.path() / "data";
+    return options;
+  }
+
+  std::unique_ptr<ArtifactStore> OpenStore(StoreOptions options) {
+    absl::StatusOr<std::unique_ptr<ArtifactStore>> store = ArtifactStore::Open(std::move(options));
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  // Runs SQL on the database file through a separate connection.
+  std::string QueryText(const std::string& sql) {
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open((dir_.path() / "data" / "kiln.db").c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sql;
+    std::string result;
+    if (sqlite3_step(stmt) == SQLITE_ROW && sqlite3_column_text(stmt, 0) != nullptr) {
+      result = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return result;
+  }
+
+  void ExecSql(const std::string& sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_.path() / "data" / "kiln.db").c_str(), &db), SQLITE_OK);
+    char* error = nullptr;
+    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK)
+        << (error ? error : "");
+    sqlite3_free(error);
+    sqlite3_close(db);
+  }
+
+  std::vector<fs::path> BlobFiles() const {
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::recursive_directory_iterator(dir_.path() / "data" / "blobs")) {
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    }
+    return files;
+  }
+
+  TestDir dir_;
+};
+
+std::vector<BlobInput> KernelBlobs(uint32_t seed) {
+  return {
+      {"k.cubin", TestBytes(200 * 1024, seed), ""},            // file blob
+      {"k.json", TestBytes(300, seed + 1, true), ""},           // inline, compressible
+      {"k.ptx", TestBytes(100 * 1024, seed + 2, true), ""},     // compressed below threshold
+  };
+}
+
+void ExpectEntryMatches(const CacheEntry& entry, const std::vector<BlobInput>& expected) {
+  ASSERT_EQ(entry.blobs.size(), expected.size());
+  for (const BlobInput& input : expected) {
+    auto found = std::find_if(entry.blobs.begin(), entry.blobs.end(),
+                              [&](const StoredBlob& blob) { return blob.name == input.name; });
+    ASSERT_NE(found, entry.blobs.end()) << input.name;
+    ASSERT_TRUE(found->data.has_value()) << input.name;
+    EXPECT_EQ(*found->data, input.data) << input.name;
+    EXPECT_EQ(found->size, input.data.size());
+    EXPECT_EQ(found->digest, DigestBytes(Sha256(input.data)));
+  }
+}
+
+TEST_F(ArtifactStoreTest, StoresAndReturnsEveryBlob) {
+  auto store = OpenStore(Options());
+  ASSERT_TRUE(store->Put("triton", "key1", KernelBlobs(1)).ok());
+  absl::StatusOr<CacheEntry> entry = store->Lookup("triton", "key1");
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  ExpectEntryMatches(*entry, KernelBlobs(1));
+  EXPECT_TRUE(std::is_sorted(entry->blobs.begin(), entry->blobs.end(),
+                             [](const auto& a, const auto& b) { return a.name < b.name; }));
+  // The same key in another namespace is a different entry.
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("launcher", "key1").status()));
+  absl::StatusOr<StoreStats> stats = store->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->hits, 1u);
+  EXPECT_EQ(stats->misses, 1u);
+  EXPECT_EQ(stats->entries, 1u);
+  EXPECT_EQ(stats->blobs, 3u);
+}
+
+TEST_F(ArtifactStoreTest, LargeBlobsLiveInShortNamedFilesAndSmallOnesInline) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  auto store = OpenStore(options);
+  ASSERT_TRUE(store->Put("triton", "key1", KernelBlobs(1)).ok());
+  // Uncompressed: the 200 KiB and 100 KiB blobs reach the 64 KiB threshold.
+  const std::vector<fs::path> files = BlobFiles();
+  ASSERT_EQ(files.size(), 2u);
+  for (const fs::path& file : files) {
+    EXPECT_EQ(file.filename().string().size(), 64u);
+    EXPECT_LT(fs::relative(file, options.data_dir).string().size(), 80u);
+  }
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs WHERE location = 0 AND data IS NOT NULL"), "1");
+}
+
+TEST_F(ArtifactStoreTest, OmitsDataOfBlobsTheCallerHas) {
+  auto store = OpenStore(Options());
+  std::vector<BlobInput> blobs = KernelBlobs(2);
+  ASSERT_TRUE(store->Put("triton", "key", blobs).ok());
+  const std::string cubin_digest = DigestBytes(Sha256(blobs[0].data));
+  absl::StatusOr<CacheEntry> entry = store->Lookup("triton", "key", {cubin_digest});
+  ASSERT_TRUE(entry.ok());
+  for (const StoredBlob& blob : entry->blobs) {
+    EXPECT_EQ(blob.data.has_value(), blob.digest != cubin_digest) << blob.name;
+  }
+}
+
+TEST_F(ArtifactStoreTest, ReopenedStoreServesWhatWasCommitted) {
+  {
+    auto store = OpenStore(Options());
+    for (uint32_t i = 0; i < 5; ++i) {
+      ASSERT_TRUE(store->Put("triton", absl::StrCat("key", i), KernelBlobs(i)).ok());
+    }
+  }
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "1");
+  EXPECT_EQ(QueryText("SELECT count(*) FROM entries"), "5");
+  auto store = OpenStore(Options());
+  for (uint32_t i = 0; i < 5; ++i) {
+    absl::StatusOr<CacheEntry> entry = store->Lookup("triton", absl::StrCat("key", i));
+    ASSERT_TRUE(entry.ok()) << entry.status();
+    ExpectEntryMatches(*entry, KernelBlobs(i));
+  }
+  EXPECT_EQ(store->Stats()->stored_bytes,
+            std::stoull(QueryText("SELECT sum(stored_size) FROM blobs")));
+}
+
+TEST_F(ArtifactStoreTest, ReplacingAnEntryFreesBlobsNoLongerUsed) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  auto store = OpenStore(options);
+  ASSERT_TRUE(store->Put("triton", "key", KernelBlobs(1)).ok());
+  ASSERT_TRUE(store->Put("triton", "key", KernelBlobs(7)).ok());
+  ExpectEntryMatches(*store->Lookup("triton", "key"), KernelBlobs(7));
+  EXPECT_EQ(store->Stats()->blobs, 3u);
+  EXPECT_EQ(BlobFiles().size(), 2u);
+}
+
+TEST_F(ArtifactStoreTest, IdenticalBlobsAreStoredOnce) {
+  auto store = OpenStore(Options());
+  ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(3)).ok());
+  ASSERT_TRUE(store->Put("triton", "b", KernelBlobs(3)).ok());
+  absl::StatusOr<StoreStats> stats = store->Stats();
+  EXPECT_EQ(stats->entries, 2u);
+  EXPECT_EQ(stats->blobs, 3u);
+}
+
+TEST_F(ArtifactStoreTest, RefusesMalformedPuts) {
+  auto store = OpenStore(Options());
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("triton", "k", {})));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("triton", "k", {{"a", "x", ""}, {"a", "y", ""}})));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      store->Put("triton", "k", {{"a", "data", DigestBytes(Sha256("other data"))}})));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("", "k", {{"a", "x", ""}})));
+  EXPECT_EQ(store->Stats()->entries, 0u);
+}
+
+TEST_F(ArtifactStoreTest, ConcurrentWritersAndReadersSeeOnlyCompleteEntries) {
+  auto store = OpenStore(Options());
+  constexpr int kWriters = 4;
+  constexpr int kReaders = 4;
+  constexpr int kPutsPerWriter = 40;
+  std::atomic<bool> writers_done{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < kPutsPerWriter; ++i) {
+        const uint32_t seed = static_cast<uint32_t>(w * 1000 + i);
+        if (!store->Put("triton", absl::StrCat("k", seed), KernelBlobs(seed)).ok()) ++failures;
+      }
+    });
+  }
+  for (int r = 0; r < kReaders; ++r) {
+    threads.emplace_back([&, r] {
+      uint32_t i = 0;
+      while (!writers_done.load()) {
+        const uint32_t seed = static_cast<uint32_t>((r + i) % kWriters * 1000 + i % kPutsPerWriter);
+        absl::StatusOr<CacheEntry> entry = store->Lookup("triton", absl::StrCat("k", seed));
+        if (entry.ok()) {
+          // A hit is always the complete, correct entry.
+          const std::vector<BlobInput> expected = KernelBlobs(seed);
+          if (entry->blobs.size() != expected.size()) ++failures;
+          for (size_t b = 0; b < expected.size() && b < entry->blobs.size(); ++b) {
+            if (entry->blobs[b].data != expected[b].data) ++failures;
+          }
+        } else if (!absl::IsNotFound(entry.status())) {
+          ++failures;
+        }
+        ++i;
+      }
+    });
+  }
+  for (int w = 0; w < kWriters; ++w) threads[w].join();
+  writers_done = true;
+  for (size_t t = kWriters; t < threads.size(); ++t) threads[t].join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(store->Stats()->entries, static_cast<uint64_t>(kWriters * kPutsPerWriter));
+  EXPECT_EQ(QueryText("PRAGMA integrity_check"), "ok");
+}
+
+TEST_F(ArtifactStoreTest, EvictionStaysUnderTheCapAndKeepsRecentlyUsedEntries) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  options.max_size_bytes = 1 << 20;
+  auto store = OpenStore(options);
+  auto entry_blob = [](uint32_t seed) {
+    return std::vector<BlobInput>{{"k.cubin", TestBytes(20 * 1024, seed), ""}};
+  };
+  for (uint32_t i = 0; i < 40; ++i) {
+    ASSERT_TRUE(store->Put("triton", absl::StrCat("old", i), entry_blob(i)).ok());
+  }
+  for (uint32_t i = 0; i < 10; ++i) {
+    ASSERT_TRUE(store->Lookup("triton", absl::StrCat("old", i)).ok());
+  }
+  for (uint32_t i = 0; i < 30; ++i) {
+    ASSERT_TRUE(store->Put("triton", absl::StrCat("new", i), entry_blob(100 + i)).ok());
+  }
+  // 70 x 20 KiB is over the 1 MiB cap; the background evictor brings it under.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (store->Stats()->stored_bytes > options.max_size_bytes && absl::Now() < deadline) {
+    std::this_thread::yield();
+  }
+  absl::StatusOr<StoreStats> stats = store->Stats();
+  EXPECT_LE(stats->stored_bytes, options.max_size_bytes);
+  EXPECT_GT(stats->evicted_entries, 0u);
+  for (uint32_t i = 0; i < 10; ++i) {
+    EXPECT_TRUE(store->Lookup("triton", absl::StrCat("old", i)).ok()) << "recently used old" << i;
+  }
+  for (uint32_t i = 0; i < 30; ++i) {
+    EXPECT_TRUE(store->Lookup("triton", absl::StrCat("new", i)).ok()) << "new" << i;
+  }
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "old10").status()));
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs"), QueryText("SELECT count(*) FROM entries"));
+}
+
+TEST_F(ArtifactStoreTest, ExplicitEvictionToSizeRemovesFiles) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  auto store = OpenStore(options);
+  for (uint32_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(store->Put("triton", absl::StrCat("k", i), KernelBlobs(i)).ok());
+  }
+  absl::StatusOr<uint64_t> evicted = store->EvictToSize(0);
+  ASSERT_TRUE(evicted.ok());
+  EXPECT_EQ(*evicted, 4u);
+  EXPECT_EQ(store->Stats()->stored_bytes, 0u);
+  EXPECT_TRUE(BlobFiles().empty());
+}
+
+TEST_F(ArtifactStoreTest, CorruptInlineBlobIsAMissAndTheEntryIsDropped) {
+  auto store = OpenStore(Options());
+  ASSERT_TRUE(store->Put("triton", "key", {{"k.json", "{\"name\": \"k\"}", ""}}).ok());
+  ExecSql("UPDATE blobs SET data = CAST('{\"name\": \"x\"}' AS BLOB)");
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "key").status()));
+  EXPECT_EQ(store->Stats()->corrupt_entries_dropped, 1u);
+  EXPECT_EQ(QueryText("SELECT count(*) FROM entries"), "0");
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs"), "0");
+  // The key can be stored again.
+  ASSERT_TRUE(store->Put("triton", "key", {{"k.json", "{}", ""}}).ok());
+  EXPECT_TRUE(store->Lookup("triton", "key").ok());
+}
+
+TEST_F(ArtifactStoreTest, CorruptBlobFileIsNeverServed) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  auto store = OpenStore(options);
+  ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(5)).ok());
+  ASSERT_TRUE(store->Put("triton", "b", KernelBlobs(5)).ok());  // shares the blobs
+  const fs::path file = BlobFiles().front();
+  {
+    std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekp(1000);
+    stream.put('\x5a');
+  }
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "a").status()));
+  // Every entry using the damaged blob goes with it; its file is deleted.
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "b").status()));
+  EXPECT_EQ(store->Stats()->corrupt_entries_dropped, 2u);
+  EXPECT_FALSE(fs::exists(file));
+}
+
+TEST_F(ArtifactStoreTest, MissingBlobFileIsAMiss) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  auto store = OpenStore(options);
+  ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(6)).ok());
+  fs::remove(BlobFiles().front());
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "a").status()));
+  EXPECT_EQ(QueryText("SELECT count(*) FROM entries"), "0");
+}
+
+TEST_F(ArtifactStoreTest, RefusesADatabaseFromANewerSchema) {
+  { auto store = OpenStore(Options()); }
+  ExecSql("PRAGMA user_version = 99");
+  absl::StatusOr<std::unique_ptr<ArtifactStore>> store = ArtifactStore::Open(Options());
+  ASSERT_FALSE(store.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.status()));
+  EXPECT_NE(store.status().message().find("newer"), absl::string_view::npos);
+}
+
+TEST_F(ArtifactStoreTest, StartupRemovesFilesTheIndexDoesNotReference) {
+  StoreOptions options = Options();
+  { auto store = OpenStore(options); }
+  const fs::path stray = options.data_dir / "blobs" / "ab" / std::string(64, 'a');
+  fs::create_directories(stray.parent_path());
+  std::ofstream(stray) << "left by a crash between rename and commit";
+  std::ofstream(options.data_dir / "blobs" / "tmp" / "x.tmp") << "partial";
+  auto store = OpenStore(options);
+  // The sweep runs on the store's maintenance thread at start.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((fs::exists(stray) || !fs::is_empty(options.data_dir / "blobs" / "tmp")) &&
+         absl::Now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_FALSE(fs::exists(stray));
+  EXPECT_TRUE(fs::is_empty(options.data_dir / "blobs" / "tmp"));
+}
+
+// A child process writes entries as fast as it can and reports each committed
+// key on a pipe; the parent SIGKILLs it mid-burst. The database must then pass
+// integrity_check and serve every key the child reported.
+TEST_F(ArtifactStoreTest, SurvivesSigkillDuringAWriteBurst) {
+  StoreOptions options = Options();
+  { auto store = OpenStore(options); }  // create the schema before forking
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(report[0]);
+    absl::StatusOr<std::unique_ptr<ArtifactStore>> store = ArtifactStore::Open(options);
+    if (!store.ok()) _exit(3);
+    for (uint32_t i = 0;; ++i) {
+      if (!(*store)->Put("triton", absl::StrCat("k", i), KernelBlobs(i)).ok()) _exit(4);
+      const std::string line = absl::StrCat(i, "\n");
+      if (write(report[1], line.data(), line.size()) < 0) _exit(5);
+    }
+  }
+  close(report[1]);
+  FILE* reports = fdopen(report[0], "r");
+  uint32_t last_committed = 0;
+  int reported = 0;
+  // Let it get well into the burst, then kill it without warning.
+  while (reported < 60 && fscanf(reports, "%u", &last_committed) == 1) ++reported;
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  fclose(reports);
+  ASSERT_EQ(reported, 60) << "the writer died on its own";
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  EXPECT_EQ(QueryText("PRAGMA integrity_check"), "ok");
+  auto store = OpenStore(options);
+  for (uint32_t i = 0; i <= last_committed; ++i) {
+    absl::StatusOr<CacheEntry> entry = store->Lookup("triton", absl::StrCat("k", i));
+    ASSERT_TRUE(entry.ok()) << "k" << i << ": " << entry.status();
+    ExpectEntryMatches(*entry, KernelBlobs(i));
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cache

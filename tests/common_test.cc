@@ -1,0 +1,89 @@
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "common/byte_size.h"
+#include "common/latency_histogram.h"
+#include "common/platform.h"
+#include "common/sha256.h"
+#include "gtest/gtest.h"
+#include "tests/test_dir.h"
+
+namespace kiln {
+namespace {
+
+TEST(ByteSizeTest, ParsesUnitsAndRefusesJunk) {
+  EXPECT_EQ(*ParseByteSize("512"), 512u);
+  EXPECT_EQ(*ParseByteSize("64MiB"), 64ull << 20);
+  EXPECT_EQ(*ParseByteSize("10 GiB"), 10ull << 30);
+  EXPECT_EQ(*ParseByteSize("4k"), 4096u);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("-1").ok());
+  EXPECT_FALSE(ParseByteSize("3 parsecs").ok());
+  EXPECT_FALSE(ParseByteSize("99999999999999999999").ok());
+  EXPECT_FALSE(ParseByteSize("17179869184 TiB").ok());
+  EXPECT_EQ(FormatByteSize(10ull << 30), "10.0 GiB");
+}
+
+TEST(Sha256Test, MatchesTheKnownDigestOfAbc) {
+  EXPECT_EQ(DigestHex(DigestBytes(Sha256("abc"))),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(LatencyHistogramTest, PercentilesAreWithinOneBucket) {
+  LatencyHistogram histogram;
+  for (int i = 1; i <= 1000; ++i) histogram.Record(absl::Microseconds(i));
+  const LatencyHistogram::Summary summary = histogram.Summarize();
+  EXPECT_EQ(summary.count, 1000u);
+  EXPECT_NEAR(absl::ToDoubleMicroseconds(summary.p50), 500, 500 * 0.1);
+  EXPECT_NEAR(absl::ToDoubleMicroseconds(summary.p99), 990, 990 * 0.1);
+  EXPECT_EQ(summary.max, absl::Microseconds(1000));
+  EXPECT_LE(summary.p99, summary.max);
+}
+
+TEST(LatencyHistogramTest, CountsEveryRecordFromManyThreads) {
+  LatencyHistogram histogram;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10000; ++i) histogram.Record(absl::Nanoseconds(i));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(histogram.Summarize().count, 40000u);
+}
+
+TEST(PlatformTest, PrivateDirectoryIsCreatedOwnerOnlyAndTightened) {
+  testing::TestDir dir;
+  const auto created = dir.path() / "a" / "sock";
+  ASSERT_TRUE(platform::EnsurePrivateDirectory(created).ok());
+  struct stat info {};
+  ASSERT_EQ(stat(created.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0700u);
+  chmod(created.c_str(), 0777);
+  ASSERT_TRUE(platform::EnsurePrivateDirectory(created).ok());
+  ASSERT_EQ(stat(created.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0700u);
+}
+
+TEST(PlatformTest, SymlinkedSocketDirectoryIsRefused) {
+  testing::TestDir dir;
+  std::filesystem::create_directory(dir.path() / "elsewhere");
+  std::filesystem::create_directory_symlink(dir.path() / "elsewhere", dir.path() / "link");
+  absl::Status status = platform::EnsurePrivateDirectory(dir.path() / "link");
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+}
+
+TEST(PlatformTest, SecondLockOnAFileFails) {
+  testing::TestDir dir;
+  auto first = platform::TryLockFile(dir.path() / "lock");
+  ASSERT_TRUE(first.ok());
+  auto second = platform::TryLockFile(dir.path() / "lock");
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status()));
+  first->reset();
+  EXPECT_TRUE(platform::TryLockFile(dir.path() / "lock").ok());
+}
+
+}  // namespace
+}  // namespace kiln

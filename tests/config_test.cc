@@ -1,0 +1,79 @@
+#include "service/config.h"
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "tests/test_dir.h"
+
+namespace kiln::service {
+namespace {
+
+TEST(ConfigTest, ReadsSettingsWithCommentsAndUnits) {
+  Config config = DefaultConfig();
+  ASSERT_TRUE(ApplyConfigText("# kilnd\n"
+                              "max_cache_size = 2GiB   # cap\n"
+                              "\n"
+                              "zstd_level=0\n"
+                              "tcp_listen = 7733\n",
+                              "test.conf", config)
+                  .ok());
+  EXPECT_EQ(config.max_cache_size, 2ull << 30);
+  EXPECT_EQ(config.zstd_level, 0);
+  EXPECT_EQ(NormalizeTcpAddress(config.tcp_listen), "127.0.0.1:7733");
+}
+
+TEST(ConfigTest, ErrorsNameTheFileLineAndProblem) {
+  Config config;
+  absl::Status status = ApplyConfigText("zstd_level = 1\nmax_cache_sise = 1GiB\n", "k.conf", config);
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_NE(status.message().find("k.conf:2"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("max_cache_sise"), absl::string_view::npos) << status;
+
+  status = ApplyConfigText("max_cache_size = lots\n", "k.conf", config);
+  EXPECT_NE(status.message().find("GiB"), absl::string_view::npos) << status;
+  EXPECT_TRUE(absl::IsInvalidArgument(ApplyConfigText("zstd_level = 40\n", "k.conf", config)));
+  EXPECT_TRUE(absl::IsInvalidArgument(ApplyConfigText("no equals sign\n", "k.conf", config)));
+}
+
+TEST(ConfigTest, FlagsOverrideTheConfigFile) {
+  testing::TestDir dir;
+  const std::string file = (dir.path() / "kilnd.conf").string();
+  std::ofstream(file) << "max_cache_size = 1GiB\nzstd_level = 3\n";
+  absl::StatusOr<CommandLine> parsed =
+      ParseCommandLine({"--config", file, "--max-cache-size=5GiB", "--data-dir", "/tmp/x"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.max_cache_size, 5ull << 30);
+  EXPECT_EQ(parsed->config.zstd_level, 3);
+  EXPECT_EQ(parsed->config.data_dir, "/tmp/x");
+  EXPECT_EQ(parsed->command, Command::kServe);
+}
+
+TEST(ConfigTest, MissingConfigFileIsAClearError) {
+  absl::StatusOr<CommandLine> parsed = ParseCommandLine({"--config", "/nonexistent/kilnd.conf"});
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("/nonexistent/kilnd.conf"), absl::string_view::npos);
+}
+
+TEST(ConfigTest, RemoteListenersNeedAllowRemoteFromTheFile) {
+  Config config = DefaultConfig();
+  config.tcp_listen = "0.0.0.0:7733";
+  absl::Status status = ValidateConfig(config);
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_NE(status.message().find("allow_remote"), absl::string_view::npos);
+  config.allow_remote = true;
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  config.tcp_listen = "127.0.0.1:7733";
+  config.allow_remote = false;
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  // Exposing the cache is never a flag away.
+  EXPECT_FALSE(ParseCommandLine({"--allow-remote=true"}).ok());
+}
+
+TEST(ConfigTest, RefusesToListenNowhere) {
+  Config config = DefaultConfig();
+  config.local_socket = "none";
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateConfig(config)));
+}
+
+}  // namespace
+}  // namespace kiln::service

@@ -1,0 +1,244 @@
+// Tests of a real in-process kilnd server over a temp Unix socket and
+// 127.0.0.1:0, through the generated gRPC stubs.
+
+#include "service/server.h"
+
+#include <fstream>
+#include <limits>
+
+#include "common/sha256.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "kiln/v1/kiln.grpc.pb.h"
+#include "tests/test_dir.h"
+
+namespace kiln::service {
+namespace {
+
+using ::kiln::testing::TestBytes;
+using ::kiln::testing::TestDir;
+
+constexpr uint64_t kMaxRequest = 1 << 20;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cache::StoreOptions store_options;
+    store_options.data_dir = dir_.path() / "data";
+    auto store = cache::ArtifactStore::Open(store_options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    ServerOptions options;
+    options.local_socket = (dir_.path() / "run" / "kilnd.sock").string();
+    options.tcp_address = "127.0.0.1:0";
+    options.max_request_size = kMaxRequest;
+    auto server = KilnServer::Start(options, *store_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+    grpc::ChannelArguments arguments;
+    arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+  }
+  std::unique_ptr<v1::Kiln::Stub> UnixStub() {
+    return v1::Kiln::NewStub(Channel("unix:" + (dir_.path() / "run" / "kilnd.sock").string()));
+  }
+  std::unique_ptr<v1::Kiln::Stub> TcpStub() {
+    return v1::Kiln::NewStub(Channel("127.0.0.1:" + std::to_string(server_->tcp_port())));
+  }
+
+  static v1::PutRequest KernelPut(const std::string& key, size_t cubin_size = 20 * 1024) {
+    v1::PutRequest request;
+    request.set_namespace_("triton");
+    request.set_key(key);
+    v1::Blob* cubin = request.add_blobs();
+    cubin->set_name("add_kernel.cubin");
+    cubin->set_kind(v1::ARTIFACT_KIND_CUBIN);
+    cubin->set_data(TestBytes(cubin_size, 1));
+    cubin->set_sha256(DigestBytes(Sha256(cubin->data())));
+    v1::Blob* json = request.add_blobs();
+    json->set_name("add_kernel.json");
+    json->set_data("{\"name\": \"add_kernel\"}");
+    return request;
+  }
+
+  static grpc::Status Put(v1::Kiln::Stub& stub, const v1::PutRequest& request) {
+    grpc::ClientContext context;
+    v1::PutResponse response;
+    return stub.Put(&context, request, &response);
+  }
+
+  static v1::LookupResponse Lookup(v1::Kiln::Stub& stub, const std::string& key,
+                                   std::vector<std::string> have = {}) {
+    grpc::ClientContext context;
+    v1::LookupRequest request;
+    request.set_namespace_("triton");
+    request.set_key(key);
+    for (std::string& digest : have) request.add_have_sha256(std::move(digest));
+    v1::LookupResponse response;
+    const grpc::Status status = stub.Lookup(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
+  void ExpectServing(v1::Kiln::Stub& stub) {
+    ASSERT_TRUE(Put(stub, KernelPut("still-serving")).ok());
+    EXPECT_TRUE(Lookup(stub, "still-serving").found());
+  }
+
+  TestDir dir_;
+  std::unique_ptr<cache::ArtifactStore> store_;
+  std::unique_ptr<KilnServer> server_;
+};
+
+TEST_F(ServiceTest, PutThenLookupOverTheUnixSocket) {
+  auto stub = UnixStub();
+  const v1::PutRequest put = KernelPut("abc");
+  ASSERT_TRUE(Put(*stub, put).ok());
+  const v1::LookupResponse response = Lookup(*stub, "abc");
+  ASSERT_TRUE(response.found());
+  ASSERT_EQ(response.entry().blobs_size(), 2);
+  EXPECT_EQ(response.entry().blobs(0).name(), "add_kernel.cubin");
+  EXPECT_EQ(response.entry().blobs(0).data(), put.blobs(0).data());
+  EXPECT_EQ(response.entry().blobs(0).sha256(), put.blobs(0).sha256());
+  EXPECT_EQ(response.entry().blobs(1).data(), put.blobs(1).data());
+  EXPECT_FALSE(Lookup(*stub, "other").found());
+}
+
+TEST_F(ServiceTest, PutThenLookupOverLoopbackTcp) {
+  ASSERT_GT(server_->tcp_port(), 0);
+  auto stub = TcpStub();
+  ASSERT_TRUE(Put(*stub, KernelPut("tcp")).ok());
+  EXPECT_TRUE(Lookup(*stub, "tcp").found());
+  // Both listeners serve one store.
+  EXPECT_TRUE(Lookup(*UnixStub(), "tcp").found());
+}
+
+TEST_F(ServiceTest, LookupOmitsBlobsTheClientHas) {
+  auto stub = UnixStub();
+  const v1::PutRequest put = KernelPut("have");
+  ASSERT_TRUE(Put(*stub, put).ok());
+  const v1::LookupResponse response = Lookup(*stub, "have", {put.blobs(0).sha256()});
+  ASSERT_TRUE(response.found());
+  EXPECT_TRUE(response.entry().blobs(0).data_omitted());
+  EXPECT_TRUE(response.entry().blobs(0).data().empty());
+  EXPECT_FALSE(response.entry().blobs(1).data_omitted());
+}
+
+TEST_F(ServiceTest, HealthReportsServing) {
+  auto health = grpc::health::v1::Health::NewStub(
+      Channel("unix:" + (dir_.path() / "run" / "kilnd.sock").string()));
+  grpc::ClientContext context;
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  ASSERT_TRUE(health->Check(&context, request, &response).ok());
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST_F(ServiceTest, OversizedRequestIsResourceExhaustedAndServiceGoesOn) {
+  auto stub = UnixStub();
+  const grpc::Status status = Put(*stub, KernelPut("huge", 2 * kMaxRequest));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_FALSE(Lookup(*stub, "huge").found());
+  ExpectServing(*stub);
+}
+
+TEST_F(ServiceTest, GarbageFieldsAreInvalidArgumentAndServiceGoesOn) {
+  auto stub = UnixStub();
+  std::vector<std::pair<std::string, v1::PutRequest>> bad;
+  bad.emplace_back("namespace", KernelPut("k"));
+  bad.back().second.set_namespace_("Not A Namespace!");
+  bad.emplace_back("key", KernelPut("k"));
+  bad.back().second.set_key(std::string("bad\0key\n", 8));
+  bad.emplace_back("digest length", KernelPut("k"));
+  bad.back().second.mutable_blobs(0)->set_sha256("short");
+  bad.emplace_back("digest mismatch", KernelPut("k"));
+  bad.back().second.mutable_blobs(0)->set_sha256(DigestBytes(Sha256("something else")));
+  bad.emplace_back("path in name", KernelPut("k"));
+  bad.back().second.mutable_blobs(0)->set_name("../../etc/passwd");
+  bad.emplace_back("duplicate name", KernelPut("k"));
+  bad.back().second.mutable_blobs(1)->set_name("add_kernel.cubin");
+  bad.emplace_back("no blobs", KernelPut("k"));
+  bad.back().second.clear_blobs();
+  bad.emplace_back("size mismatch", KernelPut("k"));
+  bad.back().second.mutable_blobs(0)->set_size(7);
+  for (const auto& [what, request] : bad) {
+    const grpc::Status status = Put(*stub, request);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_FALSE(status.error_message().empty()) << what;
+  }
+  grpc::ClientContext context;
+  v1::LookupRequest lookup;
+  lookup.set_namespace_("triton");
+  lookup.set_key("k");
+  lookup.add_have_sha256("not a digest");
+  v1::LookupResponse response;
+  EXPECT_EQ(stub->Lookup(&context, lookup, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(Lookup(*stub, "k").found());
+  ExpectServing(*stub);
+}
+
+TEST_F(ServiceTest, StatsCountLookupsAndReportLatency) {
+  auto stub = UnixStub();
+  ASSERT_TRUE(Put(*stub, KernelPut("s")).ok());
+  Lookup(*stub, "s");
+  Lookup(*stub, "s");
+  Lookup(*stub, "missing");
+  grpc::ClientContext context;
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(stub->GetStats(&context, v1::GetStatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.hits(), 2u);
+  EXPECT_EQ(stats.misses(), 1u);
+  EXPECT_EQ(stats.puts(), 1u);
+  EXPECT_EQ(stats.entries(), 1u);
+  EXPECT_GT(stats.stored_bytes(), 20000u);
+  EXPECT_EQ(stats.max_size_bytes(), 10ull << 30);
+  bool saw_lookup = false;
+  for (const v1::RpcLatency& rpc : stats.rpc_latency()) {
+    if (rpc.method() != "Lookup") continue;
+    saw_lookup = true;
+    EXPECT_EQ(rpc.count(), 3u);
+    EXPECT_GT(rpc.p50_ms(), 0.0);
+    EXPECT_LE(rpc.p50_ms(), rpc.p99_ms());
+    EXPECT_LE(rpc.p99_ms(), rpc.max_ms());
+  }
+  EXPECT_TRUE(saw_lookup);
+}
+
+TEST_F(ServiceTest, CompileSaysThePipelineIsMissing) {
+  grpc::ClientContext context;
+  v1::CompileResponse response;
+  const grpc::Status status = UnixStub()->Compile(&context, v1::CompileRequest(), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_NE(status.error_message().find("compile"), std::string::npos);
+}
+
+TEST_F(ServiceTest, SecondServerOnALiveSocketIsRefused) {
+  ServerOptions options;
+  options.local_socket = (dir_.path() / "run" / "kilnd.sock").string();
+  auto second = KilnServer::Start(options, *store_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  ExpectServing(*UnixStub());
+}
+
+TEST_F(ServiceTest, StaleSocketFileIsReplacedAfterShutdown) {
+  server_->Shutdown(absl::Seconds(5));
+  server_.reset();
+  // Simulate a crash that left the socket file behind.
+  std::ofstream(dir_.path() / "run" / "kilnd.sock") << "";
+  ServerOptions options;
+  options.local_socket = (dir_.path() / "run" / "kilnd.sock").string();
+  auto restarted = KilnServer::Start(options, *store_);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = *std::move(restarted);
+  ExpectServing(*UnixStub());
+}
+
+}  // namespace
+}  // namespace kiln::service
