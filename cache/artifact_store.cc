@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <iterator>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -68,10 +67,12 @@ constexpr int kEvictionBatch = 64;
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
 absl::StatusOr<std::string> ReadWholeFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat("blob file missing: ", path.string()));
-  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
+  std::string content(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  in.read(content.data(), static_cast<std::streamsize>(content.size()));
+  if (!in) return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
   return content;
 }
 

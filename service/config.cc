@@ -77,7 +77,7 @@ const std::vector<Setting>& Settings() {
        ByteSize(&Config::max_cache_size)},
       {"max_request_size", "largest request accepted (64MiB)",
        ByteSize(&Config::max_request_size)},
-      {"inline_threshold", "blobs smaller than this stay inside SQLite (64KiB)",
+      {"inline_threshold", "blobs smaller than this stay inside SQLite (48KiB)",
        ByteSize(&Config::inline_threshold)},
       {"zstd_level", "zstd level for stored blobs, 0 to store uncompressed (1)",
        Integer(&Config::zstd_level, 0, 19)},

@@ -118,7 +118,7 @@ TEST_F(ArtifactStoreTest, LargeBlobsLiveInShortNamedFilesAndSmallOnesInline) {
   options.zstd_level = 0;
   auto store = OpenStore(options);
   ASSERT_TRUE(store->Put("triton", "key1", KernelBlobs(1)).ok());
-  // Uncompressed: the 200 KiB and 100 KiB blobs reach the 64 KiB threshold.
+  // Uncompressed: the 200 KiB and 100 KiB blobs reach the 48 KiB threshold.
   const std::vector<fs::path> files = BlobFiles();
   ASSERT_EQ(files.size(), 2u);
   for (const fs::path& file : files) {
