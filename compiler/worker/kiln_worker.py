@@ -1,0 +1,228 @@
+"""Kiln's compile worker, run by a registered toolchain's Python interpreter.
+
+kilnd starts it with `python -I kiln_worker.py` and sends one job at a time
+(Triton's stages set LLVM globals and a fatal LLVM error aborts the process, so
+jobs never share a process concurrently). Requests and replies are messages:
+
+    message := frame(header) frame(part)*      frame := u32le length, bytes
+    header  := UTF-8 JSON object; header["parts"] names the frames after it
+
+Jobs:
+  hello    -> the toolchain's identity: triton_key, versions, backends.
+  compile  -> parts {"ir"}: frontend TTIR; runs make_ttir .. make_cubin exactly
+              as triton.compile does for the given target, options and env, and
+              replies with parts {"<name>.ttir", ..., "<name>.cubin", "<name>.json"}.
+Failures reply {"ok": false, "kind": ..., "message": ...}; kind is one of
+compilation_error, ptxas_error, out_of_resources, invalid_request.
+"""
+
+import contextlib
+import io
+import json
+import os
+import struct
+import sys
+import tempfile
+import time
+import traceback
+
+# Stages print (ptxas reproducers, warnings): keep fd 1 for the protocol only
+# and send everything else to stderr, which kilnd keeps for crash reports.
+_PROTOCOL_OUT = os.fdopen(os.dup(1), "wb")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+_PROTOCOL_IN = sys.stdin.buffer
+
+import triton  # noqa: E402  (after the fd shuffle, so import-time prints are safe)
+from triton._C.libtriton import get_cache_invalidating_env_vars, ir  # noqa: E402
+from triton.backends.compiler import GPUTarget, Language  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
+
+# Triton caps kernel file names at 150 characters (compiler.compile).
+_MAX_FILE_NAME = 150
+
+
+def _read_exact(count):
+    data = _PROTOCOL_IN.read(count)
+    if data is None or len(data) != count:
+        raise EOFError
+    return data
+
+
+def read_message():
+    (length,) = struct.unpack("<I", _read_exact(4))
+    header = json.loads(_read_exact(length))
+    parts = {}
+    for name in header.get("parts", []):
+        (size,) = struct.unpack("<I", _read_exact(4))
+        parts[name] = _read_exact(size)
+    return header, parts
+
+
+def write_message(header, parts=None):
+    parts = parts or {}
+    header = dict(header, parts=list(parts))
+    encoded = json.dumps(header).encode()
+    chunks = [struct.pack("<I", len(encoded)), encoded]
+    for data in parts.values():
+        chunks += [struct.pack("<I", len(data)), data]
+    _PROTOCOL_OUT.write(b"".join(chunks))
+    _PROTOCOL_OUT.flush()
+
+
+def _as_tuples(value):
+    """JSON turns the options' tuples into lists; Triton hashes and compares tuples."""
+    if isinstance(value, list):
+        return tuple(_as_tuples(item) for item in value)
+    return value
+
+
+def _parse_target(spec):
+    arch = spec["arch"]
+    return GPUTarget(spec["backend"], int(arch) if str(arch).isdigit() else arch, int(spec["warp_size"]))
+
+
+# The environment kilnd started us with, less the cache-invalidating variables:
+# each job runs with exactly the client's set of those.
+_BASE_ENV = {k: v for k, v in os.environ.items() if k not in get_cache_invalidating_env_vars()}
+
+
+@contextlib.contextmanager
+def client_environment(env):
+    os.environ.clear()
+    os.environ.update(_BASE_ENV)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(_BASE_ENV)
+
+
+def hello(_header, _parts):
+    from triton.backends import backends
+    from triton.runtime.cache import triton_key
+
+    return {
+        "ok": True,
+        "triton_key": triton_key(),
+        "triton_version": triton.__version__,
+        "python_executable": sys.executable,
+        "python_version": "%d.%d" % sys.version_info[:2],
+        "backends": sorted(backends),
+    }, {}
+
+
+def _error(kind, message, log=""):
+    return {"ok": False, "kind": kind, "message": message, "log": log}, {}
+
+
+def _classify(error):
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    if isinstance(error, PTXASError):
+        return "ptxas_error"
+    if isinstance(error, OutOfResources):
+        return "out_of_resources"
+    if isinstance(error, CompilationError):
+        return "compilation_error"
+    # MLIR pass failures surface as RuntimeError("PassManager::run failed").
+    return "compilation_error"
+
+
+def _parse_module(ir_text, context):
+    # parse_mlir_module reads a file; the temp file lives only for the parse.
+    with tempfile.NamedTemporaryFile("w", suffix=".ttir", delete=False) as source:
+        source.write(ir_text)
+    try:
+        module = ir.parse_mlir_module(source.name, context)
+    finally:
+        os.unlink(source.name)
+    module.context = context
+    return module
+
+
+def _run_stages(header, ir_text):
+    target = _parse_target(header["target"])
+    backend = make_backend(target)
+    raw_options = {k: _as_tuples(v) for k, v in header["options"].items()}
+    options = backend.parse_options(raw_options)
+    env = header.get("env", {})
+    # The metadata dict triton.compile starts from, in the same key order.
+    metadata = {"hash": header["hash"], "target": target, **options.__dict__, **env}
+    metadata["triton_version"] = triton.__version__
+    stages = {}
+    backend.add_stages(stages, options, Language.TRITON)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    try:
+        module = _parse_module(ir_text, context)
+    except Exception as error:  # the parser reports through a generic exception
+        raise ValueError("the TTIR does not parse: %s" % error) from error
+    name = module.get_entry_func_name()[:_MAX_FILE_NAME]
+    outputs, timings, ptxas_log = {}, {}, ""
+    for ext, compile_ir in stages.items():
+        start = time.perf_counter()
+        if ext == "cubin":
+            module, ptxas_log = _run_ptxas_stage(compile_ir, module, metadata)
+        else:
+            module = compile_ir(module, metadata)
+        timings[ext] = time.perf_counter() - start
+        outputs["%s.%s" % (name, ext)] = module if isinstance(module, bytes) else str(module).encode()
+    outputs["%s.json" % name] = json.dumps(metadata, default=vars).encode()
+    return outputs, timings, ptxas_log
+
+
+def _run_ptxas_stage(compile_ir, module, metadata):
+    """make_cubin deletes ptxas's -v report unless asked to print it: capture the print."""
+    from triton import knobs
+
+    captured = io.StringIO()
+    previous = knobs.nvidia.dump_ptxas_log
+    knobs.nvidia.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(captured):
+            cubin = compile_ir(module, metadata)
+    finally:
+        knobs.nvidia.dump_ptxas_log = previous
+    return cubin, captured.getvalue()
+
+
+def compile_job(header, parts):
+    for field in ("target", "options", "hash"):
+        if field not in header:
+            return _error("invalid_request", "compile request lacks '%s'" % field)
+    try:
+        ir_text = parts["ir"].decode()
+    except (KeyError, UnicodeDecodeError):
+        return _error("invalid_request", "compile request needs the TTIR as UTF-8 text")
+    try:
+        with client_environment(header.get("env", {})):
+            outputs, timings, ptxas_log = _run_stages(header, ir_text)
+    except ValueError as error:
+        return _error("compilation_error", str(error))
+    except Exception as error:  # any stage failure goes back to the client, typed
+        return _error(_classify(error), str(error) or type(error).__name__, traceback.format_exc())
+    return {"ok": True, "timings": timings, "ptxas_log": ptxas_log}, outputs
+
+
+JOBS = {"hello": hello, "compile": compile_job}
+
+
+def main():
+    while True:
+        try:
+            header, parts = read_message()
+        except EOFError:
+            return  # kilnd closed the pipe: retire quietly
+        job = JOBS.get(header.get("op"))
+        if job is None:
+            write_message(*_error("invalid_request", "unknown op %r" % header.get("op")))
+            continue
+        write_message(*job(header, parts))
+
+
+if __name__ == "__main__":
+    main()

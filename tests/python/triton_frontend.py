@@ -1,0 +1,40 @@
+"""Runs Triton's frontend the way triton.compile does, producing what a Kiln
+client sends to kilnd: frontend TTIR, the parsed options, the env and the key.
+Used by tests and benchmarks until the Python client package provides it."""
+
+import dataclasses
+import hashlib
+
+from triton._C.libtriton import get_cache_invalidating_env_vars, ir
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource, make_backend
+from triton.runtime.cache import get_cache_key, triton_key
+
+
+@dataclasses.dataclass
+class FrontendResult:
+    ttir: str
+    options: dict
+    env: dict
+    hash: str
+    name: str
+    target: GPUTarget
+
+
+def run_frontend(case, target):
+    src = ASTSource(case.fn, case.signature, case.constexprs)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(case.options))
+    env = get_cache_invalidating_env_vars()
+    key = get_cache_key(src, backend, options, env_vars=env)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                         context)
+    return FrontendResult(str(module), dict(options.__dict__), dict(env),
+                          hashlib.sha256(key.encode()).hexdigest(), src.name, target)
+
+
+def toolchain_key():
+    return triton_key()
