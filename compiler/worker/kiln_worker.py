@@ -9,9 +9,10 @@ jobs never share a process concurrently). Requests and replies are messages:
 
 Jobs:
   hello    -> the toolchain's identity: triton_key, versions, backends.
-  compile  -> parts {"ir"}: frontend TTIR; runs make_ttir .. make_cubin exactly
-              as triton.compile does for the given target, options and env, and
-              replies with parts {"<name>.ttir", ..., "<name>.cubin", "<name>.json"}.
+  compile  -> header {target, options_json, env, hash, stage}, parts {"ir"}:
+              frontend TTIR; runs make_ttir .. make_cubin exactly as
+              triton.compile does for that target, options and env, and replies
+              with parts {"<name>.ttir", ..., "<name>.cubin", "<name>.json"}.
 Failures reply {"ok": false, "kind": ..., "message": ...}; kind is one of
 compilation_error, ptxas_error, out_of_resources, invalid_request.
 """
@@ -146,7 +147,7 @@ def _parse_module(ir_text, context):
 def _run_stages(header, ir_text):
     target = _parse_target(header["target"])
     backend = make_backend(target)
-    raw_options = {k: _as_tuples(v) for k, v in header["options"].items()}
+    raw_options = {k: _as_tuples(v) for k, v in json.loads(header["options_json"]).items()}
     options = backend.parse_options(raw_options)
     env = header.get("env", {})
     # The metadata dict triton.compile starts from, in the same key order.
@@ -191,9 +192,16 @@ def _run_ptxas_stage(compile_ir, module, metadata):
 
 
 def compile_job(header, parts):
-    for field in ("target", "options", "hash"):
+    for field in ("target", "options_json", "hash"):
         if field not in header:
             return _error("invalid_request", "compile request lacks '%s'" % field)
+    if header.get("stage", "ttir") != "ttir":
+        return _error("invalid_request", "this worker compiles from frontend TTIR only")
+    try:
+        target = _parse_target(header["target"])
+        make_backend(target)
+    except (KeyError, ValueError, RuntimeError) as error:
+        return _error("invalid_request", "unknown target %r: %s" % (header["target"], error))
     try:
         ir_text = parts["ir"].decode()
     except (KeyError, UnicodeDecodeError):

@@ -1,0 +1,73 @@
+#ifndef KILN_COMPILER_LAUNCHER_BUILDER_H_
+#define KILN_COMPILER_LAUNCHER_BUILDER_H_
+
+// Builds Triton's launcher and cuda_utils C sources into Python extension
+// modules with the machine's C compiler, as triton.runtime.build does.
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "compiler/toolchains.h"
+
+namespace kiln::compiler {
+
+struct PythonAbi {
+  std::string version;     // "3.11"
+  std::string abiflags;
+  std::string ext_suffix;  // ".cpython-311-x86_64-linux-gnu.so"
+  std::string platform;    // sysconfig.get_platform()
+  std::string include_dir; // where Python.h is
+};
+
+struct LauncherRequest {
+  std::string module_name;
+  std::string c_source;
+  PythonAbi abi;
+  std::vector<std::string> include_dirs;
+  std::vector<std::string> library_dirs;
+  std::vector<std::string> libraries;
+};
+
+// The C compiler and CUDA headers found on this machine, in one place:
+// $CC, the configured compiler, then gcc, clang and tcc on PATH; CUDA from
+// $CUDA_PATH, $CUDA_HOME, /usr/local/cuda.
+struct BuildEnvironment {
+  std::filesystem::path compiler;
+  std::string compiler_version;  // first line of `cc --version`
+  std::vector<std::filesystem::path> cuda_include_dirs;
+};
+
+absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& configured_compiler);
+
+class LauncherBuilder {
+ public:
+  LauncherBuilder(BuildEnvironment environment, absl::Duration timeout)
+      : environment_(std::move(environment)), timeout_(timeout) {}
+
+  // Covers the source, the Python ABI, the compiler and its version, the CUDA
+  // header version and the search paths, so a changed environment never gets
+  // a stale module.
+  std::string CacheKey(const LauncherRequest& request) const;
+
+  // The built module's bytes, or the compiler's failure. INVALID_ARGUMENT for
+  // an unusable request (no module name, no Python headers).
+  absl::StatusOr<std::variant<std::string, CompileFailure>> Build(
+      const LauncherRequest& request) const;
+
+  const BuildEnvironment& environment() const { return environment_; }
+
+ private:
+  std::string CudaHeaderVersion(const LauncherRequest& request) const;
+
+  const BuildEnvironment environment_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_LAUNCHER_BUILDER_H_

@@ -1,0 +1,237 @@
+#include "compiler/toolchains.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace kiln::compiler {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Identifying a toolchain imports triton (a few seconds when cold).
+constexpr absl::Duration kHelloTimeout = absl::Minutes(2);
+
+using Kind = CompileFailure::Kind;
+
+const std::map<std::string, Kind, std::less<>>& FailureKinds() {
+  static const auto* kinds = new std::map<std::string, Kind, std::less<>>{
+      {"compilation_error", Kind::kCompilationError},
+      {"ptxas_error", Kind::kPtxasError},
+      {"out_of_resources", Kind::kOutOfResources},
+  };
+  return *kinds;
+}
+
+int DefaultWorkers() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+}  // namespace
+
+WorkerPool::WorkerPool(ToolchainInfo info, PoolOptions options)
+    : info_(std::move(info)), options_(std::move(options)) {
+  retirer_ = std::thread([this] { RetireIdleLoop(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  retirer_.join();
+  // Workers see end of input and exit; the destructors reap them.
+  idle_.clear();
+}
+
+void WorkerPool::Adopt(std::unique_ptr<WorkerProcess> worker) {
+  {
+    std::lock_guard lock(mutex_);
+    ++live_;
+    ++stats_.workers_started;
+  }
+  Release(std::move(worker));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire() {
+  const int max_workers = options_.max_workers > 0 ? options_.max_workers : DefaultWorkers();
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !idle_.empty() || live_ < max_workers; });
+    if (!idle_.empty()) {
+      std::unique_ptr<WorkerProcess> worker = std::move(idle_.back());
+      idle_.pop_back();
+      return worker;
+    }
+    ++live_;  // reserve the slot before starting outside the lock
+  }
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> started =
+      WorkerProcess::Start(info_.python_executable, options_.worker_script);
+  std::lock_guard lock(mutex_);
+  if (!started.ok()) {
+    --live_;
+    changed_.notify_one();
+    return started.status();
+  }
+  ++stats_.workers_started;
+  return started;
+}
+
+void WorkerPool::Release(std::unique_ptr<WorkerProcess> worker) {
+  {
+    std::lock_guard lock(mutex_);
+    if (worker->broken()) {
+      --live_;
+      ++stats_.workers_lost;
+    } else {
+      idle_.push_back(std::move(worker));
+    }
+  }
+  changed_.notify_one();
+}
+
+void WorkerPool::RetireIdleLoop() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    changed_.wait_for(lock, absl::ToChronoSeconds(std::max(absl::Seconds(1),
+                                                           options_.idle_timeout / 4)));
+    const absl::Time cutoff = absl::Now() - options_.idle_timeout;
+    const auto expired = std::partition(idle_.begin(), idle_.end(), [&](const auto& worker) {
+      return worker->last_used() > cutoff;
+    });
+    const auto retired = static_cast<int>(idle_.end() - expired);
+    idle_.erase(expired, idle_.end());
+    live_ -= retired;
+    stats_.workers_retired += static_cast<uint64_t>(retired);
+  }
+}
+
+absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire());
+  worker::Request request;
+  request.set_op("compile");
+  *request.mutable_target() = job.target;
+  request.set_stage(job.stage);
+  request.set_options_json(job.options_json);
+  request.mutable_env()->insert(job.env.begin(), job.env.end());
+  request.set_hash(job.hash);
+  absl::StatusOr<WorkerReply> reply = worker->Call(request, {{"ir", job.ir}}, options_.job_timeout);
+  Release(std::move(worker));
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.jobs;
+  }
+  if (absl::IsDeadlineExceeded(reply.status())) {
+    return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
+  }
+  if (absl::IsUnavailable(reply.status())) {
+    return CompileFailure{Kind::kWorkerCrashed, std::string(reply.status().message()), ""};
+  }
+  RETURN_IF_ERROR(reply.status());
+  const worker::Reply& header = reply->header;
+  if (header.ok()) {
+    CompileOutput output;
+    output.artifacts = std::move(reply->parts);
+    output.ptxas_log = header.ptxas_log();
+    output.stage_seconds.insert(header.timings().begin(), header.timings().end());
+    return output;
+  }
+  const auto kind = FailureKinds().find(header.kind());
+  if (kind == FailureKinds().end()) {
+    return absl::InvalidArgumentError(header.message());
+  }
+  return CompileFailure{kind->second, header.message(), header.log()};
+}
+
+PoolStats WorkerPool::Stats() {
+  std::lock_guard lock(mutex_);
+  PoolStats stats = stats_;
+  stats.live_workers = static_cast<uint64_t>(live_);
+  return stats;
+}
+
+ToolchainRegistry::ToolchainRegistry(PoolOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& python_executable) {
+  std::error_code error;
+  if (!python_executable.is_absolute() || !fs::is_regular_file(python_executable, error)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "toolchain interpreter '%s' is not an absolute path to an existing file; give the full "
+        "path of the Python that has triton installed (e.g. /path/to/venv/bin/python)",
+        python_executable.string()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker,
+                   WorkerProcess::Start(python_executable, options_.worker_script));
+  worker::Request hello;
+  hello.set_op("hello");
+  absl::StatusOr<WorkerReply> reply = worker->Call(hello, {}, kHelloTimeout);
+  if (!reply.ok() || !reply->header.ok()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s cannot run Kiln's worker (is triton installed for it?): %s",
+        python_executable.string(),
+        reply.ok() ? reply->header.message() : std::string(reply.status().message())));
+  }
+  const worker::Reply& header = reply->header;
+  ToolchainInfo info{header.triton_key(), header.triton_version(), python_executable.string(),
+                     header.python_version(),
+                     std::vector<std::string>(header.backends().begin(), header.backends().end())};
+  std::lock_guard lock(mutex_);
+  key_by_python_[info.python_executable] = info.triton_key;
+  auto [pool, inserted] = pools_.try_emplace(info.triton_key);
+  if (inserted) {
+    pool->second = std::make_unique<WorkerPool>(info, options_);
+    pool->second->Adopt(std::move(worker));
+  }
+  return pool->second->info();
+}
+
+absl::StatusOr<WorkerPool*> ToolchainRegistry::Find(absl::string_view triton_key) {
+  std::lock_guard lock(mutex_);
+  if (auto pool = pools_.find(triton_key); pool != pools_.end()) return pool->second.get();
+  std::vector<std::string> available;
+  for (const auto& [key, pool] : pools_) {
+    available.push_back(absl::StrFormat("triton %s at %s (key %s...)", pool->info().triton_version,
+                                        pool->info().python_executable, key.substr(0, 24)));
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "no registered toolchain has triton key %s...; available: %s. Register the client's Python "
+      "with `toolchain = /path/to/python` in kilnd.conf or --toolchain",
+      triton_key.substr(0, 24), available.empty() ? "none" : absl::StrJoin(available, "; ")));
+}
+
+bool ToolchainRegistry::IsRegisteredAs(const std::string& python_executable,
+                                       absl::string_view triton_key) {
+  std::lock_guard lock(mutex_);
+  const auto known = key_by_python_.find(python_executable);
+  return known != key_by_python_.end() && known->second == triton_key;
+}
+
+std::vector<ToolchainInfo> ToolchainRegistry::List() {
+  std::lock_guard lock(mutex_);
+  std::vector<ToolchainInfo> infos;
+  for (const auto& [key, pool] : pools_) infos.push_back(pool->info());
+  return infos;
+}
+
+PoolStats ToolchainRegistry::TotalStats() {
+  std::vector<WorkerPool*> pools;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [key, pool] : pools_) pools.push_back(pool.get());
+  }
+  PoolStats total;
+  for (WorkerPool* pool : pools) {
+    const PoolStats stats = pool->Stats();
+    total.jobs += stats.jobs;
+    total.workers_started += stats.workers_started;
+    total.workers_lost += stats.workers_lost;
+    total.workers_retired += stats.workers_retired;
+    total.live_workers += stats.live_workers;
+  }
+  return total;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,142 @@
+#ifndef KILN_COMPILER_TOOLCHAINS_H_
+#define KILN_COMPILER_TOOLCHAINS_H_
+
+// Triton toolchains (a Python interpreter with a given `triton`) and their pools
+// of worker processes. Knows nothing of gRPC or of the cache.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "compiler/worker_process.h"
+
+namespace kiln::compiler {
+
+struct ToolchainInfo {
+  std::string triton_key;  // triton.runtime.cache.triton_key()
+  std::string triton_version;
+  std::string python_executable;
+  std::string python_version;
+  std::vector<std::string> backends;
+};
+
+struct PoolOptions {
+  std::filesystem::path worker_script;
+  int max_workers = 0;  // per toolchain; 0 = CPU count
+  absl::Duration idle_timeout = absl::Minutes(10);
+  absl::Duration job_timeout = absl::Minutes(10);
+};
+
+struct CompileJob {
+  worker::Target target;
+  std::string stage = "ttir";  // stage of `ir`
+  std::string ir;
+  std::string options_json;
+  std::map<std::string, std::string> env;
+  std::string hash;  // the client's Triton cache key, recorded in metadata
+};
+
+// Artifacts named as Triton's cache names them: "<kernel>.ttgir", "<kernel>.json", ...
+struct CompileOutput {
+  Parts artifacts;
+  std::string ptxas_log;  // ptxas -v: registers, spills, shared memory
+  std::map<std::string, double> stage_seconds;
+};
+
+// A compile that failed because of the kernel (or killed its worker).
+struct CompileFailure {
+  enum class Kind { kCompilationError, kPtxasError, kOutOfResources, kWorkerCrashed, kTimeout };
+  Kind kind;
+  std::string message;
+  std::string log;
+};
+
+using CompileResult = std::variant<CompileOutput, CompileFailure>;
+
+struct PoolStats {
+  uint64_t jobs = 0;
+  uint64_t workers_started = 0;
+  uint64_t workers_lost = 0;  // crashed or killed on timeout
+  uint64_t workers_retired = 0;
+  uint64_t live_workers = 0;
+};
+
+// Long-lived workers of one toolchain, at most max_workers at once, started on
+// demand and retired after idle_timeout. Compile() blocks its caller (one of
+// kilnd's compile threads, never a gRPC thread).
+class WorkerPool {
+ public:
+  WorkerPool(ToolchainInfo info, PoolOptions options);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // INVALID_ARGUMENT when the worker rejects the request itself (e.g. an
+  // unknown target); FAILED_PRECONDITION when no worker can be started.
+  absl::StatusOr<CompileResult> Compile(const CompileJob& job);
+
+  // Adds an already started worker (registration's identifying worker) as idle.
+  void Adopt(std::unique_ptr<WorkerProcess> worker);
+
+  const ToolchainInfo& info() const { return info_; }
+  PoolStats Stats();
+
+ private:
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire();
+  void Release(std::unique_ptr<WorkerProcess> worker);
+  void RetireIdleLoop();
+
+  const ToolchainInfo info_;
+  const PoolOptions options_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::unique_ptr<WorkerProcess>> idle_;  // guarded by mutex_
+  int live_ = 0;                                      // guarded by mutex_
+  bool stopping_ = false;                             // guarded by mutex_
+  PoolStats stats_;                                   // guarded by mutex_
+  std::thread retirer_;
+};
+
+class ToolchainRegistry {
+ public:
+  explicit ToolchainRegistry(PoolOptions options);
+
+  // Runs `python_executable` once to identify its Triton and registers it.
+  // Registering the same toolchain twice is a no-op. FAILED_PRECONDITION when
+  // the path is not an absolute, existing file or its Python cannot import
+  // triton (with the interpreter's error).
+  absl::StatusOr<ToolchainInfo> Register(const std::filesystem::path& python_executable);
+
+  // The pool of the toolchain with this triton key; FAILED_PRECONDITION lists
+  // the registered ones and how to register another.
+  absl::StatusOr<WorkerPool*> Find(absl::string_view triton_key);
+
+  // True when `python_executable` was registered and still has `triton_key`
+  // as far as we know (used to skip re-identifying on every request).
+  bool IsRegisteredAs(const std::string& python_executable, absl::string_view triton_key);
+
+  std::vector<ToolchainInfo> List();
+  PoolStats TotalStats();
+
+ private:
+  const PoolOptions options_;
+  std::mutex mutex_;
+  absl::flat_hash_map<std::string, std::unique_ptr<WorkerPool>> pools_;  // by triton key
+  absl::flat_hash_map<std::string, std::string> key_by_python_;
+};
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_TOOLCHAINS_H_

@@ -1,0 +1,56 @@
+#ifndef KILN_COMPILER_WORKER_PROCESS_H_
+#define KILN_COMPILER_WORKER_PROCESS_H_
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/subprocess.h"
+#include "kiln/worker/worker.pb.h"
+
+namespace kiln::compiler {
+
+// Named binary payloads that follow a message's JSON header.
+using Parts = std::vector<std::pair<std::string, std::string>>;
+
+struct WorkerReply {
+  worker::Reply header;
+  Parts parts;
+};
+
+// One long-lived kiln_worker.py process of a toolchain, driven over its pipes
+// (protocol in kiln_worker.py's docstring). Not thread-safe: one job at a time.
+class WorkerProcess {
+ public:
+  // Starts `python -I script`. FAILED_PRECONDITION if it cannot be started.
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(
+      const std::filesystem::path& python, const std::filesystem::path& script);
+
+  // Sends a request and waits for its reply until `timeout`. UNAVAILABLE if
+  // the worker died (message carries its exit status and stderr tail),
+  // DEADLINE_EXCEEDED on timeout (the worker is killed). After either, the
+  // worker is unusable.
+  absl::StatusOr<WorkerReply> Call(worker::Request request, const Parts& parts,
+                                   absl::Duration timeout);
+
+  int pid() const { return process_->pid(); }
+  bool broken() const { return broken_; }
+  absl::Time last_used() const { return last_used_; }
+
+ private:
+  explicit WorkerProcess(std::unique_ptr<Subprocess> process) : process_(std::move(process)) {}
+  absl::StatusOr<WorkerReply> ReadReply(absl::Time deadline);
+  absl::Status Died(absl::string_view during);
+
+  std::unique_ptr<Subprocess> process_;
+  bool broken_ = false;
+  absl::Time last_used_ = absl::Now();
+};
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_WORKER_PROCESS_H_
