@@ -454,26 +454,7 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
   std::vector<int64_t> replaced_blob_ids;
-  w.find_entry.BindText(1, ns).BindText(2, key);
-  ASSIGN_OR_RETURN(bool exists, w.find_entry.Step());
-  const int64_t old_entry = exists ? w.find_entry.ColumnInt(0) : -1;
-  w.find_entry.Reset();
-  if (exists) {
-    w.entry_blob_ids.Bind(1, old_entry);
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, w.entry_blob_ids.Step());
-      if (!row) break;
-      replaced_blob_ids.push_back(w.entry_blob_ids.ColumnInt(0));
-    }
-    w.entry_blob_ids.Reset();
-    RETURN_IF_ERROR(w.delete_entry.Bind(1, old_entry).Run());
-  }
-  RETURN_IF_ERROR(w.insert_entry.BindText(1, ns)
-                      .BindText(2, key)
-                      .Bind(3, NowMillis())
-                      .Bind(4, ++use_clock_)
-                      .Run());
-  const int64_t entry_id = w.db->LastInsertId();
+  ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(ns, key, replaced_blob_ids));
   uint64_t added_bytes = 0;
   for (const PreparedBlob& blob : prepared) {
     w.find_blob.BindBlob(1, blob.digest);
@@ -502,6 +483,61 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
   ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
   RETURN_IF_ERROR(txn.Commit());
   stored_bytes_ += added_bytes;
+  ReleaseFreedBlobs(freed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
+                                                         absl::string_view key,
+                                                         std::vector<int64_t>& replaced_blob_ids) {
+  Writer& w = *writer_;
+  w.find_entry.BindText(1, ns).BindText(2, key);
+  ASSIGN_OR_RETURN(bool exists, w.find_entry.Step());
+  const int64_t old_entry = exists ? w.find_entry.ColumnInt(0) : -1;
+  w.find_entry.Reset();
+  if (exists) {
+    w.entry_blob_ids.Bind(1, old_entry);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, w.entry_blob_ids.Step());
+      if (!row) break;
+      replaced_blob_ids.push_back(w.entry_blob_ids.ColumnInt(0));
+    }
+    w.entry_blob_ids.Reset();
+    RETURN_IF_ERROR(w.delete_entry.Bind(1, old_entry).Run());
+  }
+  RETURN_IF_ERROR(w.insert_entry.BindText(1, ns)
+                      .BindText(2, key)
+                      .Bind(3, NowMillis())
+                      .Bind(4, ++use_clock_)
+                      .Run());
+  return w.db->LastInsertId();
+}
+
+absl::Status ArtifactStore::PutManifest(
+    absl::string_view ns, absl::string_view key,
+    const std::vector<std::pair<std::string, std::string>>& named_digests) {
+  if (ns.empty() || key.empty() || named_digests.empty()) {
+    return absl::InvalidArgumentError("a manifest needs a namespace, a key and blobs");
+  }
+  std::lock_guard lock(writer_mutex_);
+  Writer& w = *writer_;
+  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+  std::vector<int64_t> replaced_blob_ids;
+  ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(ns, key, replaced_blob_ids));
+  for (const auto& [name, digest] : named_digests) {
+    w.find_blob.BindBlob(1, digest);
+    ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
+    const int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;
+    w.find_blob.Reset();
+    if (!known) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("blob %s of '%s' is no longer stored", DigestHex(digest), name));
+    }
+    RETURN_IF_ERROR(
+        w.insert_entry_blob.Bind(1, entry_id).BindText(2, name).Bind(3, blob_id).Run());
+  }
+  ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
+  RETURN_IF_ERROR(txn.Commit());
   ReleaseFreedBlobs(freed);
   return absl::OkStatus();
 }

@@ -108,6 +108,12 @@ class ArtifactStore {
   // expected digest; RESOURCE_EXHAUSTED when the disk is full.
   absl::Status Put(absl::string_view ns, absl::string_view key, std::vector<BlobInput> blobs);
 
+  // Stores an entry for (ns, key) made of blobs already in the store, named
+  // as given (name -> raw digest): an alias costs no blob I/O.
+  // FAILED_PRECONDITION if a digest is not stored (e.g. evicted meanwhile).
+  absl::Status PutManifest(absl::string_view ns, absl::string_view key,
+                           const std::vector<std::pair<std::string, std::string>>& named_digests);
+
   absl::StatusOr<StoreStats> Stats();
 
   // Evicts least recently used entries until at most `target_bytes` are
@@ -134,6 +140,10 @@ class ArtifactStore {
   // Methods named *Locked run with writer_mutex_ held.
   absl::Status PutLocked(absl::string_view ns, absl::string_view key,
                          const std::vector<PreparedBlob>& prepared);
+  // Replaces (ns, key) with a new, empty entry; returns its id and the blob
+  // ids the old one used, to be checked for orphans before commit.
+  absl::StatusOr<int64_t> ReplaceEntryLocked(absl::string_view ns, absl::string_view key,
+                                             std::vector<int64_t>& replaced_blob_ids);
   absl::Status PublishBlobFile(const PreparedBlob& blob);
   absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
   void ReleaseFreedBlobs(const FreedBlobs& freed);

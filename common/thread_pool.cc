@@ -17,10 +17,10 @@ ThreadPool::~ThreadPool() {
   for (std::thread& thread : threads_) thread.join();
 }
 
-void ThreadPool::Schedule(std::function<void()> task) {
+void ThreadPool::Schedule(std::function<void()> task, Priority priority) {
   {
     std::lock_guard lock(mutex_);
-    tasks_.push_back(std::move(task));
+    (priority == kInteractive ? interactive_ : background_).push_back(std::move(task));
   }
   wakeup_.notify_one();
 }
@@ -30,10 +30,12 @@ void ThreadPool::WorkLoop() {
     std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
-      wakeup_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stopping, and everything queued has run
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      wakeup_.wait(lock,
+                   [this] { return stopping_ || !interactive_.empty() || !background_.empty(); });
+      auto& queue = !interactive_.empty() ? interactive_ : background_;
+      if (queue.empty()) return;  // stopping, and everything queued has run
+      task = std::move(queue.front());
+      queue.pop_front();
     }
     task();
   }

@@ -10,8 +10,9 @@
 
 namespace kiln {
 
-// A fixed set of threads running tasks in FIFO order. The destructor runs every
-// task already queued, then joins, so no accepted work is dropped at shutdown.
+// A fixed set of threads running tasks in FIFO order, interactive tasks before
+// background ones. The destructor runs every task already queued, then joins,
+// so no accepted work is dropped at shutdown.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);
@@ -19,14 +20,17 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  void Schedule(std::function<void()> task);
+  enum Priority { kInteractive, kBackground };
+
+  void Schedule(std::function<void()> task, Priority priority = kInteractive);
 
  private:
   void WorkLoop();
 
   std::mutex mutex_;
   std::condition_variable wakeup_;
-  std::deque<std::function<void()>> tasks_;  // guarded by mutex_
+  std::deque<std::function<void()>> interactive_;  // guarded by mutex_
+  std::deque<std::function<void()>> background_;   // guarded by mutex_
   bool stopping_ = false;                    // guarded by mutex_
   std::vector<std::thread> threads_;
 };

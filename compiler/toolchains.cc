@@ -56,11 +56,18 @@ void WorkerPool::Adopt(std::unique_ptr<WorkerProcess> worker) {
   Release(std::move(worker));
 }
 
-absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire() {
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority priority) {
   const int max_workers = options_.max_workers > 0 ? options_.max_workers : DefaultWorkers();
   {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !idle_.empty() || live_ < max_workers; });
+    const bool interactive = priority == Priority::kInteractive;
+    if (interactive) ++interactive_waiting_;
+    // Background jobs take a worker only while no interactive job waits for one.
+    changed_.wait(lock, [&] {
+      return (!idle_.empty() || live_ < max_workers) && (interactive || interactive_waiting_ == 0);
+    });
+    if (interactive) --interactive_waiting_;
+    changed_.notify_all();
     if (!idle_.empty()) {
       std::unique_ptr<WorkerProcess> worker = std::move(idle_.back());
       idle_.pop_back();
@@ -73,7 +80,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire() {
   std::lock_guard lock(mutex_);
   if (!started.ok()) {
     --live_;
-    changed_.notify_one();
+    changed_.notify_all();
     return started.status();
   }
   ++stats_.workers_started;
@@ -90,7 +97,8 @@ void WorkerPool::Release(std::unique_ptr<WorkerProcess> worker) {
       idle_.push_back(std::move(worker));
     }
   }
-  changed_.notify_one();
+  // All waiters re-check: an interactive one may be behind a background one.
+  changed_.notify_all();
 }
 
 void WorkerPool::RetireIdleLoop() {
@@ -110,7 +118,7 @@ void WorkerPool::RetireIdleLoop() {
 }
 
 absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
-  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire());
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire(job.priority));
   worker::Request request;
   request.set_op("compile");
   *request.mutable_target() = job.target;

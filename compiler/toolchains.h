@@ -39,7 +39,12 @@ struct PoolOptions {
   absl::Duration job_timeout = absl::Minutes(10);
 };
 
+// A caller blocked on the result goes before background work (prefetch,
+// multi-target fan-out) when workers are scarce.
+enum class Priority { kInteractive, kBackground };
+
 struct CompileJob {
+  Priority priority = Priority::kInteractive;
   worker::Target target;
   std::string stage = "ttir";  // stage of `ir`
   std::string ir;
@@ -94,7 +99,7 @@ class WorkerPool {
   PoolStats Stats();
 
  private:
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire();
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire(Priority priority);
   void Release(std::unique_ptr<WorkerProcess> worker);
   void RetireIdleLoop();
 
@@ -104,6 +109,7 @@ class WorkerPool {
   std::condition_variable changed_;
   std::vector<std::unique_ptr<WorkerProcess>> idle_;  // guarded by mutex_
   int live_ = 0;                                      // guarded by mutex_
+  int interactive_waiting_ = 0;                       // guarded by mutex_
   bool stopping_ = false;                             // guarded by mutex_
   PoolStats stats_;                                   // guarded by mutex_
   std::thread retirer_;

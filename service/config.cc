@@ -81,6 +81,24 @@ const std::vector<Setting>& Settings() {
        ByteSize(&Config::inline_threshold)},
       {"zstd_level", "zstd level for stored blobs, 0 to store uncompressed (1)",
        Integer(&Config::zstd_level, 0, 19)},
+      {"toolchain", "a Python with triton installed to compile with (repeatable)",
+       [](absl::string_view value, Config& config) {
+         config.toolchains.emplace_back(value);
+         return absl::OkStatus();
+       }},
+      {"compile_workers", "worker processes per toolchain, 0 for the CPU count (0)",
+       Integer(&Config::compile_workers, 0, 1024)},
+      {"compile_timeout_seconds", "a compile job running longer is killed (600)",
+       Integer(&Config::compile_timeout_seconds, 1, 86400)},
+      {"worker_idle_seconds", "idle workers exit after this long (600)",
+       Integer(&Config::worker_idle_seconds, 1, 86400)},
+      {"launcher_cc", "C compiler for launcher modules (default: $CC, gcc, clang, tcc)",
+       Text(&Config::launcher_cc)},
+      {"worker_script", "path of kiln_worker.py (default: beside kilnd)",
+       [](absl::string_view value, Config& config) {
+         config.worker_script = std::filesystem::path(std::string(value));
+         return absl::OkStatus();
+       }},
       {"log_level", "trace, debug, info, warn, error or off (info)", Text(&Config::log_level)},
       {"log_file_size", "rotate the log file at this size (10MiB)",
        ByteSize(&Config::log_file_size)},

@@ -26,6 +26,13 @@ struct Config {
   uint64_t max_request_size = 64ull << 20;
   uint64_t inline_threshold = 0;  // 0: the store's measured default
   int zstd_level = 1;
+  // Python interpreters with triton installed, registered at start.
+  std::vector<std::string> toolchains;
+  int compile_workers = 0;  // per toolchain; 0 = CPU count
+  int compile_timeout_seconds = 600;
+  int worker_idle_seconds = 600;
+  std::string launcher_cc;         // C compiler for launcher builds; empty = discover
+  std::filesystem::path worker_script;  // empty = kiln_worker.py beside kilnd
   std::string log_level = "info";
   uint64_t log_file_size = 10ull << 20;
   int log_files = 3;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "common/fmt_absl.h"
 #include "common/status_macros.h"
 #include "service/request_validation.h"
@@ -40,24 +41,47 @@ void FillEntry(cache::CacheEntry entry, v1::CacheEntry& out) {
   }
 }
 
-constexpr absl::string_view kCompilerNotBuilt =
-    "this kilnd stores and serves artifacts but has no compile pipeline yet; compile with "
-    "stock Triton and Put the results";
+// A Unix-socket peer is the service's own user: the socket lives in a 0700
+// directory. Anything over TCP is another trust domain.
+Caller IdentifyCaller(const grpc::CallbackServerContext& context) {
+  const bool local = absl::StartsWith(context.peer(), "unix:");
+  return Caller{local ? "local" : "net", local};
+}
+
+v1::CompileError::Kind ToWireKind(compiler::CompileFailure::Kind kind) {
+  using Kind = compiler::CompileFailure::Kind;
+  switch (kind) {
+    case Kind::kCompilationError: return v1::CompileError::KIND_COMPILATION_ERROR;
+    case Kind::kPtxasError: return v1::CompileError::KIND_PTXAS_ERROR;
+    case Kind::kOutOfResources: return v1::CompileError::KIND_OUT_OF_RESOURCES;
+    case Kind::kWorkerCrashed: return v1::CompileError::KIND_WORKER_CRASHED;
+    case Kind::kTimeout: return v1::CompileError::KIND_TIMEOUT;
+  }
+  return v1::CompileError::KIND_UNSPECIFIED;
+}
+
+void FillError(const compiler::CompileFailure& failure, v1::CompileError& out) {
+  out.set_kind(ToWireKind(failure.kind));
+  out.set_message(failure.message);
+  out.set_log(failure.log);
+}
 
 }  // namespace
 
-KilnService::KilnService(cache::ArtifactStore& store, std::string data_dir)
+KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
+                         CompileCoordinator& coordinator, std::string data_dir)
     : store_(store),
+      toolchains_(toolchains),
+      coordinator_(coordinator),
       data_dir_(std::move(data_dir)),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}
 
 template <typename Handler>
-grpc::ServerUnaryReactor* KilnService::Serve(grpc::CallbackServerContext* context, Rpc rpc,
-                                             Where where, Handler handler) {
+grpc::ServerUnaryReactor* KilnService::ServeAsync(grpc::CallbackServerContext* context, Rpc rpc,
+                                                  Handler handler) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto run = [this, reactor, rpc, handler = std::move(handler)]() mutable {
-    const absl::Time start = absl::Now();
-    const absl::Status status = handler();
+  const absl::Time start = absl::Now();
+  handler([this, reactor, rpc, start](const absl::Status& status) {
     rpc_stats_.Record(rpc, absl::Now() - start, status.ok());
     if (IsServerSideError(status)) {
       spdlog::error("[req {}] {} failed: {}", next_request_id_.fetch_add(1), RpcName(rpc),
@@ -67,23 +91,35 @@ grpc::ServerUnaryReactor* KilnService::Serve(grpc::CallbackServerContext* contex
                     status.ToString());
     }
     reactor->Finish(ToGrpcStatus(status));
-  };
-  if (where == Where::kBlockingPool) {
-    blocking_pool_.Schedule(std::move(run));
-  } else {
-    run();
-  }
+  });
   return reactor;
+}
+
+template <typename Handler>
+grpc::ServerUnaryReactor* KilnService::Serve(grpc::CallbackServerContext* context, Rpc rpc,
+                                             Where where, Handler handler) {
+  return ServeAsync(context, rpc,
+                    [this, where, handler = std::move(handler)](auto finish) mutable {
+                      auto run = [handler = std::move(handler), finish]() mutable {
+                        finish(handler());
+                      };
+                      if (where == Where::kBlockingPool) {
+                        blocking_pool_.Schedule(std::move(run));
+                      } else {
+                        run();
+                      }
+                    });
 }
 
 grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* context,
                                               const v1::LookupRequest* request,
                                               v1::LookupResponse* response) {
-  return Serve(context, Rpc::kLookup, Where::kInline, [this, request, response] {
+  return Serve(context, Rpc::kLookup, Where::kInline, [this, context, request, response] {
     RETURN_IF_ERROR(ValidateLookup(*request));
     const absl::flat_hash_set<std::string> have(request->have_sha256().begin(),
                                                 request->have_sha256().end());
-    absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(request->namespace_(), request->key(), have);
+    absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(
+        ScopedNamespace(IdentifyCaller(*context), request->namespace_()), request->key(), have);
     if (absl::IsNotFound(entry.status())) {
       response->set_found(false);
       return absl::OkStatus();
@@ -98,14 +134,16 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
                                            const v1::PutRequest* request,
                                            v1::PutResponse* response) {
-  return Serve(context, Rpc::kPut, Where::kBlockingPool, [this, request, response] {
+  return Serve(context, Rpc::kPut, Where::kBlockingPool,
+               [this, ns = ScopedNamespace(IdentifyCaller(*context), request->namespace_()),
+                request, response] {
     RETURN_IF_ERROR(ValidatePut(*request));
     std::vector<cache::BlobInput> blobs;
     blobs.reserve(request->blobs_size());
     for (const v1::Blob& blob : request->blobs()) {
       blobs.push_back({blob.name(), blob.data(), blob.sha256()});
     }
-    RETURN_IF_ERROR(store_.Put(request->namespace_(), request->key(), std::move(blobs)));
+    RETURN_IF_ERROR(store_.Put(ns, request->key(), std::move(blobs)));
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_stored_bytes(stats.stored_bytes);
     return absl::OkStatus();
@@ -113,17 +151,49 @@ grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
 }
 
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* context,
-                                               const v1::CompileRequest* /*request*/,
-                                               v1::CompileResponse* /*response*/) {
-  return Serve(context, Rpc::kCompile, Where::kInline,
-               [] { return absl::UnimplementedError(kCompilerNotBuilt); });
+                                               const v1::CompileRequest* request,
+                                               v1::CompileResponse* response) {
+  return ServeAsync(context, Rpc::kCompile, [&](auto finish) {
+    if (absl::Status status = ValidateCompile(*request); !status.ok()) return finish(status);
+    coordinator_.Compile(*request, IdentifyCaller(*context),
+                         [response, finish](absl::StatusOr<CompileOutcome> outcome) {
+                           if (!outcome.ok()) return finish(outcome.status());
+                           response->set_cache_hit(outcome->cache_hit);
+                           response->set_ptxas_log(outcome->ptxas_log);
+                           response->mutable_stage_seconds()->insert(
+                               outcome->stage_seconds.begin(), outcome->stage_seconds.end());
+                           if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
+                             FillEntry(std::move(*entry), *response->mutable_entry());
+                           } else {
+                             FillError(std::get<compiler::CompileFailure>(outcome->result),
+                                       *response->mutable_error());
+                           }
+                           finish(absl::OkStatus());
+                         });
+  });
 }
 
 grpc::ServerUnaryReactor* KilnService::BuildLauncher(grpc::CallbackServerContext* context,
-                                                     const v1::BuildLauncherRequest* /*request*/,
-                                                     v1::BuildLauncherResponse* /*response*/) {
-  return Serve(context, Rpc::kBuildLauncher, Where::kInline,
-               [] { return absl::UnimplementedError(kCompilerNotBuilt); });
+                                                     const v1::BuildLauncherRequest* request,
+                                                     v1::BuildLauncherResponse* response) {
+  return ServeAsync(context, Rpc::kBuildLauncher, [&](auto finish) {
+    if (absl::Status status = ValidateBuildLauncher(*request); !status.ok()) return finish(status);
+    coordinator_.BuildLauncher(
+        *request, IdentifyCaller(*context),
+        [response, finish](absl::StatusOr<CompileOutcome> outcome) {
+          if (!outcome.ok()) return finish(outcome.status());
+          response->set_cache_hit(outcome->cache_hit);
+          if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
+            v1::CacheEntry wire;
+            FillEntry(std::move(*entry), wire);
+            *response->mutable_module() = std::move(*wire.mutable_blobs(0));
+          } else {
+            FillError(std::get<compiler::CompileFailure>(outcome->result),
+                      *response->mutable_error());
+          }
+          finish(absl::OkStatus());
+        });
+  });
 }
 
 grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* context,
@@ -143,6 +213,17 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
     response->set_server_version(KILN_VERSION);
     response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
     response->set_data_dir(data_dir_);
+    const CoordinatorStats compiles = coordinator_.Stats();
+    response->set_compiles(compiles.compiles);
+    response->set_compile_cache_hits(compiles.compile_cache_hits);
+    response->set_single_flight_joins(compiles.single_flight_joins);
+    response->set_compile_failures(compiles.compile_failures);
+    response->set_launcher_builds(compiles.launcher_builds);
+    response->set_launcher_cache_hits(compiles.launcher_cache_hits);
+    const compiler::PoolStats workers = toolchains_.TotalStats();
+    response->set_workers_started(workers.workers_started);
+    response->set_workers_lost(workers.workers_lost);
+    response->set_live_workers(workers.live_workers);
     rpc_stats_.AppendTo(*response);
     return absl::OkStatus();
   });
@@ -150,10 +231,18 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
 
 grpc::ServerUnaryReactor* KilnService::ListToolchains(grpc::CallbackServerContext* context,
                                                       const v1::ListToolchainsRequest* /*request*/,
-                                                      v1::ListToolchainsResponse* /*response*/) {
-  // No toolchain can be registered before the compile pipeline exists, so the
-  // true answer is an empty list.
-  return Serve(context, Rpc::kListToolchains, Where::kInline, [] { return absl::OkStatus(); });
+                                                      v1::ListToolchainsResponse* response) {
+  return Serve(context, Rpc::kListToolchains, Where::kInline, [this, response] {
+    for (const compiler::ToolchainInfo& info : toolchains_.List()) {
+      v1::Toolchain* toolchain = response->add_toolchains();
+      toolchain->set_triton_key(info.triton_key);
+      toolchain->set_triton_version(info.triton_version);
+      toolchain->set_python_executable(info.python_executable);
+      toolchain->set_python_version(info.python_version);
+      toolchain->mutable_backends()->Add(info.backends.begin(), info.backends.end());
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace kiln::service

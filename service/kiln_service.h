@@ -7,7 +7,9 @@
 #include "absl/time/time.h"
 #include "cache/artifact_store.h"
 #include "common/thread_pool.h"
+#include "compiler/toolchains.h"
 #include "kiln/v1/kiln.grpc.pb.h"
+#include "service/compile_coordinator.h"
 #include "service/rpc_stats.h"
 
 namespace kiln::service {
@@ -18,7 +20,8 @@ namespace kiln::service {
 // never on gRPC's threads.
 class KilnService final : public v1::Kiln::CallbackService {
  public:
-  KilnService(cache::ArtifactStore& store, std::string data_dir);
+  KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
+              CompileCoordinator& coordinator, std::string data_dir);
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const v1::LookupRequest* request,
@@ -48,8 +51,15 @@ class KilnService final : public v1::Kiln::CallbackService {
   template <typename Handler>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Rpc rpc, Where where,
                                   Handler handler);
+  // The same for a handler that finishes later: it receives the finish
+  // callback and must call it exactly once, from any thread.
+  template <typename Handler>
+  grpc::ServerUnaryReactor* ServeAsync(grpc::CallbackServerContext* context, Rpc rpc,
+                                       Handler handler);
 
   cache::ArtifactStore& store_;
+  compiler::ToolchainRegistry& toolchains_;
+  CompileCoordinator& coordinator_;
   const std::string data_dir_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;

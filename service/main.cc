@@ -5,9 +5,14 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "common/subprocess.h"
+#include "compiler/launcher_builder.h"
+#include "compiler/toolchains.h"
+#include "service/compile_coordinator.h"
 #include "cache/artifact_store.h"
 #include "common/fmt_absl.h"
 #include "common/platform.h"
@@ -50,13 +55,8 @@ absl::Status ConfigureLogging(const Config& config) {
   return absl::OkStatus();
 }
 
-absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signals) {
-  RETURN_IF_ERROR(kiln::service::ValidateConfig(config));
-  std::error_code error;
-  fs::create_directories(config.data_dir, error);
-  RETURN_IF_ERROR(ConfigureLogging(config));
-  ASSIGN_OR_RETURN(auto lock, kiln::platform::TryLockFile(config.data_dir / "kilnd.lock"));
-
+// Owns everything that must be gone before the data-dir lock is released.
+absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals& signals) {
   kiln::cache::StoreOptions store_options;
   store_options.data_dir = config.data_dir;
   store_options.max_size_bytes = config.max_cache_size;
@@ -64,6 +64,47 @@ absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signal
   if (config.inline_threshold > 0) store_options.inline_threshold_bytes = config.inline_threshold;
   ASSIGN_OR_RETURN(std::unique_ptr<kiln::cache::ArtifactStore> store,
                    kiln::cache::ArtifactStore::Open(store_options));
+
+  kiln::compiler::PoolOptions pool_options;
+  pool_options.worker_script = config.worker_script.empty()
+                                   ? kiln::ExecutableDir() / "kiln_worker.py"
+                                   : config.worker_script;
+  pool_options.max_workers = config.compile_workers;
+  pool_options.job_timeout = absl::Seconds(config.compile_timeout_seconds);
+  pool_options.idle_timeout = absl::Seconds(config.worker_idle_seconds);
+  if (!fs::exists(pool_options.worker_script)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "compile worker script ", pool_options.worker_script.string(),
+        " is missing; reinstall kilnd or set worker_script"));
+  }
+  kiln::compiler::ToolchainRegistry toolchains(pool_options);
+  for (const std::string& python : config.toolchains) {
+    absl::StatusOr<kiln::compiler::ToolchainInfo> info = toolchains.Register(python);
+    if (info.ok()) {
+      spdlog::info("toolchain: triton {} at {}", info->triton_version, python);
+    } else {
+      spdlog::error("toolchain {} not registered: {}", python, info.status().message());
+    }
+  }
+  absl::StatusOr<kiln::compiler::BuildEnvironment> build_environment =
+      kiln::compiler::DiscoverBuildEnvironment(config.launcher_cc);
+  std::unique_ptr<kiln::compiler::LauncherBuilder> launcher_builder;
+  if (build_environment.ok()) {
+    spdlog::info("launcher builds use {} ({})", build_environment->compiler.string(),
+                 build_environment->compiler_version);
+    launcher_builder = std::make_unique<kiln::compiler::LauncherBuilder>(
+        *std::move(build_environment), absl::Seconds(config.compile_timeout_seconds));
+  } else {
+    spdlog::warn("launcher builds disabled: {}", build_environment.status().message());
+  }
+  const int workers = config.compile_workers > 0
+                          ? config.compile_workers
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Threads beyond the workers let cache hits and joins proceed while every
+  // worker is busy.
+  kiln::service::CompileCoordinator coordinator(*store, toolchains, std::move(launcher_builder),
+                                                build_environment.status(),
+                                                std::max(8, 4 * workers));
 
   kiln::service::ServerOptions server_options;
   if (config.local_socket != "none") server_options.local_socket = config.local_socket;
@@ -73,7 +114,8 @@ absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signal
   server_options.max_request_size = config.max_request_size;
   server_options.data_dir = config.data_dir.string();
   ASSIGN_OR_RETURN(std::unique_ptr<kiln::service::KilnServer> server,
-                   kiln::service::KilnServer::Start(server_options, *store));
+                   kiln::service::KilnServer::Start(server_options, *store, toolchains,
+                                                    coordinator));
   spdlog::info("kilnd {} serving on {} (data dir {}, cache cap {} bytes)", KILN_VERSION,
                absl::StrJoin(server->endpoints(), ", "), config.data_dir.string(),
                config.max_cache_size);
@@ -82,7 +124,16 @@ absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signal
   spdlog::info("{} received: finishing in-flight requests", signal_name);
   server->Shutdown(kShutdownGrace);
   server.reset();
-  store.reset();  // flushes last-use times and closes the database
+  return absl::OkStatus();  // then the coordinator drains, workers exit, the store closes
+}
+
+absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signals) {
+  RETURN_IF_ERROR(kiln::service::ValidateConfig(config));
+  std::error_code error;
+  fs::create_directories(config.data_dir, error);
+  RETURN_IF_ERROR(ConfigureLogging(config));
+  ASSIGN_OR_RETURN(auto lock, kiln::platform::TryLockFile(config.data_dir / "kilnd.lock"));
+  RETURN_IF_ERROR(ServeWithLock(config, signals));
   spdlog::info("kilnd stopped cleanly");
   return absl::OkStatus();
 }

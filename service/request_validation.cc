@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace kiln::service {
 namespace {
@@ -61,6 +63,25 @@ absl::Status ValidateBlobName(const std::string& name) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateTarget(const v1::Target& target) {
+  const std::string& arch = target.arch();
+  size_t digits = 0;
+  while (digits < arch.size() && absl::ascii_isdigit(static_cast<unsigned char>(arch[digits]))) {
+    ++digits;
+  }
+  const bool arch_ok = (digits == 2 || digits == 3) &&
+                       (arch.size() == digits ||
+                        (arch.size() == digits + 1 && absl::ascii_islower(arch.back())));
+  if (target.backend().empty() || !arch_ok || target.warp_size() <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "unknown target '%s:%s' (warp size %d); give a GPU target as Triton names it, e.g. "
+        "backend 'cuda', arch '90' or '80', warp size 32",
+        absl::CHexEscape(target.backend().substr(0, 32)), absl::CHexEscape(arch.substr(0, 32)),
+        target.warp_size()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateLookup(const v1::LookupRequest& request) {
@@ -90,6 +111,50 @@ absl::Status ValidatePut(const v1::PutRequest& request) {
           "blob '%s' declares size %d but carries %d bytes", blob.name(), blob.size(),
           blob.data().size()));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCompile(const v1::CompileRequest& request) {
+  if (request.triton_key().empty()) {
+    return absl::InvalidArgumentError(
+        "triton_key is empty; send triton.runtime.cache.triton_key() of the client's Triton");
+  }
+  if (request.stage() != v1::STAGE_TTIR) {
+    return absl::InvalidArgumentError(
+        "kilnd compiles from frontend TTIR (STAGE_TTIR); other starting stages are not "
+        "supported yet");
+  }
+  if (request.ir().empty()) return absl::InvalidArgumentError("ir is empty; send the TTIR text");
+  RETURN_IF_ERROR(ValidateTarget(request.target()));
+  if (!request.namespace_().empty()) RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  if (!request.cache_key().empty()) RETURN_IF_ERROR(ValidateKey(request.cache_key()));
+  google::protobuf::Struct options;
+  if (!google::protobuf::util::JsonStringToMessage(request.options_json(), &options).ok()) {
+    return absl::InvalidArgumentError(
+        "options_json is not a JSON object; send the backend options (CUDAOptions.__dict__) "
+        "as JSON");
+  }
+  for (const auto& [name, value] : request.env()) {
+    if (name.empty() || name.find('=') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("env variable name '%s' is invalid", absl::CHexEscape(name)));
+    }
+  }
+  for (const std::string& digest : request.have_sha256()) {
+    RETURN_IF_ERROR(ValidateDigest(digest, "have_sha256"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request) {
+  if (request.c_source().empty()) {
+    return absl::InvalidArgumentError("c_source is empty; send the launcher's C source");
+  }
+  if (!request.namespace_().empty()) RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  if (request.python_abi().ext_suffix().empty() || request.python_abi().version().empty()) {
+    return absl::InvalidArgumentError(
+        "python_abi needs version and ext_suffix (sysconfig.get_config_var('EXT_SUFFIX'))");
   }
   return absl::OkStatus();
 }

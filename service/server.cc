@@ -46,10 +46,12 @@ absl::Status PrepareSocketPath(const fs::path& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(const ServerOptions& options,
-                                                              cache::ArtifactStore& store) {
+absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
+    const ServerOptions& options, cache::ArtifactStore& store,
+    compiler::ToolchainRegistry& toolchains, CompileCoordinator& coordinator) {
   std::unique_ptr<KilnServer> server(new KilnServer());
-  server->service_ = std::make_unique<KilnService>(store, options.data_dir);
+  server->service_ =
+      std::make_unique<KilnService>(store, toolchains, coordinator, options.data_dir);
   // Must precede building the server; serves grpc.health.v1 with no extra code.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

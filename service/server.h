@@ -30,7 +30,9 @@ class KilnServer {
   // use by a live kilnd or its directory is not private, UNAVAILABLE when a
   // port cannot be bound.
   static absl::StatusOr<std::unique_ptr<KilnServer>> Start(const ServerOptions& options,
-                                                           cache::ArtifactStore& store);
+                                                           cache::ArtifactStore& store,
+                                                           compiler::ToolchainRegistry& toolchains,
+                                                           CompileCoordinator& coordinator);
   ~KilnServer();
 
   // The bound TCP port, or 0 without a TCP listener.

@@ -30,11 +30,17 @@ class ServiceTest : public ::testing::Test {
     auto store = cache::ArtifactStore::Open(store_options);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
+    // No toolchain is registered: these tests need no Python (the pipeline's
+    // own tests run real toolchains).
+    toolchains_ = std::make_unique<compiler::ToolchainRegistry>(compiler::PoolOptions{});
+    coordinator_ = std::make_unique<CompileCoordinator>(
+        *store_, *toolchains_, nullptr,
+        absl::FailedPreconditionError("no C compiler in this test"), 2);
     ServerOptions options;
     options.local_socket = (dir_.path() / "run" / "kilnd.sock").string();
     options.tcp_address = "127.0.0.1:0";
     options.max_request_size = kMaxRequest;
-    auto server = KilnServer::Start(options, *store_);
+    auto server = KilnServer::Start(options, *store_, *toolchains_, *coordinator_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -92,6 +98,8 @@ class ServiceTest : public ::testing::Test {
 
   TestDir dir_;
   std::unique_ptr<cache::ArtifactStore> store_;
+  std::unique_ptr<compiler::ToolchainRegistry> toolchains_;
+  std::unique_ptr<CompileCoordinator> coordinator_;
   std::unique_ptr<KilnServer> server_;
 };
 
@@ -109,13 +117,16 @@ TEST_F(ServiceTest, PutThenLookupOverTheUnixSocket) {
   EXPECT_FALSE(Lookup(*stub, "other").found());
 }
 
-TEST_F(ServiceTest, PutThenLookupOverLoopbackTcp) {
+TEST_F(ServiceTest, PutThenLookupOverLoopbackTcpInItsOwnTrustDomain) {
   ASSERT_GT(server_->tcp_port(), 0);
   auto stub = TcpStub();
   ASSERT_TRUE(Put(*stub, KernelPut("tcp")).ok());
   EXPECT_TRUE(Lookup(*stub, "tcp").found());
-  // Both listeners serve one store.
-  EXPECT_TRUE(Lookup(*UnixStub(), "tcp").found());
+  // TCP clients are another trust domain: what they store is not served to
+  // the local user's socket, and the other way round.
+  EXPECT_FALSE(Lookup(*UnixStub(), "tcp").found());
+  ASSERT_TRUE(Put(*UnixStub(), KernelPut("local")).ok());
+  EXPECT_FALSE(Lookup(*stub, "local").found());
 }
 
 TEST_F(ServiceTest, LookupOmitsBlobsTheClientHas) {
@@ -210,18 +221,64 @@ TEST_F(ServiceTest, StatsCountLookupsAndReportLatency) {
   EXPECT_TRUE(saw_lookup);
 }
 
-TEST_F(ServiceTest, CompileSaysThePipelineIsMissing) {
+v1::CompileRequest ValidCompile() {
+  v1::CompileRequest request;
+  request.set_triton_key("3.6.0-not-registered");
+  request.set_stage(v1::STAGE_TTIR);
+  request.set_ir("module {}");
+  request.mutable_target()->set_backend("cuda");
+  request.mutable_target()->set_arch("90");
+  request.mutable_target()->set_warp_size(32);
+  request.set_options_json("{\"num_warps\": 4}");
+  return request;
+}
+
+TEST_F(ServiceTest, CompileForAnUnknownToolchainIsFailedPrecondition) {
   grpc::ClientContext context;
   v1::CompileResponse response;
-  const grpc::Status status = UnixStub()->Compile(&context, v1::CompileRequest(), &response);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_NE(status.error_message().find("compile"), std::string::npos);
+  const grpc::Status status = UnixStub()->Compile(&context, ValidCompile(), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("available: none"), std::string::npos)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find("toolchain"), std::string::npos);
+}
+
+TEST_F(ServiceTest, MalformedCompileRequestsAreInvalidArgument) {
+  auto stub = UnixStub();
+  std::vector<std::pair<std::string, v1::CompileRequest>> bad;
+  bad.emplace_back("arch", ValidCompile());
+  bad.back().second.mutable_target()->set_arch("hopper");
+  bad.emplace_back("warp size", ValidCompile());
+  bad.back().second.mutable_target()->set_warp_size(0);
+  bad.emplace_back("options", ValidCompile());
+  bad.back().second.set_options_json("[1, 2");
+  bad.emplace_back("stage", ValidCompile());
+  bad.back().second.set_stage(v1::STAGE_UNSPECIFIED);
+  bad.emplace_back("no key", ValidCompile());
+  bad.back().second.clear_triton_key();
+  bad.emplace_back("no ir", ValidCompile());
+  bad.back().second.clear_ir();
+  for (const auto& [what, request] : bad) {
+    grpc::ClientContext context;
+    v1::CompileResponse response;
+    EXPECT_EQ(stub->Compile(&context, request, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << what;
+  }
+  ExpectServing(*stub);
+}
+
+TEST_F(ServiceTest, ListToolchainsIsEmptyWhenNoneIsRegistered) {
+  grpc::ClientContext context;
+  v1::ListToolchainsResponse response;
+  ASSERT_TRUE(UnixStub()->ListToolchains(&context, {}, &response).ok());
+  EXPECT_EQ(response.toolchains_size(), 0);
 }
 
 TEST_F(ServiceTest, SecondServerOnALiveSocketIsRefused) {
   ServerOptions options;
   options.local_socket = (dir_.path() / "run" / "kilnd.sock").string();
-  auto second = KilnServer::Start(options, *store_);
+  auto second = KilnServer::Start(options, *store_, *toolchains_, *coordinator_);
   ASSERT_FALSE(second.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
   ExpectServing(*UnixStub());
@@ -234,7 +291,7 @@ TEST_F(ServiceTest, StaleSocketFileIsReplacedAfterShutdown) {
   std::ofstream(dir_.path() / "run" / "kilnd.sock") << "";
   ServerOptions options;
   options.local_socket = (dir_.path() / "run" / "kilnd.sock").string();
-  auto restarted = KilnServer::Start(options, *store_);
+  auto restarted = KilnServer::Start(options, *store_, *toolchains_, *coordinator_);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   server_ = *std::move(restarted);
   ExpectServing(*UnixStub());

@@ -1,0 +1,262 @@
+#include "service/compile_coordinator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/fmt_absl.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::service {
+namespace {
+
+// Compile and launcher results live under keys the service derives from every
+// input of the job, so they are shared by all trust domains: nobody can choose
+// such a key for different content. Client-chosen keys are only aliases inside
+// the client's own trust domain.
+constexpr absl::string_view kCompileNamespace = "shared.compile";
+constexpr absl::string_view kLauncherNamespace = "shared.launcher";
+
+std::string CompileKey(const v1::CompileRequest& request) {
+  std::vector<std::string> env;
+  for (const auto& [name, value] : request.env()) env.push_back(absl::StrCat(name, "=", value));
+  std::sort(env.begin(), env.end());
+  const std::string material = absl::StrJoin(
+      {request.triton_key(), v1::Stage_Name(request.stage()), request.target().backend(),
+       request.target().arch(), absl::StrCat(request.target().warp_size()), request.options_json(),
+       request.cache_key(), absl::StrJoin(env, "\n"), request.ir()},
+      std::string(1, '\0'));
+  return DigestHex(DigestBytes(Sha256(material)));
+}
+
+compiler::Priority PriorityOf(v1::Priority priority) {
+  return priority == v1::PRIORITY_BACKGROUND ? compiler::Priority::kBackground
+                                             : compiler::Priority::kInteractive;
+}
+
+compiler::LauncherRequest ToLauncherRequest(const v1::BuildLauncherRequest& request) {
+  const v1::PythonAbi& abi = request.python_abi();
+  return {request.module_name(),
+          request.c_source(),
+          {abi.version(), abi.abiflags(), abi.ext_suffix(), abi.platform(), abi.include_dir()},
+          {request.include_dirs().begin(), request.include_dirs().end()},
+          {request.library_dirs().begin(), request.library_dirs().end()},
+          {request.libraries().begin(), request.libraries().end()}};
+}
+
+}  // namespace
+
+std::string ScopedNamespace(const Caller& caller, absl::string_view ns) {
+  return absl::StrCat(caller.trust_domain, "/", ns);
+}
+
+CompileCoordinator::CompileCoordinator(cache::ArtifactStore& store,
+                                       compiler::ToolchainRegistry& toolchains,
+                                       std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
+                                       absl::Status launcher_unavailable, int threads)
+    : store_(store),
+      toolchains_(toolchains),
+      launcher_builder_(std::move(launcher_builder)),
+      launcher_unavailable_(std::move(launcher_unavailable)),
+      threads_(threads) {}
+
+void CompileCoordinator::Compile(v1::CompileRequest request, Caller caller, Done done) {
+  threads_.Schedule(
+      [this, request = std::move(request), caller = std::move(caller), done = std::move(done)] {
+        CompileOnThread(request, caller, done);
+      },
+      request.priority() == v1::PRIORITY_BACKGROUND ? ThreadPool::kBackground
+                                                     : ThreadPool::kInteractive);
+}
+
+void CompileCoordinator::BuildLauncher(v1::BuildLauncherRequest request, Caller caller,
+                                       Done done) {
+  threads_.Schedule(
+      [this, request = std::move(request), caller = std::move(caller), done = std::move(done)] {
+        BuildLauncherOnThread(request, caller, done);
+      },
+      ThreadPool::kInteractive);
+}
+
+absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(
+    const v1::CompileRequest& request, const Caller& caller) {
+  const std::string& python = request.local_python_executable();
+  // An interpreter path is run only for the service's own user: a remote
+  // client could otherwise make kilnd execute any program on this machine.
+  if (!python.empty() && caller.same_local_user &&
+      !toolchains_.IsRegisteredAs(python, request.triton_key())) {
+    absl::StatusOr<compiler::ToolchainInfo> info = toolchains_.Register(python);
+    if (info.ok()) {
+      spdlog::info("registered toolchain triton {} at {}", info->triton_version, python);
+    } else {
+      spdlog::warn("client interpreter {} not registered: {}", python, info.status().message());
+    }
+  }
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, toolchains_.Find(request.triton_key()));
+  const auto& backends = pool->info().backends;
+  const std::string& backend = request.target().backend();
+  if (backend != "cuda" || std::find(backends.begin(), backends.end(), "nvidia") == backends.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "target backend '%s' is not supported by this toolchain; Kiln compiles for 'cuda'",
+        backend));
+  }
+  return pool;
+}
+
+absl::StatusOr<std::optional<cache::CacheEntry>> CompileCoordinator::LookupShared(
+    absl::string_view shared_ns, const std::string& shared_key,
+    const absl::flat_hash_set<std::string>& have, const std::string& alias_ns,
+    const std::string& alias_key) {
+  absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(shared_ns, shared_key, have);
+  if (absl::IsNotFound(entry.status())) return std::nullopt;
+  RETURN_IF_ERROR(entry.status());
+  if (!alias_key.empty()) {
+    std::vector<std::pair<std::string, std::string>> manifest;
+    for (const cache::StoredBlob& blob : entry->blobs) manifest.emplace_back(blob.name, blob.digest);
+    // A lost alias only costs the client a later Compile; the result stands.
+    if (absl::Status status = store_.PutManifest(alias_ns, alias_key, manifest); !status.ok()) {
+      spdlog::warn("cannot record {}/{}: {}", alias_ns, alias_key, status.message());
+    }
+  }
+  return *std::move(entry);
+}
+
+void CompileCoordinator::RunOnce(const std::string& shared_key, Finish finish, bool* joined,
+                                 const std::function<absl::StatusOr<Produced>()>& produce) {
+  {
+    std::lock_guard lock(flights_mutex_);
+    auto [flight, created] = flights_.try_emplace(shared_key);
+    *joined = !created;
+    if (created) flight->second = std::make_unique<Flight>();
+    flight->second->waiters.push_back(std::move(finish));
+    if (!created) return;
+  }
+  absl::StatusOr<Produced> produced = produce();
+  std::unique_ptr<Flight> flight;
+  {
+    // The entry is stored before the flight ends, so a request arriving after
+    // this point finds it in the cache rather than compiling again.
+    std::lock_guard lock(flights_mutex_);
+    auto node = flights_.extract(shared_key);
+    flight = std::move(node.mapped());
+  }
+  for (Finish& waiter : flight->waiters) waiter(produced);
+}
+
+void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, const Caller& caller,
+                                         Done done) {
+  absl::StatusOr<compiler::WorkerPool*> pool = ResolveToolchain(request, caller);
+  if (!pool.ok()) return done(pool.status());
+  const std::string shared_key = CompileKey(request);
+  const absl::flat_hash_set<std::string> have(request.have_sha256().begin(),
+                                              request.have_sha256().end());
+  const std::string alias_ns =
+      ScopedNamespace(caller, request.namespace_().empty() ? "triton" : request.namespace_());
+  const std::string& alias_key = request.cache_key();
+
+  absl::StatusOr<std::optional<cache::CacheEntry>> hit =
+      LookupShared(kCompileNamespace, shared_key, have, alias_ns, alias_key);
+  if (!hit.ok()) return done(hit.status());
+  if (hit->has_value()) {
+    compile_cache_hits_.fetch_add(1);
+    return done(CompileOutcome{**std::move(hit), true, "", {}});
+  }
+
+  auto finish = [this, shared_key, have, alias_ns, alias_key,
+                 done](const absl::StatusOr<Produced>& produced) {
+    if (!produced.ok()) return done(produced.status());
+    if (produced->failure.has_value()) {
+      return done(CompileOutcome{*produced->failure, false, "", {}});
+    }
+    absl::StatusOr<std::optional<cache::CacheEntry>> entry =
+        LookupShared(kCompileNamespace, shared_key, have, alias_ns, alias_key);
+    if (!entry.ok()) return done(entry.status());
+    if (!entry->has_value()) {
+      return done(absl::UnavailableError(
+          "the compiled kernel was evicted before it could be returned; retry, or raise "
+          "max_cache_size"));
+    }
+    done(CompileOutcome{**std::move(entry), false, produced->ptxas_log, produced->stage_seconds});
+  };
+  compiler::CompileJob job;
+  job.priority = PriorityOf(request.priority());
+  job.target.set_backend(request.target().backend());
+  job.target.set_arch(request.target().arch());
+  job.target.set_warp_size(request.target().warp_size());
+  job.ir = request.ir();
+  job.options_json = request.options_json();
+  job.env.insert(request.env().begin(), request.env().end());
+  job.hash = request.cache_key();
+  bool joined = false;
+  RunOnce(shared_key, std::move(finish), &joined, [&]() -> absl::StatusOr<Produced> {
+    compiles_.fetch_add(1);
+    ASSIGN_OR_RETURN(compiler::CompileResult result, (*pool)->Compile(job));
+    Produced produced;
+    if (auto* failure = std::get_if<compiler::CompileFailure>(&result)) {
+      compile_failures_.fetch_add(1);
+      produced.failure = *failure;
+      return produced;
+    }
+    auto& output = std::get<compiler::CompileOutput>(result);
+    for (auto& [name, data] : output.artifacts) produced.blobs.push_back({name, std::move(data), ""});
+    produced.ptxas_log = output.ptxas_log;
+    produced.stage_seconds = output.stage_seconds;
+    RETURN_IF_ERROR(store_.Put(kCompileNamespace, shared_key, std::move(produced.blobs)));
+    return produced;
+  });
+  if (joined) single_flight_joins_.fetch_add(1);
+}
+
+void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& request,
+                                               const Caller& caller, Done done) {
+  if (launcher_builder_ == nullptr) return done(launcher_unavailable_);
+  if (!caller.same_local_user) {
+    // The request names include and library directories on the client's
+    // machine; building for a remote client needs its SDK paths mapped first.
+    return done(absl::FailedPreconditionError(
+        "launcher builds are served to local clients only; build launchers on the client"));
+  }
+  const compiler::LauncherRequest launcher = ToLauncherRequest(request);
+  const std::string shared_key = launcher_builder_->CacheKey(launcher);
+  const std::string alias_ns =
+      ScopedNamespace(caller, request.namespace_().empty() ? "launcher" : request.namespace_());
+  absl::StatusOr<std::optional<cache::CacheEntry>> hit =
+      LookupShared(kLauncherNamespace, shared_key, {}, alias_ns, "");
+  if (!hit.ok()) return done(hit.status());
+  if (hit->has_value()) {
+    launcher_cache_hits_.fetch_add(1);
+    return done(CompileOutcome{**std::move(hit), true, "", {}});
+  }
+  auto finish = [this, shared_key, done](const absl::StatusOr<Produced>& produced) {
+    if (!produced.ok()) return done(produced.status());
+    if (produced->failure.has_value()) return done(CompileOutcome{*produced->failure, false, "", {}});
+    absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(kLauncherNamespace, shared_key);
+    if (!entry.ok()) return done(entry.status());
+    done(CompileOutcome{*std::move(entry), false, "", {}});
+  };
+  bool joined = false;
+  RunOnce(absl::StrCat("launcher:", shared_key), std::move(finish), &joined,
+          [&]() -> absl::StatusOr<Produced> {
+            launcher_builds_.fetch_add(1);
+            ASSIGN_OR_RETURN(auto built, launcher_builder_->Build(launcher));
+            Produced produced;
+            if (auto* failure = std::get_if<compiler::CompileFailure>(&built)) {
+              produced.failure = *failure;
+              return produced;
+            }
+            produced.blobs.push_back({launcher.module_name + launcher.abi.ext_suffix,
+                                      std::move(std::get<std::string>(built)), ""});
+            RETURN_IF_ERROR(store_.Put(kLauncherNamespace, shared_key, std::move(produced.blobs)));
+            return produced;
+          });
+}
+
+CoordinatorStats CompileCoordinator::Stats() const {
+  return {compiles_.load(),        compile_cache_hits_.load(), single_flight_joins_.load(),
+          compile_failures_.load(), launcher_builds_.load(),    launcher_cache_hits_.load()};
+}
+
+}  // namespace kiln::service

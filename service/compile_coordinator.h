@@ -1,0 +1,123 @@
+#ifndef KILN_SERVICE_COMPILE_COORDINATOR_H_
+#define KILN_SERVICE_COMPILE_COORDINATOR_H_
+
+// Joins the compiler and the cache: answers Compile and BuildLauncher requests
+// from the cache when it can, otherwise runs each distinct job once however
+// many callers ask for it at the same time (single flight), stores the result
+// and answers every caller. Never blocks the calling (gRPC) thread.
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "cache/artifact_store.h"
+#include "common/thread_pool.h"
+#include "compiler/launcher_builder.h"
+#include "compiler/toolchains.h"
+#include "kiln/v1/kiln.pb.h"
+
+namespace kiln::service {
+
+// Who is asking. Writes go to the caller's trust domain; only a caller that is
+// provably the service's own user may have an interpreter path run.
+struct Caller {
+  std::string trust_domain;  // "local": the per-user Unix socket; "net": TCP
+  bool same_local_user = false;
+};
+
+// "local/triton": the store namespace of a client namespace in a trust domain.
+std::string ScopedNamespace(const Caller& caller, absl::string_view ns);
+
+struct CompileOutcome {
+  std::variant<cache::CacheEntry, compiler::CompileFailure> result;
+  bool cache_hit = false;
+  std::string ptxas_log;
+  std::map<std::string, double> stage_seconds;
+};
+
+struct CoordinatorStats {
+  uint64_t compiles = 0;
+  uint64_t compile_cache_hits = 0;
+  uint64_t single_flight_joins = 0;
+  uint64_t compile_failures = 0;
+  uint64_t launcher_builds = 0;
+  uint64_t launcher_cache_hits = 0;
+};
+
+class CompileCoordinator {
+ public:
+  using Done = std::function<void(absl::StatusOr<CompileOutcome>)>;
+
+  // `launcher_builder` may be null when no C compiler was found; launcher
+  // requests then fail with its reason, `launcher_unavailable`.
+  CompileCoordinator(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
+                     std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
+                     absl::Status launcher_unavailable, int threads);
+
+  // Calls `done` exactly once, on one of the coordinator's threads. Errors:
+  // INVALID_ARGUMENT (bad request or target), FAILED_PRECONDITION (no such
+  // toolchain, listing the registered ones). A kernel that fails to compile is
+  // an OK outcome holding a CompileFailure.
+  void Compile(v1::CompileRequest request, Caller caller, Done done);
+  void BuildLauncher(v1::BuildLauncherRequest request, Caller caller, Done done);
+
+  CoordinatorStats Stats() const;
+
+ private:
+  // What a job produces: blobs to store, or the kernel's failure.
+  struct Produced {
+    std::vector<cache::BlobInput> blobs;
+    std::optional<compiler::CompileFailure> failure;
+    std::string ptxas_log;
+    std::map<std::string, double> stage_seconds;
+  };
+  // Called once the job's blobs are in the store (or it failed).
+  using Finish = std::function<void(const absl::StatusOr<Produced>&)>;
+  struct Flight {
+    std::vector<Finish> waiters;
+  };
+
+  // Runs `produce` for `shared_key` unless a run is in flight, in which case
+  // `finish` joins it. Runs on the caller's thread; waiters return at once.
+  void RunOnce(const std::string& shared_key, Finish finish, bool* joined,
+               const std::function<absl::StatusOr<Produced>()>& produce);
+  void CompileOnThread(const v1::CompileRequest& request, const Caller& caller, Done done);
+  void BuildLauncherOnThread(const v1::BuildLauncherRequest& request, const Caller& caller,
+                             Done done);
+  absl::StatusOr<compiler::WorkerPool*> ResolveToolchain(const v1::CompileRequest& request,
+                                                         const Caller& caller);
+  // A hit for `shared_key`, aliased under the caller's key when it has one.
+  absl::StatusOr<std::optional<cache::CacheEntry>> LookupShared(
+      absl::string_view shared_ns, const std::string& shared_key,
+      const absl::flat_hash_set<std::string>& have, const std::string& alias_ns,
+      const std::string& alias_key);
+
+  cache::ArtifactStore& store_;
+  compiler::ToolchainRegistry& toolchains_;
+  const std::unique_ptr<compiler::LauncherBuilder> launcher_builder_;
+  const absl::Status launcher_unavailable_;
+
+  std::mutex flights_mutex_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Flight>> flights_;  // guarded
+
+  std::atomic<uint64_t> compiles_{0};
+  std::atomic<uint64_t> compile_cache_hits_{0};
+  std::atomic<uint64_t> single_flight_joins_{0};
+  std::atomic<uint64_t> compile_failures_{0};
+  std::atomic<uint64_t> launcher_builds_{0};
+  std::atomic<uint64_t> launcher_cache_hits_{0};
+
+  ThreadPool threads_;  // last: drains before the members its tasks use go
+};
+
+}  // namespace kiln::service
+
+#endif  // KILN_SERVICE_COMPILE_COORDINATOR_H_
