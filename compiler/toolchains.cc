@@ -118,7 +118,6 @@ void WorkerPool::RetireIdleLoop() {
 }
 
 absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
-  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire(job.priority));
   worker::Request request;
   request.set_op("compile");
   *request.mutable_target() = job.target;
@@ -126,8 +125,14 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   request.set_options_json(job.options_json);
   request.mutable_env()->insert(job.env.begin(), job.env.end());
   request.set_hash(job.hash);
-  absl::StatusOr<WorkerReply> reply = worker->Call(request, {{"ir", job.ir}}, options_.job_timeout);
-  Release(std::move(worker));
+  absl::StatusOr<WorkerReply> reply = absl::AbortedError("no worker tried");
+  // An idle worker may have died (killed, OOM) since its last job; the job
+  // then never ran, so it moves on to another worker.
+  for (int attempt = 0; attempt < 3 && absl::IsAborted(reply.status()); ++attempt) {
+    ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire(job.priority));
+    reply = worker->Call(request, {{"ir", job.ir}}, options_.job_timeout);
+    Release(std::move(worker));
+  }
   {
     std::lock_guard lock(mutex_);
     ++stats_.jobs;
@@ -135,7 +140,7 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   if (absl::IsDeadlineExceeded(reply.status())) {
     return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
   }
-  if (absl::IsUnavailable(reply.status())) {
+  if (absl::IsUnavailable(reply.status()) || absl::IsAborted(reply.status())) {
     return CompileFailure{Kind::kWorkerCrashed, std::string(reply.status().message()), ""};
   }
   RETURN_IF_ERROR(reply.status());

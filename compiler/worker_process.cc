@@ -65,7 +65,11 @@ absl::StatusOr<WorkerReply> WorkerProcess::Call(worker::Request request, const P
   }
   std::string message = Frame(header);
   for (const auto& [name, data] : parts) absl::StrAppend(&message, Frame(data));
-  if (!process_->Write(message).ok()) return Died("before it took the job");
+  if (!process_->Write(message).ok()) {
+    // Nothing was run: the caller may retry on another worker.
+    const absl::Status died = Died("before it took the job");
+    return absl::AbortedError(died.message());
+  }
   absl::StatusOr<WorkerReply> reply = ReadReply(absl::Now() + timeout);
   last_used_ = absl::Now();
   if (absl::IsDeadlineExceeded(reply.status())) {

@@ -30,8 +30,9 @@ class WorkerProcess {
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(
       const std::filesystem::path& python, const std::filesystem::path& script);
 
-  // Sends a request and waits for its reply until `timeout`. UNAVAILABLE if
-  // the worker died (message carries its exit status and stderr tail),
+  // Sends a request and waits for its reply until `timeout`. ABORTED if the
+  // worker was already dead (the job never ran), UNAVAILABLE if it died during
+  // the job (message carries its exit status and stderr tail),
   // DEADLINE_EXCEEDED on timeout (the worker is killed). After either, the
   // worker is unusable.
   absl::StatusOr<WorkerReply> Call(worker::Request request, const Parts& parts,

@@ -1,0 +1,97 @@
+"""Fixtures that run the real kilnd binary with the real triton package."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import grpc
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("KILN_BUILD_DIR", REPO / "build"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _generate_stubs(out_dir):
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'proto'}",
+                    f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
+                    "kiln/v1/kiln.proto"], check=True)
+    sys.path.insert(0, str(out_dir))
+
+
+_STUB_DIR = tempfile.mkdtemp(prefix="kiln-stubs-")
+_generate_stubs(_STUB_DIR)
+from kiln.v1 import kiln_pb2, kiln_pb2_grpc  # noqa: E402
+
+
+class Kilnd:
+    """A kilnd process on a private socket and data directory."""
+
+    def __init__(self, root, *flags):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.socket = self.root / "kilnd.sock"
+        self.log = open(self.root / "kilnd.out", "w")
+        self.process = subprocess.Popen(
+            [str(BUILD / "service" / "kilnd"), f"--data-dir={self.root / 'data'}",
+             f"--local-socket={self.socket}", *flags],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.channel = grpc.insecure_channel(f"unix:{self.socket}", options=[
+            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=60)
+        except grpc.FutureTimeoutError:
+            self.stop()
+            raise RuntimeError("kilnd did not start:\n" + (self.root / "kilnd.out").read_text())
+        self.stub = kiln_pb2_grpc.KilnStub(self.channel)
+
+    def stats(self):
+        return self.stub.GetStats(kiln_pb2.GetStatsRequest())
+
+    def worker_pids(self):
+        """The kiln_worker.py processes this kilnd started."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == self.process.pid and b"kiln_worker.py" in cmdline:
+                pids.append(int(entry.name))
+        return pids
+
+    def stop(self):
+        self.channel.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=60)
+        self.log.close()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def kilnd(tmp_path_factory):
+    server = Kilnd(tmp_path_factory.mktemp("kilnd"), f"--toolchain={sys.executable}",
+                   "--compile-workers=2")
+    yield server
+    assert server.stop() == 0, (server.root / "kilnd.out").read_text()
+
+
+@pytest.fixture
+def fresh_kilnd(tmp_path):
+    """A kilnd with no toolchain registered, for registration tests."""
+    servers = []
+
+    def start(*flags):
+        servers.append(Kilnd(tmp_path / str(len(servers)), *flags))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -1,0 +1,34 @@
+"""Builds kilnd requests from Triton's frontend output, as a client would."""
+
+import json
+import sys
+
+from kiln.v1 import kiln_pb2
+
+import triton_frontend
+
+
+def compile_request(frontend, *, triton_key=None, priority=kiln_pb2.PRIORITY_INTERACTIVE, **overrides):
+    target = frontend.target
+    request = kiln_pb2.CompileRequest(
+        triton_key=triton_key or triton_frontend.toolchain_key(),
+        stage=kiln_pb2.STAGE_TTIR,
+        ir=frontend.ttir,
+        target=kiln_pb2.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
+        options_json=json.dumps(frontend.options),
+        env=frontend.env,
+        namespace="triton",
+        cache_key=frontend.hash,
+        priority=priority,
+    )
+    for field, value in overrides.items():
+        setattr(request, field, value)
+    return request
+
+
+def blobs_by_name(entry):
+    return {blob.name: blob.data for blob in entry.blobs}
+
+
+def local_python():
+    return sys.executable

@@ -1,0 +1,194 @@
+"""The compile pipeline through a real kilnd with the real triton package, on a
+machine without a GPU: results must equal stock triton.compile byte for byte."""
+
+import fcntl
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+
+import kernel_suite
+import triton_frontend
+from kiln.v1 import kiln_pb2
+from pipeline_client import blobs_by_name, compile_request
+
+TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
+# TTIR is left out: kilnd's make_ttir output differs from stock only in the SSA
+# names MLIR gives loop-carried values (the frontend's text form does not keep
+# block-argument names); every later stage is identical.
+IDENTICAL_STAGES = ("ttgir", "llir", "ptx", "cubin")
+
+
+def stock_compile(case, target, cache_dir, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache_dir))
+    kernel = triton.compile(ASTSource(case.fn, case.signature, case.constexprs), target=target,
+                            options=case.options)
+    metadata_path = next(path for name, path in kernel.metadata_group.items()
+                         if name.endswith(".json") and not name.startswith("__grp__"))
+    return kernel, json.loads(Path(metadata_path).read_text())
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("case", kernel_suite.SUITE, ids=lambda c: c.name)
+def test_artifacts_equal_stock_triton(kilnd, case, target, tmp_path, monkeypatch):
+    frontend = triton_frontend.run_frontend(case, target)
+    response = kilnd.stub.Compile(compile_request(frontend))
+    assert response.WhichOneof("result") == "entry", response.error
+    blobs = blobs_by_name(response.entry)
+    stock, stock_metadata = stock_compile(case, target, tmp_path, monkeypatch)
+    for stage in IDENTICAL_STAGES:
+        expected = stock.asm[stage]
+        expected = expected if isinstance(expected, bytes) else expected.encode()
+        assert blobs[f"{frontend.name}.{stage}"] == expected, stage
+    assert json.loads(blobs[f"{frontend.name}.json"]) == stock_metadata
+    assert "Used" in response.ptxas_log or response.cache_hit  # ptxas -v: registers used
+
+
+def test_second_request_is_a_cache_hit_and_lookup_by_triton_key_works(kilnd):
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[1])
+    first = kilnd.stub.Compile(compile_request(frontend))
+    again = kilnd.stub.Compile(compile_request(frontend))
+    assert again.cache_hit
+    assert blobs_by_name(again.entry) == blobs_by_name(first.entry)
+    # The client's own Triton key finds the same artifacts without compiling.
+    found = kilnd.stub.Lookup(kiln_pb2.LookupRequest(namespace="triton", key=frontend.hash))
+    assert found.found
+    assert blobs_by_name(found.entry) == blobs_by_name(first.entry)
+
+
+def test_eight_concurrent_identical_requests_compile_once(kilnd):
+    case = kernel_suite.Case("concurrent", kernel_suite.matmul_kernel, kernel_suite.SUITE[9].signature,
+                             {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64}, {"num_stages": 3})
+    frontend = triton_frontend.run_frontend(case, TARGETS[1])
+    request = compile_request(frontend)
+    before = kilnd.stats()
+    responses = [None] * 8
+    barrier = threading.Barrier(8)
+
+    def ask(index):
+        barrier.wait()
+        responses[index] = kilnd.stub.Compile(request)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    after = kilnd.stats()
+    assert after.compiles - before.compiles == 1
+    shared = (after.single_flight_joins - before.single_flight_joins) + \
+             (after.compile_cache_hits - before.compile_cache_hits)
+    assert shared == 7
+    cubins = {blobs_by_name(r.entry)[f"{frontend.name}.cubin"] for r in responses}
+    assert len(cubins) == 1 and cubins != {b""}
+
+
+def _pending_stdin_bytes(pid):
+    try:
+        with open(f"/proc/{pid}/fd/0", "rb") as pipe:
+            return struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+
+
+def test_worker_killed_mid_job_fails_that_request_and_the_next_succeeds(kilnd):
+    workers = kilnd.worker_pids()
+    assert workers, "kilnd should keep idle workers from earlier compiles"
+    # Stopped workers take the job into their input pipe but cannot finish it:
+    # the job is deterministically in flight when they are killed.
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    case = kernel_suite.Case("killed", kernel_suite.add_kernel, kernel_suite.SUITE[0].signature,
+                             {"BLOCK": 128})
+    frontend = triton_frontend.run_frontend(case, TARGETS[1])
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=kilnd.stub.Compile(compile_request(frontend))))
+    thread.start()
+    deadline = time.time() + 30
+    while not any(_pending_stdin_bytes(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.01)
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    thread.join(60)
+    response = result["r"]
+    assert response.WhichOneof("result") == "error"
+    assert response.error.kind == kiln_pb2.CompileError.KIND_WORKER_CRASHED
+    assert "SIGKILL" in response.error.message
+    retry = kilnd.stub.Compile(compile_request(frontend))
+    assert retry.WhichOneof("result") == "entry", retry.error
+    assert kilnd.stats().workers_lost >= 1
+
+
+def test_ttir_that_does_not_parse_is_a_compilation_error(kilnd):
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[1])
+    response = kilnd.stub.Compile(compile_request(frontend, ir="module { this is not mlir }"))
+    assert response.error.kind == kiln_pb2.CompileError.KIND_COMPILATION_ERROR
+    assert "parse" in response.error.message
+    assert kilnd.stub.Compile(compile_request(frontend)).WhichOneof("result") == "entry"
+
+
+def test_ptxas_failure_is_a_ptxas_error(kilnd):
+    case = kernel_suite.Case("ptxas_fails", kernel_suite.add_kernel, kernel_suite.SUITE[0].signature,
+                             {"BLOCK": 256}, {"ptx_options": "--no-such-ptxas-flag"})
+    frontend = triton_frontend.run_frontend(case, TARGETS[1])
+    response = kilnd.stub.Compile(compile_request(frontend))
+    assert response.error.kind == kiln_pb2.CompileError.KIND_PTXAS_ERROR
+    assert "ptxas" in response.error.message
+    assert kilnd.stub.Compile(compile_request(triton_frontend.run_frontend(kernel_suite.SUITE[1], TARGETS[0]))).entry.blobs
+
+
+@pytest.mark.parametrize("backend,arch", [("tpu", "90"), ("cuda", "hopper"), ("cuda", "")])
+def test_unknown_target_is_invalid_argument(kilnd, backend, arch):
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[1])
+    request = compile_request(frontend)
+    request.target.backend, request.target.arch = backend, arch
+    with pytest.raises(grpc.RpcError) as error:
+        kilnd.stub.Compile(request)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "target" in error.value.details()
+
+
+def test_unknown_toolchain_lists_the_registered_ones(kilnd):
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[1])
+    with pytest.raises(grpc.RpcError) as error:
+        kilnd.stub.Compile(compile_request(frontend, triton_key="0.0.0-unknown"))
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"triton {triton.__version__} at {sys.executable}" in error.value.details()
+    toolchains = kilnd.stub.ListToolchains(kiln_pb2.ListToolchainsRequest()).toolchains
+    assert [t.triton_version for t in toolchains] == [triton.__version__]
+
+
+def test_local_client_registers_its_own_interpreter(fresh_kilnd):
+    server = fresh_kilnd()
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[0])
+    response = server.stub.Compile(compile_request(frontend, local_python_executable=sys.executable))
+    assert response.WhichOneof("result") == "entry", response.error
+
+
+def test_remote_client_interpreter_path_is_never_run(fresh_kilnd, tmp_path):
+    marker = tmp_path / "ran"
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    fake_python.chmod(0o755)
+    server = fresh_kilnd("--tcp-listen=127.0.0.1:0")
+    port = re.search(r"127\.0\.0\.1:(\d+)", (server.root / "kilnd.out").read_text()).group(1)
+    from kiln.v1 import kiln_pb2_grpc
+    remote = kiln_pb2_grpc.KilnStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[0])
+    with pytest.raises(grpc.RpcError) as error:
+        remote.Compile(compile_request(frontend, local_python_executable=str(fake_python)))
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert not marker.exists()
