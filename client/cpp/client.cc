@@ -124,12 +124,17 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       "kilnd %s, up %.0f s, data dir %s\n"
       "cache:   %d entries, %d blobs, %s of %s stored\n"
       "lookups: %d hits, %d misses (hit rate %.1f%%), %d puts\n"
-      "evicted: %d entries; dropped as corrupt: %d\n",
+      "evicted: %d entries; dropped as corrupt: %d\n"
+      "compile: %d run by workers, %d cache hits, %d joined a running compile, %d failed\n"
+      "workers: %d started, %d lost, %d live; launchers: %d built, %d cache hits\n",
       stats.server_version(), stats.uptime_seconds(), stats.data_dir(), stats.entries(),
       stats.blobs(), FormatByteSize(stats.stored_bytes()), FormatByteSize(stats.max_size_bytes()),
       stats.hits(), stats.misses(),
       lookups == 0 ? 0.0 : 100.0 * static_cast<double>(stats.hits()) / static_cast<double>(lookups),
-      stats.puts(), stats.evictions(), stats.corrupt_entries_dropped());
+      stats.puts(), stats.evictions(), stats.corrupt_entries_dropped(), stats.compiles(),
+      stats.compile_cache_hits(), stats.single_flight_joins(), stats.compile_failures(),
+      stats.workers_started(), stats.workers_lost(), stats.live_workers(), stats.launcher_builds(),
+      stats.launcher_cache_hits());
   if (stats.rpc_latency_size() > 0) {
     absl::StrAppend(&text, absl::StrFormat("%-15s %9s %7s %9s %9s %9s %9s\n", "rpc", "calls",
                                            "errors", "p50 ms", "p90 ms", "p99 ms", "max ms"));

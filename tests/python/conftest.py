@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import grpc
@@ -15,15 +14,7 @@ BUILD = Path(os.environ.get("KILN_BUILD_DIR", REPO / "build"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def _generate_stubs(out_dir):
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'proto'}",
-                    f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-                    "kiln/v1/kiln.proto"], check=True)
-    sys.path.insert(0, str(out_dir))
-
-
-_STUB_DIR = tempfile.mkdtemp(prefix="kiln-stubs-")
-_generate_stubs(_STUB_DIR)
+import kiln_stubs  # noqa: E402,F401  (makes kiln.v1 importable)
 from kiln.v1 import kiln_pb2, kiln_pb2_grpc  # noqa: E402
 
 
