@@ -400,8 +400,9 @@ absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
   return absl::OkStatus();
 }
 
-absl::Status ArtifactStore::Put(absl::string_view ns, absl::string_view key,
-                                std::vector<BlobInput> blobs) {
+absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
+                                                           absl::string_view key,
+                                                           std::vector<BlobInput> blobs) {
   if (ns.empty() || key.empty()) {
     return absl::InvalidArgumentError("a cache entry needs a non-empty namespace and key");
   }
@@ -436,17 +437,22 @@ absl::Status ArtifactStore::Put(absl::string_view ns, absl::string_view key,
   for (const PreparedBlob& blob : prepared) {
     if (!blob.temp_path.empty()) fs::remove(blob.temp_path, ignored);
   }
-  if (status.ok()) {
-    puts_.fetch_add(1, std::memory_order_relaxed);
-    if (stored_bytes_.load() > options_.max_size_bytes) {
-      {
-        std::lock_guard lock(maintenance_mutex_);
-        eviction_needed_ = true;
-      }
-      maintenance_wakeup_.notify_one();
-    }
+  if (!status.ok()) return status;
+  std::vector<StoredBlob> manifest;
+  for (const PreparedBlob& blob : prepared) {
+    manifest.push_back({blob.name, blob.digest, blob.size, std::nullopt});
   }
-  return status;
+  std::sort(manifest.begin(), manifest.end(),
+            [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
+  puts_.fetch_add(1, std::memory_order_relaxed);
+  if (stored_bytes_.load() > options_.max_size_bytes) {
+    {
+      std::lock_guard lock(maintenance_mutex_);
+      eviction_needed_ = true;
+    }
+    maintenance_wakeup_.notify_one();
+  }
+  return manifest;
 }
 
 absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view key,

@@ -106,7 +106,9 @@ class ArtifactStore {
   // Stores (or replaces) the entry for (ns, key). INVALID_ARGUMENT for no
   // blobs, duplicate or empty names, or data that does not match its
   // expected digest; RESOURCE_EXHAUSTED when the disk is full.
-  absl::Status Put(absl::string_view ns, absl::string_view key, std::vector<BlobInput> blobs);
+  // Returns the stored manifest: each blob's name, digest and size, no data.
+  absl::StatusOr<std::vector<StoredBlob>> Put(absl::string_view ns, absl::string_view key,
+                                              std::vector<BlobInput> blobs);
 
   // Stores an entry for (ns, key) made of blobs already in the store, named
   // as given (name -> raw digest): an alias costs no blob I/O.

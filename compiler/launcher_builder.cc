@@ -12,7 +12,6 @@
 #include "absl/strings/str_join.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
-#include "common/subprocess.h"
 
 namespace kiln::compiler {
 namespace {
@@ -64,23 +63,25 @@ absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& con
   std::vector<std::string> candidates;
   if (const char* cc = std::getenv("CC"); cc != nullptr && cc[0] != '\0') candidates.push_back(cc);
   if (!configured_compiler.empty()) candidates.push_back(configured_compiler);
-  candidates.insert(candidates.end(), {"gcc", "clang", "cc", "tcc"});
+  candidates.insert(candidates.end(), {"tcc", "gcc", "clang", "cc"});
   BuildEnvironment environment;
   for (const std::string& candidate : candidates) {
-    environment.compiler = FindOnPath(candidate);
-    if (!environment.compiler.empty()) break;
+    const fs::path path = FindOnPath(candidate);
+    if (path.empty() || environment.compilers.size() == 2) continue;
+    CCompiler compiler{path, "", CCompiler::Flavor::kGccLike};
+    if (path.filename() == "tcc") compiler.flavor = CCompiler::Flavor::kTinyCC;
+    const bool tiny = compiler.flavor == CCompiler::Flavor::kTinyCC;
+    absl::StatusOr<CommandResult> version =
+        RunCommand({path.string(), tiny ? "-v" : "--version"}, kVersionTimeout);
+    if (!version.ok()) continue;
+    const std::string text = version->output.empty() ? version->errors : version->output;
+    compiler.version = text.substr(0, text.find('\n'));
+    environment.compilers.push_back(std::move(compiler));
   }
-  if (environment.compiler.empty()) {
+  if (environment.compilers.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "no C compiler found (tried %s) for launcher builds; install gcc or set CC",
         absl::StrJoin(candidates, ", ")));
-  }
-  absl::StatusOr<CommandResult> version =
-      RunCommand({environment.compiler.string(), "--version"}, kVersionTimeout);
-  if (version.ok()) {
-    // tcc prints its version with -v only; either way the first line names it.
-    std::string text = version->output.empty() ? version->errors : version->output;
-    environment.compiler_version = text.substr(0, text.find('\n'));
   }
   for (const char* variable : {"CUDA_PATH", "CUDA_HOME"}) {
     if (const char* root = std::getenv(variable); root != nullptr && root[0] != '\0') {
@@ -110,12 +111,39 @@ std::string LauncherBuilder::CudaHeaderVersion(const LauncherRequest& request) c
 std::string LauncherBuilder::CacheKey(const LauncherRequest& request) const {
   const std::string material = absl::StrJoin(
       {request.module_name, request.c_source, request.abi.version, request.abi.abiflags,
-       request.abi.ext_suffix, request.abi.platform, environment_.compiler.string(),
-       environment_.compiler_version, CudaHeaderVersion(request),
+       request.abi.ext_suffix, request.abi.platform, environment_.compilers.front().path.string(),
+       environment_.compilers.front().version, CudaHeaderVersion(request),
        absl::StrJoin(request.include_dirs, ":"), absl::StrJoin(request.library_dirs, ":"),
        absl::StrJoin(request.libraries, ":")},
       std::string(1, '\0'));
   return DigestHex(DigestBytes(Sha256(material)));
+}
+
+absl::StatusOr<CommandResult> LauncherBuilder::RunCompiler(const CCompiler& compiler,
+                                                           const LauncherRequest& request,
+                                                           const fs::path& scratch) const {
+  const fs::path source = scratch / (request.module_name + ".c");
+  const fs::path module = scratch / (request.module_name + request.abi.ext_suffix);
+  const bool tiny = compiler.flavor == CCompiler::Flavor::kTinyCC;
+  // gcc and clang get the command line of triton.runtime.build._build.
+  std::vector<std::string> command = {compiler.path.string(), source.string(), "-shared", "-fPIC",
+                                      "-o", module.string()};
+  if (!tiny) command.insert(command.end(), {"-O3", "-Wno-psabi"});
+  for (const std::string& library : request.libraries) {
+    std::string flag = LibraryFlag(library);
+    if (tiny && absl::StartsWith(flag, "-l:")) {
+      // TinyCC has no -l:FILE; link the file itself from the first dir that has it.
+      for (const std::string& dir : request.library_dirs) {
+        if (fs::exists(fs::path(dir) / library)) flag = (fs::path(dir) / library).string();
+      }
+    }
+    command.push_back(flag);
+  }
+  for (const std::string& dir : request.library_dirs) command.push_back("-L" + dir);
+  for (const std::string& dir : request.include_dirs) command.push_back("-I" + dir);
+  command.push_back("-I" + scratch.string());
+  command.push_back("-I" + request.abi.include_dir);
+  return RunCommand(command, timeout_);
 }
 
 absl::StatusOr<std::variant<std::string, CompileFailure>> LauncherBuilder::Build(
@@ -139,18 +167,15 @@ absl::StatusOr<std::variant<std::string, CompileFailure>> LauncherBuilder::Build
   const fs::path source = scratch.path() / (request.module_name + ".c");
   const fs::path module = scratch.path() / (request.module_name + request.abi.ext_suffix);
   std::ofstream(source, std::ios::binary) << request.c_source;
-  // The same command line as triton.runtime.build._build.
-  std::vector<std::string> command = {environment_.compiler.string(), source.string(), "-O3",
-                                      "-shared", "-fPIC", "-Wno-psabi", "-o", module.string()};
-  for (const std::string& library : request.libraries) command.push_back(LibraryFlag(library));
-  for (const std::string& dir : request.library_dirs) command.push_back("-L" + dir);
-  for (const std::string& dir : request.include_dirs) command.push_back("-I" + dir);
-  command.push_back("-I" + scratch.path().string());
-  command.push_back("-I" + request.abi.include_dir);
-  ASSIGN_OR_RETURN(CommandResult result, RunCommand(command, timeout_));
+  CommandResult result;
+  for (const CCompiler& compiler : environment_.compilers) {
+    ASSIGN_OR_RETURN(result, RunCompiler(compiler, request, scratch.path()));
+    if (result.succeeded) break;
+  }
   if (!result.succeeded) {
     return CompileFailure{CompileFailure::Kind::kCompilationError,
-                          absl::StrFormat("%s failed building %s (%s)", environment_.compiler.string(),
+                          absl::StrFormat("%s failed building %s (%s)",
+                                          environment_.compilers.back().path.string(),
                                           request.module_name, result.exit_description),
                           result.errors};
   }

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 #include "compiler/toolchains.h"
 
 namespace kiln::compiler {
@@ -33,12 +34,22 @@ struct LauncherRequest {
   std::vector<std::string> libraries;
 };
 
-// The C compiler and CUDA headers found on this machine, in one place:
-// $CC, the configured compiler, then gcc, clang and tcc on PATH; CUDA from
-// $CUDA_PATH, $CUDA_HOME, /usr/local/cuda.
+struct CCompiler {
+  // TinyCC takes other flags than gcc and clang (no -O3, no -l:file).
+  enum class Flavor { kGccLike, kTinyCC };
+  std::filesystem::path path;
+  std::string version;  // first line of `cc --version` (tcc: `tcc -v`)
+  Flavor flavor = Flavor::kGccLike;
+};
+
+// The C compilers and CUDA headers found on this machine, in one place.
+// Compilers in order of use: $CC or the configured one if set; otherwise
+// TinyCC when present (a launcher builds in ~0.01 s instead of gcc -O3's
+// ~0.13 s on a 2-core machine, and it is glue code that -O3 does not speed up),
+// then gcc, clang. The next one is the fallback if the first fails.
+// CUDA headers from $CUDA_PATH, $CUDA_HOME, /usr/local/cuda.
 struct BuildEnvironment {
-  std::filesystem::path compiler;
-  std::string compiler_version;  // first line of `cc --version`
+  std::vector<CCompiler> compilers;
   std::vector<std::filesystem::path> cuda_include_dirs;
 };
 
@@ -63,6 +74,9 @@ class LauncherBuilder {
 
  private:
   std::string CudaHeaderVersion(const LauncherRequest& request) const;
+  absl::StatusOr<CommandResult> RunCompiler(const CCompiler& compiler,
+                                            const LauncherRequest& request,
+                                            const std::filesystem::path& scratch) const;
 
   const BuildEnvironment environment_;
   const absl::Duration timeout_;

@@ -106,6 +106,17 @@ absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(
   return pool;
 }
 
+void CompileCoordinator::Alias(const cache::CacheEntry& entry, const std::string& alias_ns,
+                               const std::string& alias_key) {
+  if (alias_key.empty()) return;
+  std::vector<std::pair<std::string, std::string>> manifest;
+  for (const cache::StoredBlob& blob : entry.blobs) manifest.emplace_back(blob.name, blob.digest);
+  // A lost alias only costs the client a later Compile; the result stands.
+  if (absl::Status status = store_.PutManifest(alias_ns, alias_key, manifest); !status.ok()) {
+    spdlog::warn("cannot record {}/{}: {}", alias_ns, alias_key, status.message());
+  }
+}
+
 absl::StatusOr<std::optional<cache::CacheEntry>> CompileCoordinator::LookupShared(
     absl::string_view shared_ns, const std::string& shared_key,
     const absl::flat_hash_set<std::string>& have, const std::string& alias_ns,
@@ -113,15 +124,39 @@ absl::StatusOr<std::optional<cache::CacheEntry>> CompileCoordinator::LookupShare
   absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(shared_ns, shared_key, have);
   if (absl::IsNotFound(entry.status())) return std::nullopt;
   RETURN_IF_ERROR(entry.status());
-  if (!alias_key.empty()) {
-    std::vector<std::pair<std::string, std::string>> manifest;
-    for (const cache::StoredBlob& blob : entry->blobs) manifest.emplace_back(blob.name, blob.digest);
-    // A lost alias only costs the client a later Compile; the result stands.
-    if (absl::Status status = store_.PutManifest(alias_ns, alias_key, manifest); !status.ok()) {
-      spdlog::warn("cannot record {}/{}: {}", alias_ns, alias_key, status.message());
-    }
-  }
+  Alias(*entry, alias_ns, alias_key);
   return *std::move(entry);
+}
+
+absl::StatusOr<cache::CacheEntry> CompileCoordinator::StoreShared(absl::string_view shared_ns,
+                                                                  const std::string& shared_key,
+                                                                  compiler::Parts artifacts) {
+  std::vector<cache::BlobInput> inputs;
+  for (const auto& [name, data] : artifacts) inputs.push_back({name, data, ""});
+  ASSIGN_OR_RETURN(std::vector<cache::StoredBlob> manifest,
+                   store_.Put(shared_ns, shared_key, std::move(inputs)));
+  cache::CacheEntry entry;
+  entry.created = absl::Now();
+  for (cache::StoredBlob& blob : manifest) {
+    // Serve the bytes we hold rather than reading back what we just wrote.
+    auto artifact = std::find_if(artifacts.begin(), artifacts.end(),
+                                 [&](const auto& named) { return named.first == blob.name; });
+    blob.data = std::move(artifact->second);
+    entry.blobs.push_back(std::move(blob));
+  }
+  return entry;
+}
+
+cache::CacheEntry CompileCoordinator::ForCaller(const cache::CacheEntry& entry,
+                                                const absl::flat_hash_set<std::string>& have,
+                                                const std::string& alias_ns,
+                                                const std::string& alias_key) {
+  Alias(entry, alias_ns, alias_key);
+  cache::CacheEntry copy = entry;
+  for (cache::StoredBlob& blob : copy.blobs) {
+    if (have.contains(blob.digest)) blob.data.reset();
+  }
+  return copy;
 }
 
 void CompileCoordinator::RunOnce(const std::string& shared_key, Finish finish, bool* joined,
@@ -171,15 +206,8 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     if (produced->failure.has_value()) {
       return done(CompileOutcome{*produced->failure, false, "", {}});
     }
-    absl::StatusOr<std::optional<cache::CacheEntry>> entry =
-        LookupShared(kCompileNamespace, shared_key, have, alias_ns, alias_key);
-    if (!entry.ok()) return done(entry.status());
-    if (!entry->has_value()) {
-      return done(absl::UnavailableError(
-          "the compiled kernel was evicted before it could be returned; retry, or raise "
-          "max_cache_size"));
-    }
-    done(CompileOutcome{**std::move(entry), false, produced->ptxas_log, produced->stage_seconds});
+    done(CompileOutcome{ForCaller(produced->entry, have, alias_ns, alias_key), false,
+                        produced->ptxas_log, produced->stage_seconds});
   };
   compiler::CompileJob job;
   job.priority = PriorityOf(request.priority());
@@ -201,10 +229,10 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
       return produced;
     }
     auto& output = std::get<compiler::CompileOutput>(result);
-    for (auto& [name, data] : output.artifacts) produced.blobs.push_back({name, std::move(data), ""});
     produced.ptxas_log = output.ptxas_log;
     produced.stage_seconds = output.stage_seconds;
-    RETURN_IF_ERROR(store_.Put(kCompileNamespace, shared_key, std::move(produced.blobs)));
+    ASSIGN_OR_RETURN(produced.entry,
+                     StoreShared(kCompileNamespace, shared_key, std::move(output.artifacts)));
     return produced;
   });
   if (joined) single_flight_joins_.fetch_add(1);
@@ -230,12 +258,10 @@ void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& r
     launcher_cache_hits_.fetch_add(1);
     return done(CompileOutcome{**std::move(hit), true, "", {}});
   }
-  auto finish = [this, shared_key, done](const absl::StatusOr<Produced>& produced) {
+  auto finish = [done](const absl::StatusOr<Produced>& produced) {
     if (!produced.ok()) return done(produced.status());
     if (produced->failure.has_value()) return done(CompileOutcome{*produced->failure, false, "", {}});
-    absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(kLauncherNamespace, shared_key);
-    if (!entry.ok()) return done(entry.status());
-    done(CompileOutcome{*std::move(entry), false, "", {}});
+    done(CompileOutcome{produced->entry, false, "", {}});
   };
   bool joined = false;
   RunOnce(absl::StrCat("launcher:", shared_key), std::move(finish), &joined,
@@ -247,9 +273,10 @@ void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& r
               produced.failure = *failure;
               return produced;
             }
-            produced.blobs.push_back({launcher.module_name + launcher.abi.ext_suffix,
-                                      std::move(std::get<std::string>(built)), ""});
-            RETURN_IF_ERROR(store_.Put(kLauncherNamespace, shared_key, std::move(produced.blobs)));
+            ASSIGN_OR_RETURN(produced.entry,
+                             StoreShared(kLauncherNamespace, shared_key,
+                                         {{launcher.module_name + launcher.abi.ext_suffix,
+                                           std::move(std::get<std::string>(built))}}));
             return produced;
           });
 }

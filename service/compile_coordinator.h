@@ -72,9 +72,10 @@ class CompileCoordinator {
   CoordinatorStats Stats() const;
 
  private:
-  // What a job produces: blobs to store, or the kernel's failure.
+  // What a job produced, already stored: the entry with every blob's data, or
+  // the kernel's failure.
   struct Produced {
-    std::vector<cache::BlobInput> blobs;
+    cache::CacheEntry entry;
     std::optional<compiler::CompileFailure> failure;
     std::string ptxas_log;
     std::map<std::string, double> stage_seconds;
@@ -92,8 +93,20 @@ class CompileCoordinator {
   void CompileOnThread(const v1::CompileRequest& request, const Caller& caller, Done done);
   void BuildLauncherOnThread(const v1::BuildLauncherRequest& request, const Caller& caller,
                              Done done);
+  // Stores `artifacts` under the shared key; the entry holds their data.
+  absl::StatusOr<cache::CacheEntry> StoreShared(absl::string_view shared_ns,
+                                                const std::string& shared_key,
+                                                compiler::Parts artifacts);
+  // The caller's copy of a stored entry: blobs it has lose their data, and the
+  // entry is aliased under the caller's key when it has one.
+  cache::CacheEntry ForCaller(const cache::CacheEntry& entry,
+                              const absl::flat_hash_set<std::string>& have,
+                              const std::string& alias_ns, const std::string& alias_key);
   absl::StatusOr<compiler::WorkerPool*> ResolveToolchain(const v1::CompileRequest& request,
                                                          const Caller& caller);
+  // Records `entry` under the caller's own key too, if it sent one.
+  void Alias(const cache::CacheEntry& entry, const std::string& alias_ns,
+             const std::string& alias_key);
   // A hit for `shared_key`, aliased under the caller's key when it has one.
   absl::StatusOr<std::optional<cache::CacheEntry>> LookupShared(
       absl::string_view shared_ns, const std::string& shared_key,

@@ -69,11 +69,13 @@ void FillError(const compiler::CompileFailure& failure, v1::CompileError& out) {
 }  // namespace
 
 KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
-                         CompileCoordinator& coordinator, std::string data_dir)
+                         CompileCoordinator& coordinator, std::string data_dir,
+                         absl::Duration claim_timeout)
     : store_(store),
       toolchains_(toolchains),
       coordinator_(coordinator),
       data_dir_(std::move(data_dir)),
+      claims_(claim_timeout),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}
 
 template <typename Handler>
@@ -111,23 +113,43 @@ grpc::ServerUnaryReactor* KilnService::Serve(grpc::CallbackServerContext* contex
                     });
 }
 
+absl::Status KilnService::LookupInto(const std::string& ns, const v1::LookupRequest& request,
+                                     v1::LookupResponse& response) {
+  const absl::flat_hash_set<std::string> have(request.have_sha256().begin(),
+                                              request.have_sha256().end());
+  absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(ns, request.key(), have);
+  if (absl::IsNotFound(entry.status())) {
+    response.set_found(false);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(entry.status());
+  response.set_found(true);
+  FillEntry(*std::move(entry), *response.mutable_entry());
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* context,
                                               const v1::LookupRequest* request,
                                               v1::LookupResponse* response) {
-  return Serve(context, Rpc::kLookup, Where::kInline, [this, context, request, response] {
-    RETURN_IF_ERROR(ValidateLookup(*request));
-    const absl::flat_hash_set<std::string> have(request->have_sha256().begin(),
-                                                request->have_sha256().end());
-    absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(
-        ScopedNamespace(IdentifyCaller(*context), request->namespace_()), request->key(), have);
-    if (absl::IsNotFound(entry.status())) {
-      response->set_found(false);
-      return absl::OkStatus();
+  return ServeAsync(context, Rpc::kLookup, [&](auto finish) {
+    if (absl::Status status = ValidateLookup(*request); !status.ok()) return finish(status);
+    const std::string ns = ScopedNamespace(IdentifyCaller(*context), request->namespace_());
+    if (absl::Status status = LookupInto(ns, *request, *response);
+        !status.ok() || response->found() || !request->wait_for_compile()) {
+      return finish(status);
     }
-    RETURN_IF_ERROR(entry.status());
-    response->set_found(true);
-    FillEntry(*std::move(entry), *response->mutable_entry());
-    return absl::OkStatus();
+    auto wake = [this, ns, request, response, finish] {
+      // Runs when the claimant's result is stored or its claim ends; looks
+      // again on our own pool, never on the releasing thread.
+      blocking_pool_.Schedule([this, ns, request, response, finish] {
+        finish(LookupInto(ns, *request, *response));
+      });
+    };
+    if (claims_.ClaimOrWait(ns, request->key(), std::move(wake))) {
+      response->set_claimed(true);
+      return finish(absl::OkStatus());
+    }
+    lookups_waited_.fetch_add(1);
   });
 }
 
@@ -143,7 +165,8 @@ grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
     for (const v1::Blob& blob : request->blobs()) {
       blobs.push_back({blob.name(), blob.data(), blob.sha256()});
     }
-    RETURN_IF_ERROR(store_.Put(ns, request->key(), std::move(blobs)));
+    RETURN_IF_ERROR(store_.Put(ns, request->key(), std::move(blobs)).status());
+    claims_.Release(ns, request->key());
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_stored_bytes(stats.stored_bytes);
     return absl::OkStatus();
@@ -155,8 +178,15 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
                                                v1::CompileResponse* response) {
   return ServeAsync(context, Rpc::kCompile, [&](auto finish) {
     if (absl::Status status = ValidateCompile(*request); !status.ok()) return finish(status);
-    coordinator_.Compile(*request, IdentifyCaller(*context),
-                         [response, finish](absl::StatusOr<CompileOutcome> outcome) {
+    const Caller caller = IdentifyCaller(*context);
+    const std::string alias_ns =
+        ScopedNamespace(caller, request->namespace_().empty() ? "triton" : request->namespace_());
+    claims_.MarkCompiling(alias_ns, request->cache_key());
+    coordinator_.Compile(*request, caller,
+                         [this, alias_ns, request, response,
+                          finish](absl::StatusOr<CompileOutcome> outcome) {
+                           // Stored or failed: clients waiting on the key look again.
+                           claims_.Release(alias_ns, request->cache_key());
                            if (!outcome.ok()) return finish(outcome.status());
                            response->set_cache_hit(outcome->cache_hit);
                            response->set_ptxas_log(outcome->ptxas_log);
@@ -220,6 +250,7 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
     response->set_compile_failures(compiles.compile_failures);
     response->set_launcher_builds(compiles.launcher_builds);
     response->set_launcher_cache_hits(compiles.launcher_cache_hits);
+    response->set_lookups_waited(lookups_waited_.load());
     const compiler::PoolStats workers = toolchains_.TotalStats();
     response->set_workers_started(workers.workers_started);
     response->set_workers_lost(workers.workers_lost);

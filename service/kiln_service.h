@@ -9,6 +9,7 @@
 #include "common/thread_pool.h"
 #include "compiler/toolchains.h"
 #include "kiln/v1/kiln.grpc.pb.h"
+#include "service/compile_claims.h"
 #include "service/compile_coordinator.h"
 #include "service/rpc_stats.h"
 
@@ -21,7 +22,12 @@ namespace kiln::service {
 class KilnService final : public v1::Kiln::CallbackService {
  public:
   KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
-              CompileCoordinator& coordinator, std::string data_dir);
+              CompileCoordinator& coordinator, std::string data_dir,
+              absl::Duration claim_timeout);
+
+  // Answers every lookup still waiting on another client's compile, so that
+  // shutdown does not wait on them.
+  void ReleaseWaitingLookups() { claims_.ReleaseAll(); }
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const v1::LookupRequest* request,
@@ -45,6 +51,10 @@ class KilnService final : public v1::Kiln::CallbackService {
  private:
   enum class Where { kInline, kBlockingPool };
 
+  // The store lookup behind Lookup; a miss is found = false.
+  absl::Status LookupInto(const std::string& ns, const v1::LookupRequest& request,
+                          v1::LookupResponse& response);
+
   // Runs `handler` (returning absl::Status) inline or on the blocking pool,
   // records its latency, logs server-side failures once with a request id, and
   // finishes the call with the converted status.
@@ -64,6 +74,8 @@ class KilnService final : public v1::Kiln::CallbackService {
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
   std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<uint64_t> lookups_waited_{0};
+  CompileClaims claims_;
   ThreadPool blocking_pool_;  // last: drains before the members it uses go
 };
 

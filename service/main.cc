@@ -90,8 +90,9 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
       kiln::compiler::DiscoverBuildEnvironment(config.launcher_cc);
   std::unique_ptr<kiln::compiler::LauncherBuilder> launcher_builder;
   if (build_environment.ok()) {
-    spdlog::info("launcher builds use {} ({})", build_environment->compiler.string(),
-                 build_environment->compiler_version);
+    for (const kiln::compiler::CCompiler& compiler : build_environment->compilers) {
+      spdlog::info("launcher builds may use {} ({})", compiler.path.string(), compiler.version);
+    }
     launcher_builder = std::make_unique<kiln::compiler::LauncherBuilder>(
         *std::move(build_environment), absl::Seconds(config.compile_timeout_seconds));
   } else {

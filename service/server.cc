@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     compiler::ToolchainRegistry& toolchains, CompileCoordinator& coordinator) {
   std::unique_ptr<KilnServer> server(new KilnServer());
   server->service_ =
-      std::make_unique<KilnService>(store, toolchains, coordinator, options.data_dir);
+      std::make_unique<KilnService>(store, toolchains, coordinator, options.data_dir,
+                                    options.claim_timeout);
   // Must precede building the server; serves grpc.health.v1 with no extra code.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -90,6 +91,7 @@ void KilnServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  service_->ReleaseWaitingLookups();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   if (!socket_path_.empty()) {

@@ -21,6 +21,9 @@ struct ServerOptions {
   std::string tcp_address;
   uint64_t max_request_size = 64ull << 20;
   std::string data_dir;  // reported in stats
+  // How long a client that claimed a missing key may take to start compiling
+  // it before clients waiting on it give up on it.
+  absl::Duration claim_timeout = absl::Seconds(60);
 };
 
 // A running gRPC server: kiln.v1.Kiln plus grpc.health.v1.Health.

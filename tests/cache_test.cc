@@ -181,11 +181,11 @@ TEST_F(ArtifactStoreTest, IdenticalBlobsAreStoredOnce) {
 
 TEST_F(ArtifactStoreTest, RefusesMalformedPuts) {
   auto store = OpenStore(Options());
-  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("triton", "k", {})));
-  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("triton", "k", {{"a", "x", ""}, {"a", "y", ""}})));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("triton", "k", {}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("triton", "k", {{"a", "x", ""}, {"a", "y", ""}}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      store->Put("triton", "k", {{"a", "data", DigestBytes(Sha256("other data"))}})));
-  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("", "k", {{"a", "x", ""}})));
+      store->Put("triton", "k", {{"a", "data", DigestBytes(Sha256("other data"))}}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Put("", "k", {{"a", "x", ""}}).status()));
   EXPECT_EQ(store->Stats()->entries, 0u);
 }
 

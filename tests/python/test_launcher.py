@@ -1,6 +1,7 @@
 """Launcher modules built by kilnd with the machine's real C compiler."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -47,11 +48,8 @@ def add_kernel_launcher_source():
     return nvidia_driver.make_launcher({(4,): 1024}, signature, None)
 
 
-def test_launcher_built_by_kilnd_imports_and_exposes_launch(kilnd, libcuda_dir, tmp_path):
-    response = kilnd.stub.BuildLauncher(launcher_request(add_kernel_launcher_source(), libcuda_dir))
-    assert response.WhichOneof("result") == "module", response.error
-    module = tmp_path / response.module.name
-    module.write_bytes(response.module.data)
+def _imports_with_launch(module, libcuda_dir):
+    """Imports the module with importlib in a fresh interpreter, as Triton does."""
     probe = ("import importlib.util, sys\n"
              "spec = importlib.util.spec_from_file_location('__triton_launcher', sys.argv[1])\n"
              "mod = importlib.util.module_from_spec(spec)\n"
@@ -60,6 +58,15 @@ def test_launcher_built_by_kilnd_imports_and_exposes_launch(kilnd, libcuda_dir, 
     result = subprocess.run([sys.executable, "-c", probe, str(module)], capture_output=True, text=True,
                             env=dict(os.environ, LD_LIBRARY_PATH=str(libcuda_dir)))
     assert result.stdout.strip() == "True", result.stderr
+    return True
+
+
+def test_launcher_built_by_kilnd_imports_and_exposes_launch(kilnd, libcuda_dir, tmp_path):
+    response = kilnd.stub.BuildLauncher(launcher_request(add_kernel_launcher_source(), libcuda_dir))
+    assert response.WhichOneof("result") == "module", response.error
+    module = tmp_path / response.module.name
+    module.write_bytes(response.module.data)
+    assert _imports_with_launch(module, libcuda_dir)
     again = kilnd.stub.BuildLauncher(launcher_request(add_kernel_launcher_source(), libcuda_dir))
     assert again.cache_hit
     assert again.module.data == response.module.data
@@ -76,3 +83,15 @@ def test_c_that_does_not_compile_is_a_compilation_error_with_the_log(kilnd, libc
     response = kilnd.stub.BuildLauncher(launcher_request("this is not C;", libcuda_dir, "broken"))
     assert response.error.kind == kiln_pb2.CompileError.KIND_COMPILATION_ERROR
     assert "error" in response.error.log
+
+
+@pytest.mark.parametrize("compiler", ["gcc", "tcc"])
+def test_each_discovered_compiler_builds_an_importable_launcher(fresh_kilnd, libcuda_dir, tmp_path, compiler):
+    if not shutil.which(compiler):
+        pytest.skip(f"{compiler} is not installed")
+    server = fresh_kilnd(f"--launcher-cc={compiler}")
+    response = server.stub.BuildLauncher(launcher_request(add_kernel_launcher_source(), libcuda_dir))
+    assert response.WhichOneof("result") == "module", response.error
+    module = tmp_path / response.module.name
+    module.write_bytes(response.module.data)
+    assert _imports_with_launch(module, libcuda_dir)

@@ -21,6 +21,15 @@ class FrontendResult:
     target: GPUTarget
 
 
+def cache_key(case, target):
+    """Triton's cache key for a case: known before the frontend runs."""
+    src = ASTSource(case.fn, case.signature, case.constexprs)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(case.options))
+    key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def run_frontend(case, target):
     src = ASTSource(case.fn, case.signature, case.constexprs)
     backend = make_backend(target)
