@@ -32,15 +32,14 @@ def stock():
 def kiln(endpoint):
     import grpc
 
-    import kiln_stubs  # noqa: F401
-    from kiln.v1 import kiln_pb2, kiln_pb2_grpc
+    from kiln import _api
     from pipeline_client import compile_request
 
-    stub = kiln_pb2_grpc.KilnStub(grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)]))
+    stub = _api.KilnStub(grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)]))
     for case in kernel_suite.SUITE:
         for target in TARGETS:
             key = triton_frontend.cache_key(case, target)
-            if stub.Lookup(kiln_pb2.LookupRequest(namespace="triton", key=key, wait_for_compile=True)).found:
+            if stub.Lookup(_api.LookupRequest(namespace="triton", key=key, wait_for_compile=True)).found:
                 continue
             response = stub.Compile(compile_request(triton_frontend.run_frontend(case, target)))
             assert response.WhichOneof("result") == "entry", response.error

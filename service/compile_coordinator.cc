@@ -221,7 +221,10 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   bool joined = false;
   RunOnce(shared_key, std::move(finish), &joined, [&]() -> absl::StatusOr<Produced> {
     compiles_.fetch_add(1);
-    ASSIGN_OR_RETURN(compiler::CompileResult result, (*pool)->Compile(job));
+    const absl::Time start = absl::Now();
+    absl::StatusOr<compiler::CompileResult> compiled = (*pool)->Compile(job);
+    compile_micros_.fetch_add(absl::ToInt64Microseconds(absl::Now() - start));
+    ASSIGN_OR_RETURN(compiler::CompileResult result, std::move(compiled));
     Produced produced;
     if (auto* failure = std::get_if<compiler::CompileFailure>(&result)) {
       compile_failures_.fetch_add(1);
@@ -282,8 +285,13 @@ void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& r
 }
 
 CoordinatorStats CompileCoordinator::Stats() const {
-  return {compiles_.load(),        compile_cache_hits_.load(), single_flight_joins_.load(),
-          compile_failures_.load(), launcher_builds_.load(),    launcher_cache_hits_.load()};
+  return {compiles_.load(),
+          compile_cache_hits_.load(),
+          single_flight_joins_.load(),
+          compile_failures_.load(),
+          launcher_builds_.load(),
+          launcher_cache_hits_.load(),
+          static_cast<double>(compile_micros_.load()) / 1e6};
 }
 
 }  // namespace kiln::service

@@ -50,6 +50,7 @@ struct CoordinatorStats {
   uint64_t compile_failures = 0;
   uint64_t launcher_builds = 0;
   uint64_t launcher_cache_hits = 0;
+  double compile_seconds = 0;
 };
 
 class CompileCoordinator {
@@ -127,6 +128,7 @@ class CompileCoordinator {
   std::atomic<uint64_t> compile_failures_{0};
   std::atomic<uint64_t> launcher_builds_{0};
   std::atomic<uint64_t> launcher_cache_hits_{0};
+  std::atomic<int64_t> compile_micros_{0};
 
   ThreadPool threads_;  // last: drains before the members its tasks use go
 };

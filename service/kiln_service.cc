@@ -251,6 +251,7 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
     response->set_launcher_builds(compiles.launcher_builds);
     response->set_launcher_cache_hits(compiles.launcher_cache_hits);
     response->set_lookups_waited(lookups_waited_.load());
+    response->set_compile_seconds(compiles.compile_seconds);
     const compiler::PoolStats workers = toolchains_.TotalStats();
     response->set_workers_started(workers.workers_started);
     response->set_workers_lost(workers.workers_lost);

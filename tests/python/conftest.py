@@ -14,8 +14,7 @@ BUILD = Path(os.environ.get("KILN_BUILD_DIR", REPO / "build"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-import kiln_stubs  # noqa: E402,F401  (makes kiln.v1 importable)
-from kiln.v1 import kiln_pb2, kiln_pb2_grpc  # noqa: E402
+from kiln import _api  # noqa: E402  (the client package's API messages and stub)
 
 
 class Kilnd:
@@ -37,10 +36,10 @@ class Kilnd:
         except grpc.FutureTimeoutError:
             self.stop()
             raise RuntimeError("kilnd did not start:\n" + (self.root / "kilnd.out").read_text())
-        self.stub = kiln_pb2_grpc.KilnStub(self.channel)
+        self.stub = _api.KilnStub(self.channel)
 
     def stats(self):
-        return self.stub.GetStats(kiln_pb2.GetStatsRequest())
+        return self.stub.GetStats(_api.GetStatsRequest())
 
     def worker_pids(self):
         """The kiln_worker.py processes this kilnd started."""

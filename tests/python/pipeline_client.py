@@ -3,18 +3,18 @@
 import json
 import sys
 
-from kiln.v1 import kiln_pb2
+from kiln import _api
 
 import triton_frontend
 
 
-def compile_request(frontend, *, triton_key=None, priority=kiln_pb2.PRIORITY_INTERACTIVE, **overrides):
+def compile_request(frontend, *, triton_key=None, priority=_api.PRIORITY["PRIORITY_INTERACTIVE"], **overrides):
     target = frontend.target
-    request = kiln_pb2.CompileRequest(
+    request = _api.CompileRequest(
         triton_key=triton_key or triton_frontend.toolchain_key(),
-        stage=kiln_pb2.STAGE_TTIR,
+        stage=_api.STAGE["STAGE_TTIR"],
         ir=frontend.ttir,
-        target=kiln_pb2.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
+        target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
         options_json=json.dumps(frontend.options),
         env=frontend.env,
         namespace="triton",

@@ -22,7 +22,7 @@ from triton.compiler.compiler import ASTSource
 
 import kernel_suite
 import triton_frontend
-from kiln.v1 import kiln_pb2
+from kiln import _api as kiln_pb2
 from pipeline_client import blobs_by_name, compile_request
 
 TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
@@ -185,8 +185,7 @@ def test_remote_client_interpreter_path_is_never_run(fresh_kilnd, tmp_path):
     fake_python.chmod(0o755)
     server = fresh_kilnd("--tcp-listen=127.0.0.1:0")
     port = re.search(r"127\.0\.0\.1:(\d+)", (server.root / "kilnd.out").read_text()).group(1)
-    from kiln.v1 import kiln_pb2_grpc
-    remote = kiln_pb2_grpc.KilnStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    remote = kiln_pb2.KilnStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
     frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[0])
     with pytest.raises(grpc.RpcError) as error:
         remote.Compile(compile_request(frontend, local_python_executable=str(fake_python)))

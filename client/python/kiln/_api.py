@@ -1,0 +1,69 @@
+"""kilnd's API (proto/kiln/v1/kiln.proto) without generated code.
+
+The package ships the API's compiled descriptor (_kiln_v1.desc, made by
+`protoc --descriptor_set_out`) and builds the message classes from it at
+import, in a private descriptor pool. Generated _pb2 modules would pin the
+protobuf runtime to the generator's version; this works with any protobuf from
+3.20 on, whatever else the client's environment (ComfyUI, torch) has installed.
+"""
+
+from importlib import resources
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+_POOL = descriptor_pool.DescriptorPool()
+for _file in descriptor_pb2.FileDescriptorSet.FromString(
+        resources.files(__package__).joinpath("_kiln_v1.desc").read_bytes()).file:
+    _POOL.Add(_file)
+
+
+def _message(name):
+    descriptor = _POOL.FindMessageTypeByName(f"kiln.v1.{name}")
+    if hasattr(message_factory, "GetMessageClass"):
+        return message_factory.GetMessageClass(descriptor)
+    return message_factory.MessageFactory(_POOL).GetPrototype(descriptor)
+
+
+def _enum_values(name):
+    return {value.name: value.number for value in _POOL.FindEnumTypeByName(f"kiln.v1.{name}").values}
+
+
+Blob = _message("Blob")
+CacheEntry = _message("CacheEntry")
+LookupRequest = _message("LookupRequest")
+LookupResponse = _message("LookupResponse")
+PutRequest = _message("PutRequest")
+PutResponse = _message("PutResponse")
+Target = _message("Target")
+CompileRequest = _message("CompileRequest")
+CompileResponse = _message("CompileResponse")
+CompileError = _message("CompileError")
+PythonAbi = _message("PythonAbi")
+BuildLauncherRequest = _message("BuildLauncherRequest")
+BuildLauncherResponse = _message("BuildLauncherResponse")
+GetStatsRequest = _message("GetStatsRequest")
+GetStatsResponse = _message("GetStatsResponse")
+ListToolchainsRequest = _message("ListToolchainsRequest")
+ListToolchainsResponse = _message("ListToolchainsResponse")
+
+STAGE = _enum_values("Stage")
+PRIORITY = _enum_values("Priority")
+
+_METHODS = {
+    "Lookup": (LookupRequest, LookupResponse),
+    "Put": (PutRequest, PutResponse),
+    "Compile": (CompileRequest, CompileResponse),
+    "BuildLauncher": (BuildLauncherRequest, BuildLauncherResponse),
+    "GetStats": (GetStatsRequest, GetStatsResponse),
+    "ListToolchains": (ListToolchainsRequest, ListToolchainsResponse),
+}
+
+
+class KilnStub:
+    """kiln.v1.Kiln's methods on a grpc channel, e.g. stub.Lookup(request, timeout=5)."""
+
+    def __init__(self, channel):
+        for method, (request, response) in _METHODS.items():
+            setattr(self, method, channel.unary_unary(f"/kiln.v1.Kiln/{method}",
+                                                      request_serializer=request.SerializeToString,
+                                                      response_deserializer=response.FromString))

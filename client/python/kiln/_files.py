@@ -1,0 +1,54 @@
+"""Artifacts as local files. Triton's cache API hands out paths, so every blob
+kilnd returns is materialized once under files_dir() with a short,
+content-addressed name: <hh>/<38 hex><extension>. A file is written under a
+unique temporary name and renamed into place; an existing file with the right
+content is reused, never rewritten, so a file another process holds open
+(a loaded launcher module on Windows) is never replaced."""
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+from . import _paths
+
+
+def extension(name):
+    """Everything from the first dot: '.cubin', '.json', '.cpython-311-x86_64-linux-gnu.so'.
+    Triton tells artifacts apart by the path's suffix, and imports modules by it."""
+    dot = name.find(".")
+    return name[dot:] if dot > 0 else ""
+
+
+def _has_content(path, data, digest):
+    try:
+        if path.stat().st_size != len(data):
+            return False
+        return hashlib.sha256(path.read_bytes()).digest() == digest
+    except OSError:
+        return False
+
+
+def materialize(name, data, digest=None):
+    """The path of a file holding `data`, named for its content and `name`'s extension."""
+    digest = digest or hashlib.sha256(data).digest()
+    hex_digest = digest.hex()
+    path = _paths.files_dir() / hex_digest[:2] / (hex_digest[2:40] + extension(name))
+    if _has_content(path, data, digest):
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{uuid.uuid4().hex[:12]}.tmp")
+    temp.write_bytes(data)
+    try:
+        os.replace(temp, path)
+    except OSError:
+        # The target is held open (Windows) or was just written by another
+        # process: either way, one with the right content is as good as ours.
+        temp.unlink(missing_ok=True)
+        if not _has_content(path, data, digest):
+            raise
+    return str(path)
+
+
+def read(path):
+    return Path(path).read_bytes()

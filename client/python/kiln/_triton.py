@@ -1,0 +1,341 @@
+"""Triton integration through its own extension points:
+
+- KilnCacheManager (TRITON_CACHE_MANAGER): lookups go to kilnd; a hit returns
+  Triton's group of files without running the frontend.
+- The stages hook (knobs.runtime.add_stages_inspection_hook; on 3.5 a wrapper
+  of CUDABackend.add_stages): after the frontend, the TTIR goes to kilnd and
+  every stage returns kilnd's result.
+- knobs.build.impl: launcher and cuda_utils modules are built by kilnd.
+
+Installed once per process, on the first use of the cache manager (which the
+environment variable carries into subprocesses), so importing kiln costs an
+interpreter nothing until Triton compiles.
+"""
+
+import base64
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import os
+import sys
+import sysconfig
+import threading
+
+import grpc
+
+from . import _api, _files, _service
+
+log = logging.getLogger("kiln")
+
+import triton  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.runtime.cache import CacheManager, FileCacheManager  # noqa: E402
+
+MANAGER = "kiln._triton:KilnCacheManager"
+_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
+SUPPORTED = _VERSION >= (3, 5)
+
+# Blob digests kilnd produced in this process: Triton hands them back to put()
+# after the stages run, and they need no upload.
+_from_kilnd = set()
+_install_lock = threading.Lock()
+_installed = None  # None: not tried; True: hooks in place; False: stock Triton
+
+
+def _hex_key(key):
+    """Triton names cache managers by base32 of a hex SHA-256; kilnd keys by the hex."""
+    try:
+        return base64.b32decode(key + "=" * (-len(key) % 8)).hex()
+    except (ValueError, TypeError):
+        return key
+
+
+def active():
+    """Installs the hooks on first use; False when Triton must run stock."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    with _install_lock:
+        if _installed is None:
+            _installed = _install()
+    return _installed
+
+
+def _install():
+    if not SUPPORTED:
+        _service.fall_back(f"triton {triton.__version__} is not supported (Kiln needs 3.5 or newer)")
+        return False
+    try:
+        _service.connect()
+    except _service.KilnUnavailable as error:
+        _service.fall_back(str(error))
+        return False
+    _install_stages_hook()
+    if hasattr(knobs, "build") and hasattr(knobs.build, "impl"):
+        knobs.build.impl = build_module
+    log.debug("kiln hooks installed (triton %s)", triton.__version__)
+    return True
+
+
+def uninstall():
+    global _installed
+    with _install_lock:
+        if _installed:
+            if hasattr(knobs.runtime, "add_stages_inspection_hook"):
+                knobs.runtime.add_stages_inspection_hook = None
+            if getattr(knobs.build, "impl", None) is build_module:
+                knobs.build.impl = None
+            _unwrap_add_stages()
+        _installed = None
+        _service.forget()
+
+
+def _stub():
+    return _service.connect().stub
+
+
+def _go_stock(error):
+    """After kilnd went away mid-run: stock Triton for the rest of the process."""
+    global _installed
+    _service.forget()
+    _installed = False
+    _service.fall_back(f"kilnd became unreachable ({error.details() if hasattr(error, 'details') else error})")
+
+
+# --- the cache manager -------------------------------------------------------
+
+class KilnCacheManager(CacheManager):
+    """Triton's cache API over kilnd. Dump and override directories, and any use
+    while kilnd is unreachable, go to Triton's own FileCacheManager."""
+
+    def __init__(self, key, override=False, dump=False):
+        self.key = key
+        self._hex = _hex_key(key)
+        self._files = {}  # filename -> path, from a group lookup
+        self._stock = None
+        if override or dump or not active():
+            self._stock = FileCacheManager(key, override=override, dump=dump)
+
+    def _call(self, method, request):
+        try:
+            return getattr(_stub(), method)(request)
+        except grpc.RpcError as error:
+            if not _service.is_unavailable(error):
+                raise
+            _go_stock(error)
+            self._stock = FileCacheManager(self.key)
+            return None
+
+    def get_group(self, filename):
+        if self._stock:
+            return self._stock.get_group(filename)
+        response = self._call("Lookup", _api.LookupRequest(namespace="triton", key=self._hex,
+                                                           wait_for_compile=True))
+        if response is None:
+            return self._stock.get_group(filename)
+        if not response.found:
+            return None  # claimed (compile it) or released: the stages hook sends it to kilnd
+        for blob in response.entry.blobs:
+            self._files[blob.name] = _files.materialize(blob.name, blob.data, blob.sha256)
+        return dict(self._files) if filename in self._files else None
+
+    def get_file(self, filename):
+        if self._stock:
+            return self._stock.get_file(filename)
+        if filename in self._files:
+            return self._files[filename]
+        response = self._call("Lookup", _api.LookupRequest(namespace="triton-files", key=f"{self._hex}/{filename}"))
+        if response is None:
+            return self._stock.get_file(filename)
+        if not response.found:
+            return None
+        blob = response.entry.blobs[0]
+        return _files.materialize(blob.name, blob.data, blob.sha256)
+
+    def put(self, data, filename, binary=True):
+        if self._stock:
+            return self._stock.put(data, filename, binary)
+        data = data if isinstance(data, bytes) else str(data).encode()
+        digest = hashlib.sha256(data).digest()
+        path = _files.materialize(filename, data, digest)
+        self._files[filename] = path
+        # The frontend's TTIR (.source) is a debugging aid kilnd does not need.
+        if digest not in _from_kilnd and not filename.endswith(".source"):
+            # Something Triton made itself (autotuner timings, a module built
+            # without kilnd): share it with other processes.
+            self._call("Put", _api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
+                                              blobs=[_api.Blob(name=filename, data=data, sha256=digest,
+                                                               size=len(data))]))
+        return path
+
+    def put_group(self, filename, group):
+        if self._stock:
+            return self._stock.put_group(filename, group)
+        blobs = []
+        for name, path in group.items():
+            data = _files.read(path)
+            blobs.append(_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data)))
+        if not any(blob.sha256 in _from_kilnd for blob in blobs):
+            # kilnd recorded the groups it compiled itself; only others are sent.
+            self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
+        return None
+
+
+# --- the stages hook ---------------------------------------------------------
+
+def _raise_compile_error(error):
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    if error.kind == _api.CompileError.KIND_PTXAS_ERROR:
+        raise PTXASError(error.message)
+    if error.kind == _api.CompileError.KIND_OUT_OF_RESOURCES:
+        raise OutOfResources(0, 0, error.message)
+    # What stock Triton raises when an MLIR pass or LLVM fails.
+    raise RuntimeError(f"{error.message}\n{error.log}".rstrip())
+
+
+class _RemoteCompile:
+    """One kernel's stages: the first sends the frontend TTIR to kilnd; each
+    returns kilnd's artifact. If kilnd goes away, the stock stages run."""
+
+    def __init__(self, backend, options, original):
+        self.backend = backend
+        self.options = options
+        self.original = original
+        self.artifacts = None
+        self.stock = False
+
+    def stage(self, ext, module, metadata):
+        if self.stock:
+            return self.original[ext](module, metadata)
+        if self.artifacts is None:
+            try:
+                self._compile(module, metadata)
+            except grpc.RpcError as error:
+                if not _service.is_unavailable(error):
+                    raise
+                _go_stock(error)
+                self.stock = True
+                return self.original[ext](module, metadata)
+        return self.artifacts[ext]
+
+    def _compile(self, module, metadata):
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        from triton.runtime.cache import triton_key
+
+        target = self.backend.target
+        request = _api.CompileRequest(
+            triton_key=triton_key(), stage=_api.STAGE["STAGE_TTIR"], ir=str(module),
+            target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
+            options_json=json.dumps(self.options.__dict__), env=get_cache_invalidating_env_vars(),
+            namespace="triton", cache_key=metadata["hash"], local_python_executable=sys.executable)
+        response = _stub().Compile(request)
+        if response.WhichOneof("result") == "error":
+            _raise_compile_error(response.error)
+        self.artifacts = {}
+        for blob in response.entry.blobs:
+            _from_kilnd.add(blob.sha256)
+            ext = blob.name.rsplit(".", 1)[-1]
+            if ext == "json":
+                compiled = json.loads(blob.data)
+                compiled.pop("target", None)  # keep Triton's GPUTarget object
+                metadata.update(compiled)
+            elif ext == "cubin":
+                self.artifacts[ext] = blob.data
+            elif ext in self.original:
+                self.artifacts[ext] = blob.data.decode()
+
+
+def _usable(backend, language):
+    from triton.backends.compiler import Language
+
+    compilation = knobs.compilation
+    # Dumps, overrides and IR-location rewrites need the stock in-process flow.
+    return (_installed and language == Language.TRITON and backend.target.backend == "cuda"
+            and not compilation.dump_ir and not compilation.override and not compilation.use_ir_loc)
+
+
+def stages_hook(*args):
+    if not args:
+        # Newer Triton asks the hook for a key that enters its cache key.
+        return "kiln", hashlib.sha256(b"kiln-stages-v1").hexdigest()
+    backend, stages, options, language = args[:4]
+    if not _usable(backend, language):
+        return None
+    remote = _RemoteCompile(backend, options, dict(stages))
+    for ext in list(stages):
+        stages[ext] = functools.partial(remote.stage, ext)
+    return None
+
+
+_original_add_stages = None
+
+
+def _install_stages_hook():
+    global _original_add_stages
+    if hasattr(knobs.runtime, "add_stages_inspection_hook"):
+        knobs.runtime.add_stages_inspection_hook = stages_hook
+        return
+    # Triton 3.5: wrap the CUDA backend's add_stages.
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    _original_add_stages = CUDABackend.add_stages
+
+    def add_stages(self, stages, options, language):
+        _original_add_stages(self, stages, options, language)
+        stages_hook(self, stages, options, language)
+
+    CUDABackend.add_stages = add_stages
+
+
+def _unwrap_add_stages():
+    global _original_add_stages
+    if _original_add_stages is not None:
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        CUDABackend.add_stages = _original_add_stages
+        _original_add_stages = None
+
+
+# --- launcher builds ---------------------------------------------------------
+
+def _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries):
+    from triton.runtime import build
+
+    with _install_lock:
+        saved, knobs.build.impl = knobs.build.impl, None
+        try:
+            parameters = inspect.signature(build._build).parameters
+            extra = [[]] if "ccflags" in parameters else []
+            return build._build(name, src, srcdir, library_dirs, include_dirs, libraries, *extra)
+        finally:
+            knobs.build.impl = saved
+
+
+def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
+    """knobs.build.impl: kilnd builds the module (and caches it for every process)."""
+    if not _installed:
+        return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    request = _api.BuildLauncherRequest(
+        module_name=name, c_source=_files.read(src).decode(),
+        python_abi=_api.PythonAbi(version="%d.%d" % sys.version_info[:2], abiflags=getattr(sys, "abiflags", ""),
+                                  ext_suffix=suffix, platform=sysconfig.get_platform(),
+                                  include_dir=sysconfig.get_paths()["include"]),
+        include_dirs=[d for d in include_dirs if d], library_dirs=list(library_dirs), libraries=list(libraries))
+    try:
+        response = _stub().BuildLauncher(request)
+    except grpc.RpcError as error:
+        if _service.is_unavailable(error):
+            _go_stock(error)
+        else:
+            _service.fall_back(f"kilnd cannot build {name}: {error.details()}")
+        return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+    if response.WhichOneof("result") == "error":
+        raise RuntimeError(f"building {name} failed: {response.error.message}\n{response.error.log}")
+    path = os.path.join(srcdir, f"{name}{suffix}")
+    with open(path, "wb") as module:
+        module.write(response.module.data)
+    return path

@@ -1,0 +1,96 @@
+"""A process that uses Triton the way an application does, for the client tests.
+Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
+
+usage: client_probe.py suite|ptxas-error|launcher LIBCUDA_DIR|spawn-child [--enable]
+Prints one JSON object on stdout."""
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import compiler as triton_compiler  # noqa: E402
+
+import kernel_suite  # noqa: E402
+
+frontend_runs = 0
+_make_ir = triton_compiler.ASTSource.make_ir
+
+
+def _counting_make_ir(self, *args, **kwargs):
+    global frontend_runs
+    frontend_runs += 1
+    return _make_ir(self, *args, **kwargs)
+
+
+triton_compiler.ASTSource.make_ir = _counting_make_ir
+
+
+def digest(value):
+    return hashlib.sha256(value if isinstance(value, bytes) else value.encode()).hexdigest()
+
+
+def suite():
+    kernels = {}
+    for case in kernel_suite.SUITE:
+        for arch in (80, 90):
+            kernel = triton.compile(triton_compiler.ASTSource(case.fn, case.signature, case.constexprs),
+                                    target=GPUTarget("cuda", arch, 32), options=case.options)
+            metadata = kernel.metadata._asdict()
+            metadata["target"] = list(metadata["target"].__dict__.values())
+            kernels[f"{case.name}-sm{arch}"] = {
+                "asm": {ext: digest(kernel.asm[ext]) for ext in ("ttgir", "llir", "ptx", "cubin")},
+                "metadata": metadata,
+            }
+    return {"kernels": kernels}
+
+
+def ptxas_error():
+    case = kernel_suite.Case("bad", kernel_suite.add_kernel, kernel_suite.SUITE[0].signature, {"BLOCK": 32},
+                             {"ptx_options": "--no-such-ptxas-flag"})
+    try:
+        triton.compile(triton_compiler.ASTSource(case.fn, case.signature, case.constexprs),
+                       target=GPUTarget("cuda", 90, 32), options=case.options)
+    except Exception as error:  # the test checks the type by name
+        return {"raised": type(error).__name__, "message": str(error)[:500]}
+    return {"raised": None}
+
+
+def launcher(libcuda_dir):
+    from triton.backends.nvidia import driver
+    from triton.runtime.build import compile_module_from_src
+
+    source = driver.make_launcher({(4,): 1024}, {0: "*fp32", 1: "*fp32", 2: "*fp32", 3: "i32", 4: "constexpr"}, None)
+    module = compile_module_from_src(src=source, name="__triton_launcher", library_dirs=[libcuda_dir],
+                                     include_dirs=driver.include_dirs, libraries=driver.libraries)
+    return {"launch": callable(module.launch), "path": module.__file__}
+
+
+def spawn_child():
+    """Like inductor's compile workers: a new interpreter from sys.executable."""
+    child = subprocess.run([sys.executable, __file__, "suite"], capture_output=True, text=True, check=True)
+    return json.loads(child.stdout.splitlines()[-1])
+
+
+def main():
+    if "--enable" in sys.argv:
+        import kiln
+
+        kiln.enable()
+    mode = sys.argv[1]
+    result = {"suite": suite, "ptxas-error": ptxas_error, "spawn-child": spawn_child,
+              "launcher": lambda: launcher(sys.argv[2])}[mode]()
+    result["frontend_runs"] = frontend_runs
+    import os
+
+    result["cache_manager"] = os.environ.get("TRITON_CACHE_MANAGER")
+    print(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The Python client (client/python, import name kiln) in fresh interpreters,
+activated the way users do: KILN=1 through the .pth file, or kiln.enable()."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_launcher import libcuda_dir  # noqa: F401  (fixture)
+
+PROBE = Path(__file__).parent / "client_probe.py"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_probe(env, *args, check=True):
+    result = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"probe failed:\n{result.stderr[-4000:]}")
+    return result
+
+
+def probe_json(result):
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.fixture
+def base_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    env["KILN_FILES_DIR"] = str(tmp_path / "kiln-files")
+    return env
+
+
+@pytest.fixture
+def kiln_env(base_env, kilnd):
+    return dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+
+
+@pytest.fixture(scope="module")
+def stock_suite(tmp_path_factory):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("stock-cache"))
+    return probe_json(run_probe(env, "suite"))["kernels"]
+
+
+def test_pth_activation_reaches_a_subprocess(kiln_env):
+    result = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('TRITON_CACHE_MANAGER'))"],
+                            capture_output=True, text=True, env=kiln_env, check=True)
+    assert result.stdout.strip() == "kiln._triton:KilnCacheManager"
+
+
+def test_pth_does_nothing_without_the_variable(base_env):
+    result = subprocess.run([sys.executable, "-c", "import os, sys; print(os.environ.get('TRITON_CACHE_MANAGER'),"
+                             " 'kiln' in sys.modules)"], capture_output=True, text=True, env=base_env, check=True)
+    assert result.stdout.strip() == "None False"
+
+
+def test_compiles_go_through_kilnd_and_equal_stock_then_hit_in_a_new_process(kilnd, kiln_env, stock_suite):
+    before = kilnd.stats()
+    first = probe_json(run_probe(kiln_env, "suite"))
+    after_first = kilnd.stats()
+    assert first["kernels"] == stock_suite
+    # Every kernel the session's earlier tests had not compiled went through a worker.
+    assert after_first.compiles + after_first.compile_cache_hits > before.compiles + before.compile_cache_hits
+    second = probe_json(run_probe(kiln_env, "suite"))
+    after_second = kilnd.stats()
+    assert second["kernels"] == stock_suite
+    assert second["frontend_runs"] == 0, "a cache hit must not run Triton's frontend"
+    assert after_second.compiles == after_first.compiles
+    assert after_second.hits - after_first.hits >= 30
+
+
+def test_enable_in_code_reaches_an_inductor_style_worker(kilnd, base_env, stock_suite):
+    env = dict(base_env, KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    before = kilnd.stats().hits
+    child = probe_json(run_probe(env, "spawn-child", "--enable"))
+    assert child["cache_manager"] == "kiln._triton:KilnCacheManager"
+    assert child["kernels"] == stock_suite
+    assert kilnd.stats().hits - before >= 30
+
+
+def test_ptxas_failure_raises_tritons_ptxas_error(kiln_env):
+    result = probe_json(run_probe(kiln_env, "ptxas-error"))
+    assert result["raised"] == "PTXASError"
+    assert "ptxas" in result["message"]
+
+
+def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # noqa: F811
+    before = kilnd.stats()
+    env = dict(kiln_env, LD_LIBRARY_PATH=str(libcuda_dir))
+    result = probe_json(run_probe(env, "launcher", str(libcuda_dir)))
+    after = kilnd.stats()
+    assert result["launch"] is True
+    assert after.launcher_builds + after.launcher_cache_hits > before.launcher_builds + before.launcher_cache_hits
+
+
+def test_without_kilnd_compiles_fall_back_to_stock_with_one_warning(base_env, tmp_path, stock_suite):
+    env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{tmp_path / 'nobody-listens.sock'}")
+    result = run_probe(env, "suite")
+    assert probe_json(result)["kernels"] == stock_suite
+    warnings = [line for line in result.stderr.splitlines() if "kiln:" in line and "stock Triton" in line]
+    assert len(warnings) == 1, result.stderr
+
+
+def test_strict_mode_refuses_to_compile_without_kilnd(base_env, tmp_path):
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{tmp_path / 'nobody-listens.sock'}")
+    result = run_probe(env, "suite", check=False)
+    assert result.returncode != 0
+    assert "KilnUnavailable" in result.stderr and "not reachable" in result.stderr
+
+
+def test_status_reports_service_toolchain_and_cache(kilnd, kiln_env):
+    result = subprocess.run([sys.executable, "-m", "kiln", "status"], capture_output=True, text=True,
+                            env=kiln_env, check=True)
+    assert "kilnd 0.1.0" in result.stdout
+    assert "registered" in result.stdout
+    assert "hits" in result.stdout
+
+
+def test_shipped_api_descriptor_matches_the_proto(tmp_path):
+    regenerated = tmp_path / "kiln_v1.desc"
+    subprocess.run(["protoc", "--include_imports", f"--descriptor_set_out={regenerated}", f"-I{REPO / 'proto'}",
+                    "kiln/v1/kiln.proto"], check=True)
+    shipped = REPO / "client" / "python" / "kiln" / "_kiln_v1.desc"
+    assert regenerated.read_bytes() == shipped.read_bytes(), "run scripts/gen-python-api"
