@@ -126,3 +126,26 @@ def test_shipped_api_descriptor_matches_the_proto(tmp_path):
                     "kiln/v1/kiln.proto"], check=True)
     shipped = REPO / "client" / "python" / "kiln" / "_kiln_v1.desc"
     assert regenerated.read_bytes() == shipped.read_bytes(), "run scripts/gen-python-api"
+
+
+def test_cubins_are_also_where_inductors_static_launcher_looks(kiln_env, tmp_path, stock_suite):
+    run_probe(kiln_env, "suite")
+    cubins = list((tmp_path / "triton-cache").glob("*/*.cubin"))
+    assert len(cubins) == len(stock_suite)
+
+
+TRITON35 = REPO / ".venv-triton35" / "bin" / "python"
+
+
+@pytest.mark.skipif(not TRITON35.exists(), reason="scripts/setup-python makes .venv-triton35")
+def test_triton_3_5_compiles_through_kilnd_and_equals_its_stock(kilnd, base_env, tmp_path):
+    def suite(env):
+        result = subprocess.run([str(TRITON35), str(PROBE), "suite"], capture_output=True, text=True, env=env)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return probe_json(result)
+
+    stock = suite(dict(base_env, TRITON_CACHE_DIR=str(tmp_path / "stock35")))
+    before = kilnd.stats().compiles
+    through_kilnd = suite(dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"))
+    assert through_kilnd["kernels"] == stock["kernels"]
+    assert kilnd.stats().compiles - before == len(stock["kernels"])

@@ -52,3 +52,20 @@ def materialize(name, data, digest=None):
 
 def read(path):
     return Path(path).read_bytes()
+
+
+def link(source, target):
+    """Makes `target` a hard link to (or, across file systems, a copy of) `source`."""
+    target = Path(target)
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        os.link(source, temp)
+    except OSError:
+        temp.write_bytes(Path(source).read_bytes())
+    try:
+        os.replace(temp, target)
+    except OSError:
+        temp.unlink(missing_ok=True)

@@ -139,7 +139,18 @@ class KilnCacheManager(CacheManager):
             return None  # claimed (compile it) or released: the stages hook sends it to kilnd
         for blob in response.entry.blobs:
             self._files[blob.name] = _files.materialize(blob.name, blob.data, blob.sha256)
+            self._mirror_cubin(blob.name)
         return dict(self._files) if filename in self._files else None
+
+    def _mirror_cubin(self, filename):
+        """Inductor's static CUDA launcher reads <triton cache dir>/<key>/<kernel>.cubin
+        (and falls back to Triton's launcher without it): give it a copy there."""
+        if not filename.endswith(".cubin"):
+            return
+        try:
+            _files.link(self._files[filename], os.path.join(knobs.cache.dir, self.key, filename))
+        except OSError as error:
+            log.debug("no cubin copy in Triton's cache dir: %s", error)
 
     def get_file(self, filename):
         if self._stock:
@@ -161,6 +172,7 @@ class KilnCacheManager(CacheManager):
         digest = hashlib.sha256(data).digest()
         path = _files.materialize(filename, data, digest)
         self._files[filename] = path
+        self._mirror_cubin(filename)
         # The frontend's TTIR (.source) is a debugging aid kilnd does not need.
         if digest not in _from_kilnd and not filename.endswith(".source"):
             # Something Triton made itself (autotuner timings, a module built
