@@ -168,7 +168,7 @@ def test_unknown_toolchain_lists_the_registered_ones(kilnd):
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"triton {triton.__version__} at {sys.executable}" in error.value.details()
     toolchains = kilnd.stub.ListToolchains(kiln_pb2.ListToolchainsRequest()).toolchains
-    assert [t.triton_version for t in toolchains] == [triton.__version__]
+    assert triton.__version__ in [t.triton_version for t in toolchains]
 
 
 def test_local_client_registers_its_own_interpreter(fresh_kilnd):
