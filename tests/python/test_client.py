@@ -149,3 +149,47 @@ def test_triton_3_5_compiles_through_kilnd_and_equals_its_stock(kilnd, base_env,
     through_kilnd = suite(dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"))
     assert through_kilnd["kernels"] == stock["kernels"]
     assert kilnd.stats().compiles - before == len(stock["kernels"])
+
+
+def _kilnd_processes_with(variable, value):
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or not os.readlink(entry / "exe").endswith("/kilnd"):
+                continue
+            if f"{variable}={value}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_client_starts_the_users_kilnd_once_when_none_is_running(base_env, tmp_path):
+    from conftest import BUILD
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_KILND=str(BUILD / "service" / "kilnd"),
+               XDG_RUNTIME_DIR=str(runtime), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    # Three processes find no kilnd at once; the lock lets exactly one start it.
+    probes = [subprocess.Popen([sys.executable, str(PROBE), "ptxas-error"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        for probe in probes:
+            out, err = probe.communicate(timeout=300)
+            assert probe.returncode == 0, err[-3000:]
+            assert probe_json(subprocess.CompletedProcess([], 0, out, err))["raised"] == "PTXASError"
+        started = _kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))
+        assert len(started) == 1
+        assert (runtime / "kiln" / "kilnd.sock").exists()
+    finally:
+        for pid in _kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
+            os.kill(pid, 15)
+
+
+def test_an_unsupported_triton_is_refused_with_a_clear_message(base_env, kilnd):
+    env = dict(base_env, KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    code = "import triton; triton.__version__ = '3.4.0'; import kiln; print(kiln.enable(), kiln.is_enabled())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "False False"
+    assert "triton 3.4.0 is not supported" in result.stderr
