@@ -72,8 +72,12 @@ def _autostart(connection):
         if connection.ready(0.2):
             return True
         log.info("starting %s", kilnd)
+        # The service outlives this process and serves others: it gets none of
+        # this client's Kiln or Triton cache settings.
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith("KILN") and name != "TRITON_CACHE_MANAGER"}
         subprocess.Popen([kilnd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
         deadline = time.monotonic() + _AUTOSTART_DEADLINE
         while time.monotonic() < deadline:
             if connection.ready(0.5):
