@@ -493,6 +493,20 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
   return absl::OkStatus();
 }
 
+absl::Status ArtifactStore::DeleteEntryLocked(int64_t entry_id,
+                                              std::vector<int64_t>& freed_candidates) {
+  Writer& w = *writer_;
+  w.entry_blob_ids.Bind(1, entry_id);
+  while (true) {
+    absl::StatusOr<bool> row = w.entry_blob_ids.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    freed_candidates.push_back(w.entry_blob_ids.ColumnInt(0));
+  }
+  w.entry_blob_ids.Reset();
+  return w.delete_entry.Bind(1, entry_id).Run();
+}
+
 absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
                                                          absl::string_view key,
                                                          std::vector<int64_t>& replaced_blob_ids) {
@@ -502,14 +516,7 @@ absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
   const int64_t old_entry = exists ? w.find_entry.ColumnInt(0) : -1;
   w.find_entry.Reset();
   if (exists) {
-    w.entry_blob_ids.Bind(1, old_entry);
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, w.entry_blob_ids.Step());
-      if (!row) break;
-      replaced_blob_ids.push_back(w.entry_blob_ids.ColumnInt(0));
-    }
-    w.entry_blob_ids.Reset();
-    RETURN_IF_ERROR(w.delete_entry.Bind(1, old_entry).Run());
+    RETURN_IF_ERROR(DeleteEntryLocked(old_entry, replaced_blob_ids));
   }
   RETURN_IF_ERROR(w.insert_entry.BindText(1, ns)
                       .BindText(2, key)
@@ -642,14 +649,7 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   for (int64_t entry_id : candidates) {
     if (stored - std::min(stored, freed.bytes) <= target_bytes) break;
     std::vector<int64_t> blob_ids;
-    w.entry_blob_ids.Bind(1, entry_id);
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, w.entry_blob_ids.Step());
-      if (!row) break;
-      blob_ids.push_back(w.entry_blob_ids.ColumnInt(0));
-    }
-    w.entry_blob_ids.Reset();
-    RETURN_IF_ERROR(w.delete_entry.Bind(1, entry_id).Run());
+    RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
     ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
     freed.bytes += entry_freed.bytes;
     freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());

@@ -142,6 +142,9 @@ class ArtifactStore {
   // Methods named *Locked run with writer_mutex_ held.
   absl::Status PutLocked(absl::string_view ns, absl::string_view key,
                          const std::vector<PreparedBlob>& prepared);
+  // Deletes an entry; appends the ids of the blobs it used (candidates for
+  // orphan deletion before commit).
+  absl::Status DeleteEntryLocked(int64_t entry_id, std::vector<int64_t>& freed_candidates);
   // Replaces (ns, key) with a new, empty entry; returns its id and the blob
   // ids the old one used, to be checked for orphans before commit.
   absl::StatusOr<int64_t> ReplaceEntryLocked(absl::string_view ns, absl::string_view key,
