@@ -724,6 +724,30 @@ void ArtifactStore::MaintenanceLoop() {
   }
 }
 
+absl::StatusOr<ArtifactStore::VerifyReport> ArtifactStore::VerifyAll() {
+  VerifyReport report;
+  std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
+  {
+    ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
+    // One read transaction: blobs dropped meanwhile by eviction are not seen.
+    ASSIGN_OR_RETURN(sqlite::Statement all,
+                     reader->db->Prepare("SELECT digest, size, codec, location, data FROM blobs"));
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, all.Step());
+      if (!row) break;
+      ++report.blobs_checked;
+      const std::string digest(all.ColumnBlob(0));
+      absl::StatusOr<std::string> content =
+          ReadBlobContent(all.ColumnInt(2), all.ColumnInt(3), all.ColumnBlob(4), digest,
+                          static_cast<uint64_t>(all.ColumnInt(1)));
+      if (!content.ok()) broken.emplace_back(digest, std::string(content.status().message()));
+    }
+  }
+  for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
+  report.corrupt_blobs = broken.size();
+  return report;
+}
+
 absl::StatusOr<StoreStats> ArtifactStore::Stats() {
   StoreStats stats;
   stats.hits = hits_.load();

@@ -122,6 +122,14 @@ class ArtifactStore {
   // stored. Returns how many entries went.
   absl::StatusOr<uint64_t> EvictToSize(uint64_t target_bytes);
 
+  struct VerifyReport {
+    uint64_t blobs_checked = 0;
+    uint64_t corrupt_blobs = 0;  // their entries were dropped
+  };
+  // Reads and re-hashes every stored blob; a corrupt or missing one is
+  // dropped with every entry that uses it, as a lookup would.
+  absl::StatusOr<VerifyReport> VerifyAll();
+
  private:
   struct ReaderConnection;
   struct Writer;

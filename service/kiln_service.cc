@@ -261,6 +261,42 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
   });
 }
 
+namespace {
+
+// Maintenance changes the service user's cache: nobody else may ask for it.
+absl::Status RequireLocalUser(const grpc::CallbackServerContext& context) {
+  if (IdentifyCaller(context).same_local_user) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      "maintenance RPCs are served only over kilnd's local socket, to its own user");
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* context,
+                                             const v1::EvictRequest* request,
+                                             v1::EvictResponse* response) {
+  return Serve(context, Rpc::kEvict, Where::kBlockingPool, [this, context, request, response] {
+    RETURN_IF_ERROR(RequireLocalUser(*context));
+    ASSIGN_OR_RETURN(uint64_t evicted, store_.EvictToSize(request->target_bytes()));
+    ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
+    response->set_evicted_entries(evicted);
+    response->set_stored_bytes(stats.stored_bytes);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KilnService::Verify(grpc::CallbackServerContext* context,
+                                              const v1::VerifyRequest* /*request*/,
+                                              v1::VerifyResponse* response) {
+  return Serve(context, Rpc::kVerify, Where::kBlockingPool, [this, context, response] {
+    RETURN_IF_ERROR(RequireLocalUser(*context));
+    ASSIGN_OR_RETURN(cache::ArtifactStore::VerifyReport report, store_.VerifyAll());
+    response->set_blobs_checked(report.blobs_checked);
+    response->set_corrupt_blobs(report.corrupt_blobs);
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KilnService::ListToolchains(grpc::CallbackServerContext* context,
                                                       const v1::ListToolchainsRequest* /*request*/,
                                                       v1::ListToolchainsResponse* response) {

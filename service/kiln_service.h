@@ -44,6 +44,12 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* context,
+                                  const v1::EvictRequest* request,
+                                  v1::EvictResponse* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
   grpc::ServerUnaryReactor* ListToolchains(grpc::CallbackServerContext* context,
                                            const v1::ListToolchainsRequest* request,
                                            v1::ListToolchainsResponse* response) override;

@@ -12,7 +12,17 @@
 
 namespace kiln::service {
 
-enum class Rpc { kLookup, kPut, kCompile, kBuildLauncher, kGetStats, kListToolchains, kCount };
+enum class Rpc {
+  kLookup,
+  kPut,
+  kCompile,
+  kBuildLauncher,
+  kGetStats,
+  kListToolchains,
+  kEvict,
+  kVerify,
+  kCount
+};
 
 absl::string_view RpcName(Rpc rpc);
 

@@ -314,6 +314,26 @@ TEST_F(ArtifactStoreTest, CorruptBlobFileIsNeverServed) {
   EXPECT_FALSE(fs::exists(file));
 }
 
+TEST_F(ArtifactStoreTest, VerifyFindsAndDropsEveryCorruptBlob) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  auto store = OpenStore(options);
+  ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(8)).ok());
+  ASSERT_TRUE(store->Put("triton", "b", {{"k.json", "{}", ""}}).ok());
+  {
+    std::fstream stream(BlobFiles().front(), std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekp(10);
+    stream.put('\x01');
+  }
+  absl::StatusOr<ArtifactStore::VerifyReport> report = store->VerifyAll();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->blobs_checked, 4u);
+  EXPECT_EQ(report->corrupt_blobs, 1u);
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "a").status()));
+  EXPECT_TRUE(store->Lookup("triton", "b").ok());
+  EXPECT_EQ(store->VerifyAll()->corrupt_blobs, 0u);
+}
+
 TEST_F(ArtifactStoreTest, MissingBlobFileIsAMiss) {
   StoreOptions options = Options();
   options.zstd_level = 0;

@@ -45,6 +45,10 @@ GetStatsRequest = _message("GetStatsRequest")
 GetStatsResponse = _message("GetStatsResponse")
 ListToolchainsRequest = _message("ListToolchainsRequest")
 ListToolchainsResponse = _message("ListToolchainsResponse")
+EvictRequest = _message("EvictRequest")
+EvictResponse = _message("EvictResponse")
+VerifyRequest = _message("VerifyRequest")
+VerifyResponse = _message("VerifyResponse")
 
 STAGE = _enum_values("Stage")
 PRIORITY = _enum_values("Priority")
@@ -56,6 +60,8 @@ _METHODS = {
     "BuildLauncher": (BuildLauncherRequest, BuildLauncherResponse),
     "GetStats": (GetStatsRequest, GetStatsResponse),
     "ListToolchains": (ListToolchainsRequest, ListToolchainsResponse),
+    "Evict": (EvictRequest, EvictResponse),
+    "Verify": (VerifyRequest, VerifyResponse),
 }
 
 
