@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
                  "[--seconds S]\n";
     return 2;
   }
-  kiln::Client setup({args.endpoint});
+  kiln::ClientOptions options;
+  options.endpoint = args.endpoint;
+  kiln::Client setup(options);
   std::string cubin(args.size, '\0');
   std::mt19937_64 random(args.size);
   std::generate(cubin.begin(), cubin.end(), [&] { return static_cast<char>(random()); });

@@ -3,9 +3,16 @@
 #include <cstdlib>
 #include <limits>
 #include <thread>
+#include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "common/platform.h"
 #include "common/sha256.h"
@@ -22,23 +29,70 @@ std::string DefaultEndpoint() {
   return platform::DefaultLocalEndpoint();
 }
 
+namespace {
+
+// The type URL of the CompileError payload on a kernel's compile failure.
+constexpr absl::string_view kCompileErrorPayload = "type.googleapis.com/kiln.v1.CompileError";
+
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::ABORTED;
+}
+
+// "add_kernel.cubin" -> {"add_kernel", "cubin"}.
+std::pair<std::string, std::string> SplitName(const std::string& file_name) {
+  const size_t dot = file_name.rfind('.');
+  if (dot == std::string::npos) return {file_name, ""};
+  return {file_name.substr(0, dot), file_name.substr(dot + 1)};
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Target> ParseTarget(absl::string_view text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  v1::Target target;
+  int warp_size = 32;
+  const bool arch_ok = parts.size() >= 2 && !parts[1].empty() && parts[1].size() <= 4 &&
+                       absl::ascii_isdigit(static_cast<unsigned char>(parts[1][0]));
+  if (parts.size() < 2 || parts.size() > 3 || parts[0].empty() || !arch_ok ||
+      (parts.size() == 3 && (!absl::SimpleAtoi(parts[2], &warp_size) || warp_size <= 0))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "bad target '%s': write BACKEND:ARCH[:WARP_SIZE], e.g. cuda:90 or cuda:80", text));
+  }
+  target.set_backend(parts[0]);
+  target.set_arch(parts[1]);
+  target.set_warp_size(warp_size);
+  return target;
+}
+
+std::optional<v1::CompileError> CompileErrorOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kCompileErrorPayload);
+  v1::CompileError error;
+  if (!payload.has_value() || !error.ParseFromString(std::string(*payload))) return std::nullopt;
+  return error;
+}
+
 Client::Client(ClientOptions options)
-    : endpoint_(options.endpoint.empty() ? DefaultEndpoint() : options.endpoint),
-      timeout_(options.timeout) {
+    : options_(std::move(options)),
+      endpoint_(options_.endpoint.empty() ? DefaultEndpoint() : options_.endpoint) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
-  channel_ = grpc::CreateCustomChannel(endpoint_, grpc::InsecureChannelCredentials(), arguments);
+  channel_ = grpc::CreateCustomChannel(
+      endpoint_, options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
+      arguments);
   stub_ = v1::Kiln::NewStub(channel_);
 }
 
-std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-  return context;
-}
-
-absl::Status Client::FromGrpc(const grpc::Status& status, absl::string_view method) const {
+template <typename Call>
+absl::Status Client::WithRetries(absl::string_view method, absl::Duration timeout, Call call) {
+  grpc::Status status;
+  for (int attempt = 1; attempt <= std::max(1, options_.max_attempts); ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    status = call(&context);
+    if (status.ok() || !Retryable(status.error_code())) break;
+    if (attempt < options_.max_attempts) absl::SleepFor(options_.retry_backoff * attempt);
+  }
   if (status.ok()) return absl::OkStatus();
   std::string message = absl::StrCat(method, ": ", status.error_message());
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -50,29 +104,100 @@ absl::Status Client::FromGrpc(const grpc::Status& status, absl::string_view meth
 
 absl::Status Client::CheckHealth() {
   auto health = grpc::health::v1::Health::NewStub(channel_);
-  grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
-  auto context = NewContext();
-  const grpc::Status status = health->Check(context.get(), request, &response);
-  if (!status.ok()) return FromGrpc(status, "health check");
+  absl::Status status = WithRetries("health check", options_.timeout, [&](grpc::ClientContext* c) {
+    return health->Check(c, grpc::health::v1::HealthCheckRequest(), &response);
+  });
+  if (!status.ok()) return status;
   if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-    return absl::UnavailableError(absl::StrCat("kilnd at ", endpoint_, " is not serving (",
-                                               response.ShortDebugString(), ")"));
+    return absl::UnavailableError(absl::StrCat("kilnd at ", endpoint_, " is not serving"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Client::WaitUntilServing(absl::Duration deadline) {
   const absl::Time give_up = absl::Now() + deadline;
-  absl::Status status;
   while (true) {
     // Blocks until the channel connects or the attempt's deadline passes,
     // rather than sleeping between tries.
-    channel_->WaitForConnected(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Milliseconds(200))));
-    status = CheckHealth();
+    channel_->WaitForConnected(
+        absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Milliseconds(200))));
+    absl::Status status = CheckHealth();
     if (status.ok() || absl::Now() >= give_up) return status;
-    std::this_thread::yield();
   }
+}
+
+absl::StatusOr<std::string> Client::ResolveToolchain(const std::string& wanted) {
+  // A full triton key is used as is; kilnd names the alternatives if unknown.
+  if (wanted.size() > 32) return wanted;
+  absl::StatusOr<std::vector<v1::Toolchain>> toolchains = Toolchains();
+  if (!toolchains.ok()) return toolchains.status();
+  std::vector<std::string> matches, known;
+  for (const v1::Toolchain& toolchain : *toolchains) {
+    known.push_back(absl::StrCat("triton ", toolchain.triton_version(), " (",
+                                 toolchain.python_executable(), ")"));
+    if (wanted.empty() || toolchain.triton_version() == wanted) {
+      matches.push_back(toolchain.triton_key());
+    }
+  }
+  if (matches.size() == 1) return matches.front();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s; registered: %s. Choose one by Triton version, or register one with kilnd "
+      "--toolchain=/path/to/python",
+      matches.empty() ? absl::StrCat("no registered toolchain matches '", wanted, "'")
+                      : "several toolchains are registered",
+      known.empty() ? "none" : absl::StrJoin(known, ", ")));
+}
+
+absl::StatusOr<CompiledKernel> Client::Compile(const CompileInput& input) {
+  absl::StatusOr<std::string> triton_key = ResolveToolchain(input.toolchain);
+  if (!triton_key.ok()) return triton_key.status();
+  v1::CompileRequest request;
+  request.set_triton_key(*triton_key);
+  request.set_stage(input.stage);
+  request.set_ir(input.ir);
+  *request.mutable_target() = input.target;
+  request.set_options_json(input.options_json);
+  request.mutable_env()->insert(input.env.begin(), input.env.end());
+  request.set_namespace_("sdk");
+  request.set_priority(input.priority);
+  // Triton puts the key in the metadata as "hash"; without one, the inputs name it.
+  request.set_cache_key(
+      input.cache_key.empty()
+          ? DigestHex(DigestBytes(Sha256(absl::StrCat(input.ir, "\n", input.target.ShortDebugString(),
+                                                      "\n", input.options_json))))
+          : input.cache_key);
+  v1::CompileResponse response;
+  absl::Status status = WithRetries("compile", options_.compile_timeout, [&](grpc::ClientContext* c) {
+    return stub_->Compile(c, request, &response);
+  });
+  if (!status.ok()) return status;
+  if (response.has_error()) {
+    absl::Status failure = absl::InvalidArgumentError(
+        absl::StrCat(v1::CompileError::Kind_Name(response.error().kind()), ": ",
+                     response.error().message()));
+    failure.SetPayload(kCompileErrorPayload, absl::Cord(response.error().SerializeAsString()));
+    return failure;
+  }
+  CompiledKernel kernel;
+  kernel.cache_hit = response.cache_hit();
+  kernel.ptxas_log = response.ptxas_log();
+  for (v1::Blob& blob : *response.mutable_entry()->mutable_blobs()) {
+    auto [name, kind] = SplitName(blob.name());
+    kernel.name = name;
+    kernel.artifacts[kind] = std::move(*blob.mutable_data());
+  }
+  return kernel;
+}
+
+void Client::CompileAsync(CompileInput input,
+                          std::function<void(absl::StatusOr<CompiledKernel>)> done) {
+  std::thread([this, input = std::move(input), done = std::move(done)] { done(Compile(input)); })
+      .detach();
+}
+
+std::future<absl::StatusOr<CompiledKernel>> Client::CompileFuture(CompileInput input) {
+  return std::async(std::launch::async, [this, input = std::move(input)] { return Compile(input); });
 }
 
 absl::Status Client::Put(absl::string_view ns, absl::string_view key,
@@ -88,8 +213,8 @@ absl::Status Client::Put(absl::string_view ns, absl::string_view key,
     blob->set_sha256(DigestBytes(Sha256(data)));
   }
   v1::PutResponse response;
-  auto context = NewContext();
-  return FromGrpc(stub_->Put(context.get(), request, &response), "put");
+  return WithRetries("put", options_.timeout,
+                     [&](grpc::ClientContext* c) { return stub_->Put(c, request, &response); });
 }
 
 absl::StatusOr<std::optional<v1::CacheEntry>> Client::Lookup(absl::string_view ns,
@@ -98,23 +223,49 @@ absl::StatusOr<std::optional<v1::CacheEntry>> Client::Lookup(absl::string_view n
   request.set_namespace_(std::string(ns));
   request.set_key(std::string(key));
   v1::LookupResponse response;
-  auto context = NewContext();
-  if (absl::Status status = FromGrpc(stub_->Lookup(context.get(), request, &response), "lookup");
-      !status.ok()) {
-    return status;
-  }
+  absl::Status status = WithRetries(
+      "lookup", options_.timeout, [&](grpc::ClientContext* c) { return stub_->Lookup(c, request, &response); });
+  if (!status.ok()) return status;
   if (!response.found()) return std::nullopt;
   return std::move(*response.mutable_entry());
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::Stats() {
-  v1::GetStatsRequest request;
   v1::GetStatsResponse response;
-  auto context = NewContext();
-  if (absl::Status status = FromGrpc(stub_->GetStats(context.get(), request, &response), "stats");
-      !status.ok()) {
-    return status;
-  }
+  absl::Status status = WithRetries("stats", options_.timeout, [&](grpc::ClientContext* c) {
+    return stub_->GetStats(c, v1::GetStatsRequest(), &response);
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::Toolchain>> Client::Toolchains() {
+  v1::ListToolchainsResponse response;
+  absl::Status status = WithRetries("toolchains", options_.timeout, [&](grpc::ClientContext* c) {
+    return stub_->ListToolchains(c, v1::ListToolchainsRequest(), &response);
+  });
+  if (!status.ok()) return status;
+  return std::vector<v1::Toolchain>(response.toolchains().begin(), response.toolchains().end());
+}
+
+absl::StatusOr<v1::EvictResponse> Client::Evict(uint64_t target_bytes) {
+  v1::EvictRequest request;
+  request.set_target_bytes(target_bytes);
+  v1::EvictResponse response;
+  absl::Status status = WithRetries("gc", options_.timeout, [&](grpc::ClientContext* c) {
+    return stub_->Evict(c, request, &response);
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::VerifyResponse> Client::Verify() {
+  v1::VerifyResponse response;
+  // Verifying reads every blob: allow it the compile deadline.
+  absl::Status status = WithRetries("verify", options_.compile_timeout, [&](grpc::ClientContext* c) {
+    return stub_->Verify(c, v1::VerifyRequest(), &response);
+  });
+  if (!status.ok()) return status;
   return response;
 }
 

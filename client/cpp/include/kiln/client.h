@@ -1,9 +1,21 @@
 #ifndef KILN_CLIENT_CLIENT_H_
 #define KILN_CLIENT_CLIENT_H_
 
-// A synchronous client of kilnd. Every call has a deadline; a call that cannot
-// reach the service returns UNAVAILABLE naming the endpoint.
+// The C++ SDK of kilnd. Every call has a deadline and returns absl::Status or
+// absl::StatusOr; calls are retried only when kilnd answers UNAVAILABLE or
+// ABORTED (it is starting, stopping, or the database was busy), never after
+// another error. A Client is thread-safe.
+//
+//   kiln::Client client({});                       // the per-user local socket
+//   kiln::CompileInput input;
+//   input.ir = ReadFile("add_kernel.ttir");
+//   input.target = *kiln::ParseTarget("cuda:90");
+//   absl::StatusOr<kiln::CompiledKernel> kernel = client.Compile(input);
+//   if (kernel.ok()) LoadCubin(kernel->cubin());
 
+#include <functional>
+#include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "kiln/v1/kiln.grpc.pb.h"
 
 namespace kiln {
@@ -21,11 +34,51 @@ namespace kiln {
 struct ClientOptions {
   // A gRPC target; empty means $KILN_ENDPOINT, else the per-user local socket.
   std::string endpoint;
+  // Deadline of each attempt of a quick call (lookup, stats, ...).
   absl::Duration timeout = absl::Seconds(30);
+  // Deadline of each attempt of a compile, which may queue behind others.
+  absl::Duration compile_timeout = absl::Minutes(15);
+  int max_attempts = 3;
+  absl::Duration retry_backoff = absl::Milliseconds(200);
+  // Null: plaintext, right for the local socket and loopback. For a remote
+  // kilnd behind TLS pass grpc::SslCredentials(...).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // The endpoint a client uses when none is configured.
 std::string DefaultEndpoint();
+
+// A GPU target as "cuda:90" (backend:arch[:warp size]). INVALID_ARGUMENT
+// otherwise, naming the accepted form.
+absl::StatusOr<v1::Target> ParseTarget(absl::string_view text);
+
+struct CompileInput {
+  // The toolchain that compiles: a triton key, a Triton version ("3.6.0"),
+  // or empty for the only registered one.
+  std::string toolchain;
+  v1::Stage stage = v1::STAGE_TTIR;
+  std::string ir;
+  v1::Target target;
+  std::string options_json = "{}";  // Triton backend options, e.g. {"num_warps": 8}
+  std::map<std::string, std::string> env;
+  std::string cache_key;  // empty: derived from the inputs
+  v1::Priority priority = v1::PRIORITY_INTERACTIVE;
+};
+
+struct CompiledKernel {
+  std::string name;
+  // Artifacts by kind: "cubin", "ptx", "llir", "ttgir", "ttir", "json".
+  std::map<std::string, std::string> artifacts;
+  std::string ptxas_log;
+  bool cache_hit = false;
+
+  const std::string& cubin() const { return artifacts.at("cubin"); }
+  const std::string& metadata_json() const { return artifacts.at("json"); }
+};
+
+// When a Compile status is a kernel's own failure (not a transport or request
+// problem), the failure as kilnd reported it: kind, message, compiler log.
+std::optional<v1::CompileError> CompileErrorOf(const absl::Status& status);
 
 class Client {
  public:
@@ -33,10 +86,19 @@ class Client {
 
   const std::string& endpoint() const { return endpoint_; }
 
-  // OK when the service reports SERVING; UNAVAILABLE otherwise.
+  // OK when kilnd reports SERVING; UNAVAILABLE otherwise.
   absl::Status CheckHealth();
   // Polls CheckHealth() until it succeeds or `deadline` passes.
   absl::Status WaitUntilServing(absl::Duration deadline);
+
+  // Compiles (or fetches from the cache). A kernel that fails to compile is
+  // INVALID_ARGUMENT carrying a CompileError (see CompileErrorOf); an unknown
+  // toolchain is FAILED_PRECONDITION listing the registered ones.
+  absl::StatusOr<CompiledKernel> Compile(const CompileInput& input);
+  // The same without blocking: on a thread of its own, `done` gets the result.
+  void CompileAsync(CompileInput input,
+                    std::function<void(absl::StatusOr<CompiledKernel>)> done);
+  std::future<absl::StatusOr<CompiledKernel>> CompileFuture(CompileInput input);
 
   // Stores named artifacts under (ns, key).
   absl::Status Put(absl::string_view ns, absl::string_view key,
@@ -45,13 +107,21 @@ class Client {
   absl::StatusOr<std::optional<v1::CacheEntry>> Lookup(absl::string_view ns,
                                                        absl::string_view key);
   absl::StatusOr<v1::GetStatsResponse> Stats();
+  absl::StatusOr<std::vector<v1::Toolchain>> Toolchains();
+  // Evicts least recently used entries down to `target_bytes` (local user only).
+  absl::StatusOr<v1::EvictResponse> Evict(uint64_t target_bytes);
+  // Re-hashes every stored blob (local user only).
+  absl::StatusOr<v1::VerifyResponse> Verify();
 
  private:
-  std::unique_ptr<grpc::ClientContext> NewContext() const;
-  absl::Status FromGrpc(const grpc::Status& status, absl::string_view method) const;
+  // Runs `call` with a fresh context per attempt, retrying UNAVAILABLE and
+  // ABORTED; converts the final status.
+  template <typename Call>
+  absl::Status WithRetries(absl::string_view method, absl::Duration timeout, Call call);
+  absl::StatusOr<std::string> ResolveToolchain(const std::string& wanted);
 
+  ClientOptions options_;
   std::string endpoint_;
-  absl::Duration timeout_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Kiln::Stub> stub_;
 };
