@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -211,6 +212,7 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   };
   compiler::CompileJob job;
   job.priority = PriorityOf(request.priority());
+  job.stage = absl::AsciiStrToLower(v1::Stage_Name(request.stage()).substr(6));  // STAGE_TTGIR -> ttgir
   job.target.set_backend(request.target().backend());
   job.target.set_arch(request.target().arch());
   job.target.set_warp_size(request.target().warp_size());

@@ -120,10 +120,10 @@ absl::Status ValidateCompile(const v1::CompileRequest& request) {
     return absl::InvalidArgumentError(
         "triton_key is empty; send triton.runtime.cache.triton_key() of the client's Triton");
   }
-  if (request.stage() != v1::STAGE_TTIR) {
+  if (request.stage() == v1::STAGE_UNSPECIFIED || !v1::Stage_IsValid(request.stage())) {
     return absl::InvalidArgumentError(
-        "kilnd compiles from frontend TTIR (STAGE_TTIR); other starting stages are not "
-        "supported yet");
+        "stage is unset; say which IR `ir` holds: STAGE_TTIR (frontend TTIR), STAGE_TTGIR, "
+        "STAGE_LLIR or STAGE_PTX");
   }
   if (request.ir().empty()) return absl::InvalidArgumentError("ir is empty; send the TTIR text");
   RETURN_IF_ERROR(ValidateTarget(request.target()));

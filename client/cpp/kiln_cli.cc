@@ -2,16 +2,23 @@
 //
 // Exit codes a script can rely on:
 //   0 success, 1 cache miss (get), 2 bad usage or input, 3 kilnd unreachable,
-//   4 any other error reported by kilnd.
+//   4 any other error reported by kilnd, 5 a kernel failed to compile.
+
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <map>
 #include <iostream>
 #include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/byte_size.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "kiln/client.h"
@@ -20,19 +27,36 @@ namespace {
 
 namespace fs = std::filesystem;
 
-enum ExitCode { kOk = 0, kMiss = 1, kUsage = 2, kUnreachable = 3, kServiceError = 4 };
+enum ExitCode {
+  kOk = 0,
+  kMiss = 1,
+  kUsage = 2,
+  kUnreachable = 3,
+  kServiceError = 4,
+  kCompileFailed = 5
+};
 
 constexpr const char* kUsageText =
     "usage: kiln [--endpoint TARGET] COMMAND ...\n"
+    "  compile FILE.{ttir,ttgir,llir,ptx} --target cuda:90 [--target cuda:80 ...]\n"
+    "          [--num-warps N] [--num-stages N] [--option NAME=JSON ...]\n"
+    "          [--toolchain VERSION|KEY] -o OUTDIR\n"
+    "                                   compile for each target (in parallel) into\n"
+    "                                   OUTDIR/<backend>_<arch>/<kernel>.<ext>\n"
+    "  toolchains                       list the Triton toolchains kilnd compiles with\n"
+    "  stats [--json]                   print kilnd's statistics\n"
+    "  gc SIZE                          evict least recently used entries down to SIZE (e.g. 5GiB)\n"
+    "  verify                           re-hash every stored blob; drop corrupt ones\n"
     "  health [--wait SECONDS]          check that kilnd is serving\n"
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
-    "  stats [--json]                   print kilnd's statistics\n"
     "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket.\n"
-    "Exit codes: 0 ok, 1 miss, 2 usage, 3 kilnd unreachable, 4 service error.\n";
+    "Exit codes: 0 ok, 1 miss, 2 usage or bad input, 3 kilnd unreachable, 4 service error,\n"
+    "            5 a kernel failed to compile.\n";
 
 int Fail(const absl::Status& status) {
   std::cerr << "kiln: " << status.message() << "\n";
+  if (kiln::CompileErrorOf(status).has_value()) return kCompileFailed;
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return kUnreachable;
   if (absl::IsInvalidArgument(status)) return kUsage;
   return kServiceError;
@@ -115,6 +139,164 @@ int Stats(kiln::Client& client, const std::vector<std::string>& args) {
   return kOk;
 }
 
+// Stage of an IR file, from its extension.
+const std::map<std::string, kiln::v1::Stage>& StagesByExtension() {
+  static const auto* stages = new std::map<std::string, kiln::v1::Stage>{
+      {".ttir", kiln::v1::STAGE_TTIR},
+      {".ttgir", kiln::v1::STAGE_TTGIR},
+      {".llir", kiln::v1::STAGE_LLIR},
+      {".ptx", kiln::v1::STAGE_PTX}};
+  return *stages;
+}
+
+struct CompileArgs {
+  std::string file;
+  std::vector<kiln::v1::Target> targets;
+  std::map<std::string, std::string> options;  // name -> JSON value
+  std::string toolchain;
+  std::string out_dir;
+};
+
+absl::StatusOr<CompileArgs> ParseCompileArgs(const std::vector<std::string>& args) {
+  CompileArgs parsed;
+  const std::map<std::string, std::string> option_flags = {{"--num-warps", "num_warps"},
+                                                           {"--num-stages", "num_stages"},
+                                                           {"--num-ctas", "num_ctas"}};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (arg == "--target" && has_value) {
+      absl::StatusOr<kiln::v1::Target> target = kiln::ParseTarget(args[++i]);
+      if (!target.ok()) return target.status();
+      parsed.targets.push_back(*target);
+    } else if (option_flags.contains(arg) && has_value) {
+      int number = 0;
+      if (!absl::SimpleAtoi(args[++i], &number) || number <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(arg, " needs a positive whole number"));
+      }
+      parsed.options[option_flags.at(arg)] = absl::StrCat(number);
+    } else if (arg == "--option" && has_value) {
+      const std::string& option = args[++i];
+      const size_t equals = option.find('=');
+      if (equals == std::string::npos || equals == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--option '", option, "' is not NAME=JSON, e.g. enable_fp_fusion=false"));
+      }
+      parsed.options[option.substr(0, equals)] = option.substr(equals + 1);
+    } else if (arg == "--toolchain" && has_value) {
+      parsed.toolchain = args[++i];
+    } else if (arg == "-o" && has_value) {
+      parsed.out_dir = args[++i];
+    } else if (!absl::StartsWith(arg, "-") && parsed.file.empty()) {
+      parsed.file = arg;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+  }
+  if (parsed.file.empty() || parsed.targets.empty() || parsed.out_dir.empty()) {
+    return absl::InvalidArgumentError("compile needs FILE, at least one --target and -o OUTDIR");
+  }
+  return parsed;
+}
+
+std::string OptionsJson(const std::map<std::string, std::string>& options) {
+  std::vector<std::string> fields;
+  for (const auto& [name, value] : options) fields.push_back(absl::StrCat("\"", name, "\": ", value));
+  return absl::StrCat("{", absl::StrJoin(fields, ", "), "}");
+}
+
+absl::Status WriteArtifacts(const kiln::CompiledKernel& kernel, const fs::path& dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  for (const auto& [kind, data] : kernel.artifacts) {
+    const fs::path path = dir / absl::StrCat(kernel.name, ".", kind);
+    std::ofstream out(path, std::ios::binary);
+    out << data;
+    if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write ", path.string()));
+  }
+  if (!kernel.ptxas_log.empty()) std::ofstream(dir / "ptxas.log") << kernel.ptxas_log;
+  return absl::OkStatus();
+}
+
+int Compile(kiln::Client& client, const std::vector<std::string>& args) {
+  absl::StatusOr<CompileArgs> parsed = ParseCompileArgs(args);
+  if (!parsed.ok()) return Usage(parsed.status().message());
+  const fs::path file(parsed->file);
+  const auto stage = StagesByExtension().find(file.extension().string());
+  if (stage == StagesByExtension().end()) {
+    return Usage(absl::StrCat(parsed->file, ": unknown IR kind; name it .ttir, .ttgir, .llir or .ptx"));
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Usage(absl::StrCat("cannot read ", parsed->file));
+  kiln::CompileInput input;
+  input.ir.assign(std::istreambuf_iterator<char>(in), {});
+  if (input.ir.empty()) return Usage(absl::StrCat(parsed->file, " is empty"));
+  input.stage = stage->second;
+  input.toolchain = parsed->toolchain;
+  input.options_json = OptionsJson(parsed->options);
+  // Every target compiles at once; kilnd spreads them over its workers.
+  std::vector<std::future<absl::StatusOr<kiln::CompiledKernel>>> futures;
+  for (const kiln::v1::Target& target : parsed->targets) {
+    input.target = target;
+    futures.push_back(client.CompileFuture(input));
+  }
+  const bool terminal = isatty(STDOUT_FILENO) != 0;
+  int exit_code = kOk;
+  for (size_t i = 0; i < futures.size(); ++i) {
+    const kiln::v1::Target& target = parsed->targets[i];
+    const std::string label = absl::StrCat(target.backend(), ":", target.arch());
+    absl::StatusOr<kiln::CompiledKernel> kernel = futures[i].get();
+    if (!kernel.ok()) {
+      std::cerr << "kiln: " << label << ": ";
+      exit_code = std::max(exit_code, Fail(kernel.status()));
+      if (auto error = kiln::CompileErrorOf(kernel.status()); error && !error->log().empty()) {
+        std::cerr << error->log() << "\n";
+      }
+      continue;
+    }
+    const fs::path dir = fs::path(parsed->out_dir) / absl::StrCat(target.backend(), "_", target.arch());
+    if (absl::Status written = WriteArtifacts(*kernel, dir); !written.ok()) return Fail(written);
+    std::cout << (terminal ? absl::StrFormat("[%d/%d] ", i + 1, futures.size()) : "")
+              << absl::StrFormat("%s %s: %s -> %s (%d bytes of cubin)\n", kernel->name, label,
+                                 kernel->cache_hit ? "cache hit" : "compiled", dir.string(),
+                                 kernel->cubin().size());
+  }
+  return exit_code;
+}
+
+int Toolchains(kiln::Client& client, const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("toolchains takes no arguments");
+  absl::StatusOr<std::vector<kiln::v1::Toolchain>> toolchains = client.Toolchains();
+  if (!toolchains.ok()) return Fail(toolchains.status());
+  if (toolchains->empty()) std::cout << "no toolchain registered (kilnd --toolchain=/path/to/python)\n";
+  for (const kiln::v1::Toolchain& toolchain : *toolchains) {
+    std::cout << absl::StrFormat("triton %-8s python %-5s %s  key %s...\n", toolchain.triton_version(),
+                                 toolchain.python_version(), toolchain.python_executable(),
+                                 toolchain.triton_key().substr(0, 16));
+  }
+  return kOk;
+}
+
+int Gc(kiln::Client& client, const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("gc needs one SIZE, e.g. kiln gc 5GiB");
+  absl::StatusOr<uint64_t> size = kiln::ParseByteSize(args[0]);
+  if (!size.ok()) return Usage(size.status().message());
+  absl::StatusOr<kiln::v1::EvictResponse> evicted = client.Evict(*size);
+  if (!evicted.ok()) return Fail(evicted.status());
+  std::cout << "evicted " << evicted->evicted_entries() << " entries; "
+            << kiln::FormatByteSize(evicted->stored_bytes()) << " stored\n";
+  return kOk;
+}
+
+int Verify(kiln::Client& client, const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("verify takes no arguments");
+  absl::StatusOr<kiln::v1::VerifyResponse> report = client.Verify();
+  if (!report.ok()) return Fail(report.status());
+  std::cout << "checked " << report->blobs_checked() << " blobs; " << report->corrupt_blobs()
+            << " corrupt (dropped with their entries)\n";
+  return report->corrupt_blobs() == 0 ? kOk : kServiceError;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,9 +313,11 @@ int main(int argc, char** argv) {
   const std::string command = args[0];
   args.erase(args.begin());
   kiln::Client client(options);
-  if (command == "health") return Health(client, args);
-  if (command == "put") return Put(client, args);
-  if (command == "get") return Get(client, args);
-  if (command == "stats") return Stats(client, args);
-  return Usage(absl::StrFormat("unknown command '%s'", command));
+  using Command = int (*)(kiln::Client&, const std::vector<std::string>&);
+  const std::map<std::string, Command> commands = {
+      {"compile", Compile}, {"toolchains", Toolchains}, {"stats", Stats}, {"gc", Gc},
+      {"verify", Verify},   {"health", Health},         {"put", Put},     {"get", Get}};
+  const auto found = commands.find(command);
+  if (found == commands.end()) return Usage(absl::StrFormat("unknown command '%s'", command));
+  return found->second(client, args);
 }

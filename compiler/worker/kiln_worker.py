@@ -10,9 +10,10 @@ jobs never share a process concurrently). Requests and replies are messages:
 Jobs:
   hello    -> the toolchain's identity: triton_key, versions, backends.
   compile  -> header {target, options_json, env, hash, stage}, parts {"ir"}:
-              frontend TTIR; runs make_ttir .. make_cubin exactly as
+              IR of `stage` (frontend TTIR, TTGIR, LLIR or PTX); runs the
+              backend's stages from there to make_cubin exactly as
               triton.compile does for that target, options and env, and replies
-              with parts {"<name>.ttir", ..., "<name>.cubin", "<name>.json"}.
+              with parts {"<name>.<ext>" for each stage run, "<name>.json"}.
 Failures reply {"ok": false, "kind": ..., "message": ...}; kind is one of
 compilation_error, ptxas_error, out_of_resources, invalid_request.
 """
@@ -21,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import struct
 import sys
 import tempfile
@@ -144,27 +146,55 @@ def _parse_module(ir_text, context):
     return module
 
 
+# Where the pipeline starts for each kind of input. Frontend TTIR runs make_ttir
+# (triton.compile from an AST does); later IR starts at the stage after it, as
+# Triton's IRSource does.
+_FIRST_STAGE_AFTER = {"ttir": "ttir", "ttgir": "llir", "llir": "ptx", "ptx": "cubin"}
+_ENTRY_NAME = {"llir": r"define [^@]*@([\w$.]+)\(", "ptx": r"\.entry\s+([\w$]+)"}
+
+
+def _load_input(stage, ir_text, context):
+    """The module the first stage takes, and the kernel's name."""
+    if stage in ("ttir", "ttgir"):
+        try:
+            module = _parse_module(ir_text, context)
+        except Exception as error:  # the parser reports through a generic exception
+            raise ValueError("the %s does not parse: %s" % (stage.upper(), error)) from error
+        return module, module.get_entry_func_name()
+    match = re.search(_ENTRY_NAME[stage], ir_text)
+    if match is None:
+        raise ValueError("no kernel entry point found in the %s" % stage.upper())
+    return ir_text, match.group(1)
+
+
 def _run_stages(header, ir_text):
     target = _parse_target(header["target"])
     backend = make_backend(target)
+    stage = header.get("stage", "ttir")
     raw_options = {k: _as_tuples(v) for k, v in json.loads(header["options_json"]).items()}
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module, name = _load_input(stage, ir_text, context)
+    if stage == "ttgir":
+        # A TTGIR module fixes its warps and CTAs; Triton's IRSource reads them too.
+        raw_options["num_warps"] = module.get_int_attr("ttg.num-warps")
+        if (num_ctas := module.get_int_attr("ttg.num-ctas")) is not None:
+            raw_options["num_ctas"] = num_ctas
     options = backend.parse_options(raw_options)
     env = header.get("env", {})
     # The metadata dict triton.compile starts from, in the same key order.
     metadata = {"hash": header["hash"], "target": target, **options.__dict__, **env}
     metadata["triton_version"] = triton.__version__
+    if stage == "ptx":
+        metadata["name"] = name  # make_ptx would have set it
+    name = name[:_MAX_FILE_NAME]
     stages = {}
     backend.add_stages(stages, options, Language.TRITON)
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    try:
-        module = _parse_module(ir_text, context)
-    except Exception as error:  # the parser reports through a generic exception
-        raise ValueError("the TTIR does not parse: %s" % error) from error
-    name = module.get_entry_func_name()[:_MAX_FILE_NAME]
+    names = list(stages)
     outputs, timings, ptxas_log = {}, {}, ""
-    for ext, compile_ir in stages.items():
+    for ext in names[names.index(_FIRST_STAGE_AFTER[stage]):]:
+        compile_ir = stages[ext]
         start = time.perf_counter()
         if ext == "cubin":
             module, ptxas_log = _run_ptxas_stage(compile_ir, module, metadata)
@@ -195,8 +225,8 @@ def compile_job(header, parts):
     for field in ("target", "options_json", "hash"):
         if field not in header:
             return _error("invalid_request", "compile request lacks '%s'" % field)
-    if header.get("stage", "ttir") != "ttir":
-        return _error("invalid_request", "this worker compiles from frontend TTIR only")
+    if header.get("stage", "ttir") not in _FIRST_STAGE_AFTER:
+        return _error("invalid_request", "unknown input stage %r" % header.get("stage"))
     try:
         target = _parse_target(header["target"])
         make_backend(target)

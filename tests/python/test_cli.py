@@ -1,0 +1,124 @@
+"""The kiln CLI and the C++ SDK against a real kilnd: IR files made by the real
+triton package, compiled for two targets, must give what Triton gives."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+
+import kernel_suite
+import triton_frontend
+from conftest import BUILD
+
+KILN = BUILD / "client" / "cpp" / "kiln"
+SDK_PROBE = BUILD / "tests" / "sdk_compile_probe"
+CASES = {case.name: case for case in kernel_suite.SUITE}
+
+
+def kiln(kilnd, *args, check=False):
+    result = subprocess.run([str(KILN), "--endpoint", f"unix:{kilnd.socket}", *map(str, args)],
+                            capture_output=True, text=True)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def stock(case, arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / f"stock{arch}"))
+    return triton.compile(ASTSource(case.fn, case.signature, case.constexprs), target=GPUTarget("cuda", arch, 32),
+                          options=case.options)
+
+
+def option_flags(case):
+    flags = []
+    for name in ("num_warps", "num_stages"):
+        if name in case.options:
+            flags += [f"--{name.replace('_', '-')}", case.options[name]]
+    return flags
+
+
+@pytest.mark.parametrize("name", ["add_fp32", "matmul_fp16_64x64x32_s2"])
+def test_cli_compiles_frontend_ttir_for_two_targets_like_triton(kilnd, tmp_path, monkeypatch, name):
+    case = CASES[name]
+    frontend = triton_frontend.run_frontend(case, GPUTarget("cuda", 90, 32))
+    source = tmp_path / f"{frontend.name}.ttir"
+    source.write_text(frontend.ttir)
+    kiln(kilnd, "compile", source, "--target", "cuda:80", "--target", "cuda:90", *option_flags(case),
+         "-o", tmp_path / "out", check=True)
+    for arch in (80, 90):
+        expected = stock(case, arch, tmp_path, monkeypatch)
+        out = tmp_path / "out" / f"cuda_{arch}"
+        for ext in ("ttgir", "llir", "ptx"):
+            assert (out / f"{frontend.name}.{ext}").read_text() == expected.asm[ext], (arch, ext)
+        assert (out / f"{frontend.name}.cubin").read_bytes() == expected.asm["cubin"], arch
+        metadata = json.loads((out / f"{frontend.name}.json").read_text())
+        assert metadata["shared"] == expected.metadata.shared
+        assert "Used" in (out / "ptxas.log").read_text()
+
+
+@pytest.mark.parametrize("ext", ["ttgir", "llir", "ptx"])
+def test_cli_compiles_later_stage_ir_to_tritons_cubin(kilnd, tmp_path, monkeypatch, ext):
+    case = CASES["softmax_fp16_w8"]
+    expected = stock(case, 90, tmp_path, monkeypatch)
+    source = tmp_path / f"softmax_kernel.{ext}"
+    source.write_text(expected.asm[ext])
+    kiln(kilnd, "compile", source, "--target", "cuda:90", *option_flags(case), "-o", tmp_path / "out",
+         check=True)
+    assert (tmp_path / "out" / "cuda_90" / "softmax_kernel.cubin").read_bytes() == expected.asm["cubin"]
+
+
+def test_sdk_compiles_two_targets_concurrently_like_the_cli(kilnd, tmp_path):
+    case = CASES["add_fp16_w8"]
+    frontend = triton_frontend.run_frontend(case, GPUTarget("cuda", 90, 32))
+    source = tmp_path / "add.ttir"
+    source.write_text(frontend.ttir)
+    options = json.dumps({"num_warps": 8})
+    probe = subprocess.run([str(SDK_PROBE), f"unix:{kilnd.socket}", source, tmp_path / "sdk", options,
+                            "cuda:80", "cuda:90"], capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
+    kiln(kilnd, "compile", source, "--target", "cuda:80", "--target", "cuda:90", "--num-warps", 8,
+         "-o", tmp_path / "cli", check=True)
+    for arch in (80, 90):
+        assert (tmp_path / "sdk" / f"{arch}.cubin").read_bytes() == \
+            (tmp_path / "cli" / f"cuda_{arch}" / f"{frontend.name}.cubin").read_bytes()
+
+
+def test_bad_file_target_and_kernel_get_clear_errors_and_exit_codes(kilnd, tmp_path):
+    missing = kiln(kilnd, "compile", tmp_path / "missing.ttir", "--target", "cuda:90", "-o", tmp_path)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+    (tmp_path / "k.txt").write_text("x")
+    wrong_kind = kiln(kilnd, "compile", tmp_path / "k.txt", "--target", "cuda:90", "-o", tmp_path)
+    assert wrong_kind.returncode == 2 and ".ttir" in wrong_kind.stderr
+    frontend = triton_frontend.run_frontend(CASES["add_fp32"], GPUTarget("cuda", 90, 32))
+    source = tmp_path / "add.ttir"
+    source.write_text(frontend.ttir)
+    bad_target = kiln(kilnd, "compile", source, "--target", "cuda:hopper", "-o", tmp_path)
+    assert bad_target.returncode == 2 and "bad target" in bad_target.stderr
+    garbage = tmp_path / "garbage.ttir"
+    garbage.write_text("this is not MLIR")
+    unparsable = kiln(kilnd, "compile", garbage, "--target", "cuda:90", "-o", tmp_path)
+    assert unparsable.returncode == 5 and "does not parse" in unparsable.stderr
+    ptxas = kiln(kilnd, "compile", source, "--target", "cuda:90", "--option", 'ptx_options="--bogus-flag"',
+                 "-o", tmp_path)
+    assert ptxas.returncode == 5 and "PTXAS" in ptxas.stderr
+
+
+def test_unreachable_service_exits_3(tmp_path):
+    result = subprocess.run([str(KILN), "--endpoint", f"unix:{tmp_path / 'none.sock'}", "stats"],
+                            capture_output=True, text=True)
+    assert result.returncode == 3
+    assert "is kilnd running" in result.stderr
+
+
+def test_toolchains_stats_json_gc_and_verify(kilnd):
+    assert triton.__version__ in kiln(kilnd, "toolchains", check=True).stdout
+    stats = json.loads(kiln(kilnd, "stats", "--json", check=True).stdout)
+    assert int(stats["entries"]) > 0
+    assert "checked" in kiln(kilnd, "verify", check=True).stdout
+    bad_size = kiln(kilnd, "gc", "lots")
+    assert bad_size.returncode == 2
+    assert "evicted" in kiln(kilnd, "gc", "100GiB", check=True).stdout
