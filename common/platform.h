@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -54,6 +55,20 @@ class ExclusiveLock {
 // Takes the lock on `path` without waiting. FAILED_PRECONDITION if another
 // process holds it.
 absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const std::filesystem::path& path);
+
+// A shared library loaded at run time (dlopen / LoadLibrary), unloaded with
+// the object.
+class DynamicLibrary {
+ public:
+  virtual ~DynamicLibrary() = default;
+  // The address of `symbol`, or null.
+  virtual void* Symbol(const char* symbol) = 0;
+};
+
+// Loads the first of `names` that the system's loader finds. NOT_FOUND names
+// them all and the loader's last error.
+absl::StatusOr<std::unique_ptr<DynamicLibrary>> LoadDynamicLibrary(
+    const std::vector<std::string>& names);
 
 // Turns the OS's stop requests (SIGTERM/SIGINT; console close on Windows) into
 // a blocking wait. Construct it before starting any thread, so that no other

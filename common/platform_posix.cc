@@ -1,3 +1,4 @@
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/platform.h"
 
 namespace kiln::platform {
@@ -155,6 +157,34 @@ absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path)
         path.string()));
   }
   return std::make_unique<FlockLock>(fd.release());
+}
+
+namespace {
+
+class PosixLibrary : public DynamicLibrary {
+ public:
+  explicit PosixLibrary(void* handle) : handle_(handle) {}
+  ~PosixLibrary() override { dlclose(handle_); }
+  void* Symbol(const char* symbol) override { return dlsym(handle_, symbol); }
+
+ private:
+  void* handle_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DynamicLibrary>> LoadDynamicLibrary(
+    const std::vector<std::string>& names) {
+  std::string last_error;
+  for (const std::string& name : names) {
+    if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      return std::make_unique<PosixLibrary>(handle);
+    }
+    const char* error = dlerror();
+    last_error = error != nullptr ? error : "unknown error";
+  }
+  return absl::NotFoundError(absl::StrFormat("cannot load %s: %s", absl::StrJoin(names, " or "),
+                                             last_error));
 }
 
 namespace {
