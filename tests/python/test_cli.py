@@ -122,3 +122,28 @@ def test_toolchains_stats_json_gc_and_verify(kilnd):
     bad_size = kiln(kilnd, "gc", "lots")
     assert bad_size.returncode == 2
     assert "evicted" in kiln(kilnd, "gc", "100GiB", check=True).stdout
+
+
+def test_installed_package_and_kiln_add_kernels_embed_cubins_at_build_time(kilnd, tmp_path):
+    prefix = tmp_path / "prefix"
+    subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)], check=True,
+                   capture_output=True)
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    frontend = triton_frontend.run_frontend(CASES["add_fp32"], GPUTarget("cuda", 90, 32))
+    (kernels / "add.ttir").write_text(frontend.ttir)
+    example = Path(__file__).resolve().parents[2] / "examples" / "embedded_kernels"
+    build = tmp_path / "build"
+    env = dict(__import__("os").environ, KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    configure = subprocess.run(["cmake", "-S", str(example), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}",
+                                f"-DKERNEL_DIR={kernels}"], capture_output=True, text=True, env=env)
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    built = subprocess.run(["cmake", "--build", str(build), "-j2"], capture_output=True, text=True, env=env)
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+    run = subprocess.run([str(build / "embedded_kernels"), str(tmp_path / "embedded.cubin")],
+                         capture_output=True, text=True, check=True)
+    assert "cuda:80: add_kernel" in run.stdout and "cuda:90: add_kernel" in run.stdout
+    kiln(kilnd, "compile", kernels / "add.ttir", "--target", "cuda:90", "--num-warps", 4, "-o", tmp_path / "cli",
+         check=True)
+    assert (tmp_path / "embedded.cubin").read_bytes() == \
+        (tmp_path / "cli" / "cuda_90" / "add_kernel.cubin").read_bytes()
