@@ -8,7 +8,8 @@ Or set KILN=1 (or KILN_ENDPOINT=...) in the environment: the kiln-activate.pth
 file this package installs enables Kiln at interpreter start in every process,
 subprocesses and inductor's compile workers included. KILN_STRICT=1 makes a
 missing kilnd an error instead of a fallback to stock Triton; KILN_DEBUG=1 logs
-what Kiln does to stderr.
+what Kiln does to stderr. torch.compile's own caches (FX graph, AOTAutograd,
+autotuning) go to kilnd too, unless KILN_INDUCTOR=0.
 """
 
 import logging
@@ -44,6 +45,10 @@ def activate_lazily():
         os.environ["TRITON_CACHE_MANAGER"] = _MANAGER
         _ENV_SET_BY_US = True
     os.environ.setdefault("KILN", "1")
+    if os.environ.get("KILN_INDUCTOR", "1") != "0":
+        from . import _inductor
+
+        _inductor.activate()
 
 
 def enable(endpoint=None):

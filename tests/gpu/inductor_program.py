@@ -1,0 +1,77 @@
+"""One process of inductor_warm.py: torch.compile a 2-block fp16 transformer
+and an MLP, time the first call, compare with eager.
+
+usage: inductor_program.py [--wider]     prints one JSON line"""
+
+import json
+import sys
+import time
+
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width, heads=8):
+        super().__init__()
+        self.norm1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.norm2 = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+        self.heads = heads
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, seq, 3, self.heads, -1).unbind(2)
+        attention = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(attention.transpose(1, 2).reshape(batch, seq, width))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(Block(width), Block(width))
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(self.blocks(x))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width), torch.nn.LayerNorm(width))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def main():
+    width = 768 if "--wider" in sys.argv else 512
+    torch.manual_seed(0)
+    result = {}
+    for name, model in (("transformer", Transformer(width)), ("mlp", MLP(width))):
+        model = model.cuda().half().eval()
+        x = torch.randn(4, 128, width, device="cuda", dtype=torch.half)
+        with torch.no_grad():
+            eager = model(x)
+            compiled = torch.compile(model)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = compiled(x)
+            torch.cuda.synchronize()
+            first_call = time.perf_counter() - start
+        result[name] = {"first_call_s": round(first_call, 3),
+                        "allclose": bool(torch.allclose(eager, out, atol=2e-2, rtol=2e-2))}
+    from torch._dynamo.utils import counters
+
+    result["inductor"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""torch.compile warm starts through kilnd, on the GPU machine:
+
+  python3 tests/gpu/inductor_warm.py gpu_bundle
+
+Runs, each in a fresh process: stock cold and stock fully warm (the same local
+inductor and Triton caches again); process A through kilnd with empty local
+caches; process B through kilnd with fresh empty local caches (warm only in
+kilnd); a wider model through kilnd (must miss and be correct); and with kilnd
+stopped (stock behaviour, one warning)."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(env, *args):
+    result = subprocess.run([sys.executable, str(HERE / "inductor_program.py"), *args], capture_output=True,
+                            text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(result.stderr[-4000:])
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+
+def fresh(env, work, name):
+    return dict(env, TORCHINDUCTOR_CACHE_DIR=str(work / name / "inductor"),
+                TRITON_CACHE_DIR=str(work / name / "triton"), KILN_FILES_DIR=str(work / name / "files"))
+
+
+def main():
+    bundle = Path(sys.argv[1]).resolve()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
+                    *glob.glob(str(bundle / "*.whl"))], check=True)
+    work = Path(tempfile.mkdtemp(prefix="kiln-inductor-"))
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR"))}
+    stock_env = fresh(base, work, "stock")
+    stock_cold, _ = run(stock_env)
+    stock_warm, _ = run(stock_env)
+
+    lib_env = dict(base, LD_LIBRARY_PATH=str(bundle / "lib"))
+    socket = work / "kilnd.sock"
+    kilnd = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={work / 'data'}", f"--local-socket={socket}",
+                              f"--toolchain={sys.executable}", "--log-level=warn"], env=lib_env)
+    subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "health", "--wait", "60"], env=lib_env,
+                   check=True, stdout=subprocess.DEVNULL)
+    kiln_env = dict(base, KILN="1", KILN_ENDPOINT=f"unix:{socket}")
+    try:
+        a, _ = run(fresh(kiln_env, work, "a"))
+        stats_a = subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "stats", "--json"],
+                                 env=lib_env, capture_output=True, text=True).stdout
+        b, _ = run(fresh(kiln_env, work, "b"))
+        stats_b = subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "stats", "--json"],
+                                 env=lib_env, capture_output=True, text=True).stdout
+        wider, _ = run(fresh(kiln_env, work, "wider"), "--wider")
+    finally:
+        kilnd.terminate()
+        kilnd.wait()
+    stopped, stopped_err = run(fresh(kiln_env, work, "stopped"))
+
+    def line(label, result):
+        print(f"{label:34} transformer {result['transformer']['first_call_s']:6.2f} s "
+              f"({'ok' if result['transformer']['allclose'] else 'WRONG'}), "
+              f"mlp {result['mlp']['first_call_s']:6.2f} s ({'ok' if result['mlp']['allclose'] else 'WRONG'}); "
+              f"inductor {result['inductor']}")
+
+    line("stock, cold", stock_cold)
+    line("stock, fully warm local caches", stock_warm)
+    line("A: kilnd, empty local caches", a)
+    line("B: kilnd warm, empty local caches", b)
+    line("wider model through kilnd", wider)
+    line("kilnd stopped", stopped)
+    sa, sb = json.loads(stats_a), json.loads(stats_b)
+    print(f"kilnd during B: {int(sb['hits']) - int(sa['hits'])} hits, {int(sb['misses']) - int(sa['misses'])} misses, "
+          f"{int(sb['compiles']) - int(sa['compiles'])} kernel compiles")
+    warnings = [l for l in stopped_err.splitlines() if "kiln:" in l]
+    print(f"warnings with kilnd stopped: {len(warnings)}: {warnings[:2]}")
+    ratio = b["transformer"]["first_call_s"] / stock_warm["transformer"]["first_call_s"]
+    print(f"B / fully-warm local, transformer: {ratio:.2f}x")
+    correct = all(r[m]["allclose"] for r in (a, b, wider, stopped) for m in ("transformer", "mlp"))
+    print("PASS" if correct and ratio <= 1.5 and len(warnings) == 1 else "FAIL")
+
+
+if __name__ == "__main__":
+    main()
