@@ -98,7 +98,11 @@ def connect(endpoint=None, autostart=True):
         if _connection is not None and _connection.endpoint == endpoint:
             return _connection
         connection = Connection(endpoint)
-        if connection.ready(_CONNECT_TIMEOUT) or (autostart and _autostart(connection)):
+        # A missing socket file cannot connect: don't wait out the timeout
+        # (inductor's worker processes would each pay it).
+        socket_missing = endpoint.startswith("unix:") and not os.path.exists(endpoint[len("unix:"):])
+        if (not socket_missing and connection.ready(_CONNECT_TIMEOUT)) or (
+                autostart and _autostart(connection)):
             _connection = connection
             return connection
         connection.channel.close()
