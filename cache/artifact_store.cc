@@ -334,18 +334,27 @@ absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
     lookup.Reset();
   }
   if (entry_id < 0) {
+    CountLookup(ns, false);
     misses_.fetch_add(1, std::memory_order_relaxed);
     return absl::NotFoundError(absl::StrFormat("no cache entry for %s/%s", ns, key));
   }
   if (!broken.empty()) {
     for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
+    CountLookup(ns, false);
     misses_.fetch_add(1, std::memory_order_relaxed);
     return absl::NotFoundError(
         absl::StrFormat("cache entry %s/%s failed its integrity check and was dropped", ns, key));
   }
   RecordTouch(entry_id);
+  CountLookup(ns, true);
   hits_.fetch_add(1, std::memory_order_relaxed);
   return entry;
+}
+
+void ArtifactStore::CountLookup(absl::string_view ns, bool hit) {
+  std::lock_guard lock(namespace_stats_mutex_);
+  auto& [hits, misses] = lookups_by_namespace_[ns];
+  ++(hit ? hits : misses);
 }
 
 void ArtifactStore::RecordTouch(int64_t entry_id) {
@@ -757,6 +766,10 @@ absl::StatusOr<StoreStats> ArtifactStore::Stats() {
   stats.corrupt_entries_dropped = corrupt_entries_dropped_.load();
   stats.stored_bytes = stored_bytes_.load();
   stats.max_size_bytes = options_.max_size_bytes;
+  {
+    std::lock_guard lock(namespace_stats_mutex_);
+    stats.lookups_by_namespace.insert(lookups_by_namespace_.begin(), lookups_by_namespace_.end());
+  }
   ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
   ASSIGN_OR_RETURN(sqlite::Statement count,
                    reader->db->Prepare("SELECT (SELECT count(*) FROM entries), "

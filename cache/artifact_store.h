@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -86,6 +87,8 @@ struct StoreStats {
   uint64_t blobs = 0;
   uint64_t stored_bytes = 0;  // after compression, counted against the cap
   uint64_t max_size_bytes = 0;
+  // Lookups by namespace since the store opened: namespace -> {hits, misses}.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> lookups_by_namespace;
 };
 
 class ArtifactStore {
@@ -166,6 +169,7 @@ class ArtifactStore {
   absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);
   absl::Status FlushTouches();
   void RecordTouch(int64_t entry_id);
+  void CountLookup(absl::string_view ns, bool hit);
   void MaintenanceLoop();
   void RemoveOrphanFiles();
   std::filesystem::path BlobPath(absl::string_view digest) const;
@@ -182,6 +186,9 @@ class ArtifactStore {
   std::mutex touches_mutex_;
   absl::flat_hash_map<int64_t, int64_t> pending_touches_;  // entry id -> use_clock_
   std::atomic<int64_t> use_clock_{0};  // the LRU's logical clock
+
+  std::mutex namespace_stats_mutex_;
+  absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> lookups_by_namespace_;
 
   std::atomic<uint64_t> stored_bytes_{0};
   std::atomic<uint64_t> hits_{0};

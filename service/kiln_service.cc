@@ -240,6 +240,12 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
     response->set_max_size_bytes(stats.max_size_bytes);
     response->set_evictions(stats.evicted_entries);
     response->set_corrupt_entries_dropped(stats.corrupt_entries_dropped);
+    for (const auto& [ns, counts] : stats.lookups_by_namespace) {
+      v1::NamespaceLookups* lookups = response->add_lookups_by_namespace();
+      lookups->set_namespace_(ns);
+      lookups->set_hits(counts.first);
+      lookups->set_misses(counts.second);
+    }
     response->set_server_version(KILN_VERSION);
     response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
     response->set_data_dir(data_dir_);

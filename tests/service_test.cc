@@ -209,6 +209,10 @@ TEST_F(ServiceTest, StatsCountLookupsAndReportLatency) {
   EXPECT_EQ(stats.entries(), 1u);
   EXPECT_GT(stats.stored_bytes(), 20000u);
   EXPECT_EQ(stats.max_size_bytes(), 10ull << 30);
+  ASSERT_EQ(stats.lookups_by_namespace_size(), 1);
+  EXPECT_EQ(stats.lookups_by_namespace(0).namespace_(), "local/triton");
+  EXPECT_EQ(stats.lookups_by_namespace(0).hits(), 2u);
+  EXPECT_EQ(stats.lookups_by_namespace(0).misses(), 1u);
   bool saw_lookup = false;
   for (const v1::RpcLatency& rpc : stats.rpc_latency()) {
     if (rpc.method() != "Lookup") continue;

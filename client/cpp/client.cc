@@ -286,6 +286,10 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       stats.compile_cache_hits(), stats.single_flight_joins(), stats.compile_failures(),
       stats.workers_started(), stats.workers_lost(), stats.live_workers(), stats.launcher_builds(),
       stats.launcher_cache_hits());
+  for (const v1::NamespaceLookups& by_namespace : stats.lookups_by_namespace()) {
+    absl::StrAppend(&text, absl::StrFormat("  %-22s %d hits, %d misses\n", by_namespace.namespace_(),
+                                           by_namespace.hits(), by_namespace.misses()));
+  }
   if (stats.rpc_latency_size() > 0) {
     absl::StrAppend(&text, absl::StrFormat("%-15s %9s %7s %9s %9s %9s %9s\n", "rpc", "calls",
                                            "errors", "p50 ms", "p90 ms", "p99 ms", "max ms"));

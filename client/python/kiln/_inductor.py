@@ -121,6 +121,11 @@ def activate():
     arranges for them to use kilnd. Cheap: imports nothing from torch."""
     for switch in REMOTE_CACHE_SWITCHES:
         os.environ.setdefault(switch, "1")
+    if sys.platform == "win32":
+        # Inductor's default under %TEMP% makes paths that pass MAX_PATH.
+        from . import _paths
+
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
     if _MODULE in sys.modules:
         install(sys.modules[_MODULE])
     elif not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
