@@ -118,13 +118,17 @@ def test_worker_killed_mid_job_fails_that_request_and_the_next_succeeds(kilnd):
     thread = threading.Thread(target=lambda: result.update(r=kilnd.stub.Compile(compile_request(frontend))))
     thread.start()
     deadline = time.time() + 30
-    while not any(_pending_stdin_bytes(pid) for pid in workers) and time.time() < deadline:
+    holding = []
+    while not holding and time.time() < deadline:
+        holding = [pid for pid in workers if _pending_stdin_bytes(pid)]
         time.sleep(0.01)
+    # Only the worker holding the job dies; the others resume.
     for pid in workers:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL if pid in holding else signal.SIGCONT)
     thread.join(60)
+    assert holding, f"the job never reached a stopped worker {workers}; result: {result}"
     response = result["r"]
-    assert response.WhichOneof("result") == "error"
+    assert response.WhichOneof("result") == "error", response
     assert response.error.kind == kiln_pb2.CompileError.KIND_WORKER_CRASHED
     assert "SIGKILL" in response.error.message
     retry = kilnd.stub.Compile(compile_request(frontend))
