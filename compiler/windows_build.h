@@ -1,0 +1,78 @@
+#ifndef KILN_COMPILER_WINDOWS_BUILD_H_
+#define KILN_COMPILER_WINDOWS_BUILD_H_
+
+// Building Triton's launcher modules on Windows: finding CUDA, Python's
+// headers and import library, and the C compiler's command line. These are
+// plain functions of an environment snapshot and a file tree, so they are
+// tested on any OS against a fake tree; the Windows build of kilnd feeds them
+// the real environment.
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kiln::compiler {
+
+// Environment variables by upper-case name (Windows names are case-insensitive).
+using WindowsEnvironment = std::map<std::string, std::string>;
+
+struct CudaToolkit {
+  std::filesystem::path root;
+  std::filesystem::path include_dir;  // has cuda.h
+  std::filesystem::path lib_dir;      // has cuda.lib (x64)
+  std::filesystem::path ptxas;        // bin\ptxas.exe
+};
+
+// The first CUDA with cuda.h and cuda.lib among: %CUDA_PATH%, the newest
+// %CUDA_PATH_Vxx_y%, the newest %ProgramFiles%\NVIDIA GPU Computing
+// Toolkit\CUDA\v*, and pip's nvidia\cuda_nvcc (plus cuda_runtime) in
+// `site_packages`. FAILED_PRECONDITION lists where it looked.
+absl::StatusOr<CudaToolkit> FindCudaOnWindows(const WindowsEnvironment& environment,
+                                              const std::vector<std::filesystem::path>& site_packages);
+
+struct PythonBuildFiles {
+  std::filesystem::path include_dir;  // has Python.h
+  std::filesystem::path library_dir;  // has python3XY.lib
+  std::string library;                // "python312"
+};
+
+// Python.h and python3XY.lib for the Python installed at `prefix` (version
+// "3.12"). Embedded Pythons (ComfyUI's python_embeded) ship neither: then
+// Kiln's own copy under `kiln_python_dir`\3.12\{include,libs} is used, so the
+// user never copies folders by hand. FAILED_PRECONDITION says what is missing.
+absl::StatusOr<PythonBuildFiles> FindPythonBuildFiles(const std::filesystem::path& prefix,
+                                                      absl::string_view version,
+                                                      const std::filesystem::path& kiln_python_dir);
+
+enum class WindowsCompiler { kMsvc, kClang, kTinyCC };
+
+// The compiler, by preference: MSVC's cl.exe from a Visual Studio developer
+// environment (%VCToolsInstallDir%) or from `vs_install_dir` (what vswhere
+// reports), clang on %PATH%, then the TinyCC Triton ships
+// (triton\runtime\tcc\tcc.exe under `triton_dir`).
+struct FoundCompiler {
+  WindowsCompiler kind;
+  std::filesystem::path path;
+};
+absl::StatusOr<FoundCompiler> FindCompilerOnWindows(const WindowsEnvironment& environment,
+                                                    const std::filesystem::path& vs_install_dir,
+                                                    const std::filesystem::path& triton_dir);
+
+// The command that builds `source` into the extension module `output`,
+// linking `libraries` by name ("cuda", "python312"): MSVC `/O2 /LD ... /link
+// cuda.lib`, clang and tcc `-shared -l...`; never -fPIC (not a Windows flag).
+std::vector<std::string> WindowsLauncherCommand(WindowsCompiler kind,
+                                                const std::filesystem::path& compiler,
+                                                const std::filesystem::path& source,
+                                                const std::filesystem::path& output,
+                                                const std::vector<std::string>& include_dirs,
+                                                const std::vector<std::string>& library_dirs,
+                                                const std::vector<std::string>& libraries);
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_WINDOWS_BUILD_H_

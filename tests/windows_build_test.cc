@@ -1,0 +1,132 @@
+// Windows toolchain discovery and command lines, against a fake tree of
+// Program Files, Visual Studio, CUDA and an embedded Python built here.
+
+#include "compiler/windows_build.h"
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "tests/test_dir.h"
+
+namespace kiln::compiler {
+namespace {
+
+namespace fs = std::filesystem;
+
+void Touch(const fs::path& path) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << "";
+}
+
+void MakeCuda(const fs::path& root) {
+  Touch(root / "include" / "cuda.h");
+  Touch(root / "lib" / "x64" / "cuda.lib");
+  Touch(root / "bin" / "ptxas.exe");
+}
+
+TEST(WindowsCudaTest, PrefersCudaPathThenTheNewestVersionedInstall) {
+  testing::TestDir dir;
+  const fs::path program_files = dir.path() / "Program Files";
+  const fs::path toolkits = program_files / "NVIDIA GPU Computing Toolkit" / "CUDA";
+  MakeCuda(toolkits / "v12.8");
+  MakeCuda(toolkits / "v12.10");
+  MakeCuda(toolkits / "v11.8");
+  WindowsEnvironment environment = {{"PROGRAMFILES", program_files.string()}};
+  absl::StatusOr<CudaToolkit> found = FindCudaOnWindows(environment, {});
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->root, toolkits / "v12.10");  // 12.10 is newer than 12.8
+  EXPECT_EQ(found->lib_dir, toolkits / "v12.10" / "lib" / "x64");
+
+  environment["CUDA_PATH_V12_8"] = (toolkits / "v12.8").string();
+  environment["CUDA_PATH_V11_8"] = (toolkits / "v11.8").string();
+  EXPECT_EQ(FindCudaOnWindows(environment, {})->root, toolkits / "v12.8");
+  environment["CUDA_PATH"] = (toolkits / "v11.8").string();
+  EXPECT_EQ(FindCudaOnWindows(environment, {})->root, toolkits / "v11.8");
+}
+
+TEST(WindowsCudaTest, FindsPipsSplitToolkitAndExplainsWhenThereIsNone) {
+  testing::TestDir dir;
+  const fs::path site = dir.path() / "python_embeded" / "Lib" / "site-packages";
+  Touch(site / "nvidia" / "cuda_nvcc" / "bin" / "ptxas.exe");
+  MakeCuda(site / "nvidia" / "cuda_runtime");
+  absl::StatusOr<CudaToolkit> found = FindCudaOnWindows({}, {site});
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->include_dir, site / "nvidia" / "cuda_runtime" / "include");
+  EXPECT_EQ(found->ptxas, site / "nvidia" / "cuda_nvcc" / "bin" / "ptxas.exe");
+
+  absl::StatusOr<CudaToolkit> none = FindCudaOnWindows({}, {});
+  EXPECT_TRUE(absl::IsFailedPrecondition(none.status()));
+  EXPECT_NE(none.status().message().find("CUDA_PATH"), absl::string_view::npos);
+}
+
+TEST(WindowsPythonTest, EmbeddedPythonUsesKilnsOwnHeadersAndImportLibrary) {
+  testing::TestDir dir;
+  const fs::path installed = dir.path() / "Python312";
+  Touch(installed / "include" / "Python.h");
+  Touch(installed / "libs" / "python312.lib");
+  absl::StatusOr<PythonBuildFiles> files = FindPythonBuildFiles(installed, "3.12", dir.path() / "kiln");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->include_dir, installed / "include");
+  EXPECT_EQ(files->library, "python312");
+
+  const fs::path embedded = dir.path() / "ComfyUI" / "python_embeded";
+  Touch(embedded / "python.exe");
+  absl::StatusOr<PythonBuildFiles> missing = FindPythonBuildFiles(embedded, "3.12", dir.path() / "kiln");
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing.status()));
+  EXPECT_NE(missing.status().message().find("python312.lib"), absl::string_view::npos);
+
+  Touch(dir.path() / "kiln" / "3.12" / "include" / "Python.h");
+  Touch(dir.path() / "kiln" / "3.12" / "libs" / "python312.lib");
+  files = FindPythonBuildFiles(embedded, "3.12", dir.path() / "kiln");
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->library_dir, dir.path() / "kiln" / "3.12" / "libs");
+}
+
+TEST(WindowsCompilerTest, PrefersMsvcThenClangThenTritonsTinyCC) {
+  testing::TestDir dir;
+  const fs::path vs = dir.path() / "Microsoft Visual Studio" / "2022" / "BuildTools";
+  const fs::path cl = vs / "VC" / "Tools" / "MSVC" / "14.40.33807" / "bin" / "Hostx64" / "x64" / "cl.exe";
+  const fs::path clang = dir.path() / "LLVM" / "bin" / "clang.exe";
+  const fs::path tcc = dir.path() / "triton" / "runtime" / "tcc" / "tcc.exe";
+  Touch(tcc);
+  WindowsEnvironment environment = {{"PATH", (dir.path() / "LLVM" / "bin").string()}};
+  EXPECT_EQ(FindCompilerOnWindows(environment, vs, dir.path() / "triton")->kind,
+            WindowsCompiler::kTinyCC);
+  Touch(clang);
+  EXPECT_EQ(FindCompilerOnWindows(environment, vs, dir.path() / "triton")->path, clang);
+  Touch(cl);
+  absl::StatusOr<FoundCompiler> msvc = FindCompilerOnWindows(environment, vs, dir.path() / "triton");
+  EXPECT_EQ(msvc->kind, WindowsCompiler::kMsvc);
+  EXPECT_EQ(msvc->path, cl);
+  EXPECT_TRUE(absl::IsFailedPrecondition(FindCompilerOnWindows({}, {}, {}).status()));
+}
+
+TEST(WindowsCommandTest, MsvcClangAndTinyCCCommandLines) {
+  const std::vector<std::string> includes = {"C:\\cuda\\include", "C:\\py\\include"};
+  const std::vector<std::string> library_dirs = {"C:\\cuda\\lib\\x64", "C:\\py\\libs"};
+  const std::vector<std::string> libraries = {"cuda", "python312"};
+  EXPECT_EQ(WindowsLauncherCommand(WindowsCompiler::kMsvc, "cl.exe", "launcher.c",
+                                   "__triton_launcher.cp312-win_amd64.pyd", includes, library_dirs,
+                                   libraries),
+            (std::vector<std::string>{"cl.exe", "/nologo", "/O2", "/LD", "launcher.c",
+                                      "/Fe:__triton_launcher.cp312-win_amd64.pyd",
+                                      "/IC:\\cuda\\include", "/IC:\\py\\include", "/link",
+                                      "/LIBPATH:C:\\cuda\\lib\\x64", "/LIBPATH:C:\\py\\libs",
+                                      "cuda.lib", "python312.lib"}));
+  const std::vector<std::string> clang = WindowsLauncherCommand(
+      WindowsCompiler::kClang, "clang.exe", "launcher.c", "m.pyd", includes, library_dirs, libraries);
+  EXPECT_EQ(clang, (std::vector<std::string>{"clang.exe", "launcher.c", "-O3", "-shared", "-o",
+                                             "m.pyd", "-IC:\\cuda\\include", "-IC:\\py\\include",
+                                             "-LC:\\cuda\\lib\\x64", "-LC:\\py\\libs", "-lcuda",
+                                             "-lpython312"}));
+  const std::vector<std::string> tcc = WindowsLauncherCommand(
+      WindowsCompiler::kTinyCC, "tcc.exe", "launcher.c", "m.pyd", includes, library_dirs, libraries);
+  EXPECT_EQ(tcc[1], "launcher.c");
+  EXPECT_EQ(std::count(tcc.begin(), tcc.end(), "-O3"), 0);
+  for (const auto* command : {&clang, &tcc}) {
+    EXPECT_EQ(std::count(command->begin(), command->end(), "-fPIC"), 0);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::compiler
