@@ -230,43 +230,39 @@ absl::StatusOr<std::optional<v1::CacheEntry>> Client::Lookup(absl::string_view n
   return std::move(*response.mutable_entry());
 }
 
-absl::StatusOr<v1::GetStatsResponse> Client::Stats() {
-  v1::GetStatsResponse response;
-  absl::Status status = WithRetries("stats", options_.timeout, [&](grpc::ClientContext* c) {
-    return stub_->GetStats(c, v1::GetStatsRequest(), &response);
+template <typename Response, typename Request, typename Rpc>
+absl::StatusOr<Response> Client::Unary(absl::string_view method, absl::Duration timeout,
+                                       const Request& request, Rpc rpc) {
+  Response response;
+  absl::Status status = WithRetries(method, timeout, [&](grpc::ClientContext* context) {
+    return (stub_.get()->*rpc)(context, request, &response);
   });
   if (!status.ok()) return status;
   return response;
 }
 
+absl::StatusOr<v1::GetStatsResponse> Client::Stats() {
+  return Unary<v1::GetStatsResponse>("stats", options_.timeout, v1::GetStatsRequest(),
+                                     &v1::Kiln::Stub::GetStats);
+}
+
 absl::StatusOr<std::vector<v1::Toolchain>> Client::Toolchains() {
-  v1::ListToolchainsResponse response;
-  absl::Status status = WithRetries("toolchains", options_.timeout, [&](grpc::ClientContext* c) {
-    return stub_->ListToolchains(c, v1::ListToolchainsRequest(), &response);
-  });
-  if (!status.ok()) return status;
-  return std::vector<v1::Toolchain>(response.toolchains().begin(), response.toolchains().end());
+  absl::StatusOr<v1::ListToolchainsResponse> response = Unary<v1::ListToolchainsResponse>(
+      "toolchains", options_.timeout, v1::ListToolchainsRequest(), &v1::Kiln::Stub::ListToolchains);
+  if (!response.ok()) return response.status();
+  return std::vector<v1::Toolchain>(response->toolchains().begin(), response->toolchains().end());
 }
 
 absl::StatusOr<v1::EvictResponse> Client::Evict(uint64_t target_bytes) {
   v1::EvictRequest request;
   request.set_target_bytes(target_bytes);
-  v1::EvictResponse response;
-  absl::Status status = WithRetries("gc", options_.timeout, [&](grpc::ClientContext* c) {
-    return stub_->Evict(c, request, &response);
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary<v1::EvictResponse>("gc", options_.timeout, request, &v1::Kiln::Stub::Evict);
 }
 
 absl::StatusOr<v1::VerifyResponse> Client::Verify() {
-  v1::VerifyResponse response;
   // Verifying reads every blob: allow it the compile deadline.
-  absl::Status status = WithRetries("verify", options_.compile_timeout, [&](grpc::ClientContext* c) {
-    return stub_->Verify(c, v1::VerifyRequest(), &response);
-  });
-  if (!status.ok()) return status;
-  return response;
+  return Unary<v1::VerifyResponse>("verify", options_.compile_timeout, v1::VerifyRequest(),
+                                   &v1::Kiln::Stub::Verify);
 }
 
 std::string FormatStats(const v1::GetStatsResponse& stats) {

@@ -118,6 +118,10 @@ class Client {
   // ABORTED; converts the final status.
   template <typename Call>
   absl::Status WithRetries(absl::string_view method, absl::Duration timeout, Call call);
+  // One retried unary call of `rpc` (a synchronous Stub method).
+  template <typename Response, typename Request, typename Rpc>
+  absl::StatusOr<Response> Unary(absl::string_view method, absl::Duration timeout,
+                                 const Request& request, Rpc rpc);
   absl::StatusOr<std::string> ResolveToolchain(const std::string& wanted);
 
   ClientOptions options_;
