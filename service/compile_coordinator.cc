@@ -54,6 +54,10 @@ std::string ScopedNamespace(const Caller& caller, absl::string_view ns) {
   return absl::StrCat(caller.trust_domain, "/", ns);
 }
 
+std::string CompileAliasNamespace(const Caller& caller, const v1::CompileRequest& request) {
+  return ScopedNamespace(caller, request.namespace_().empty() ? "triton" : request.namespace_());
+}
+
 CompileCoordinator::CompileCoordinator(cache::ArtifactStore& store,
                                        compiler::ToolchainRegistry& toolchains,
                                        std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
@@ -189,8 +193,7 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   const std::string shared_key = CompileKey(request);
   const absl::flat_hash_set<std::string> have(request.have_sha256().begin(),
                                               request.have_sha256().end());
-  const std::string alias_ns =
-      ScopedNamespace(caller, request.namespace_().empty() ? "triton" : request.namespace_());
+  const std::string alias_ns = CompileAliasNamespace(caller, request);
   const std::string& alias_key = request.cache_key();
 
   absl::StatusOr<std::optional<cache::CacheEntry>> hit =

@@ -36,6 +36,10 @@ struct Caller {
 // "local/triton": the store namespace of a client namespace in a trust domain.
 std::string ScopedNamespace(const Caller& caller, absl::string_view ns);
 
+// Where a compile's result is recorded under the client's own key (and where
+// clients wait on it): the request's namespace, "triton" when it names none.
+std::string CompileAliasNamespace(const Caller& caller, const v1::CompileRequest& request);
+
 struct CompileOutcome {
   std::variant<cache::CacheEntry, compiler::CompileFailure> result;
   bool cache_hit = false;

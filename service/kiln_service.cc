@@ -179,8 +179,7 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
   return ServeAsync(context, Rpc::kCompile, [&](auto finish) {
     if (absl::Status status = ValidateCompile(*request); !status.ok()) return finish(status);
     const Caller caller = IdentifyCaller(*context);
-    const std::string alias_ns =
-        ScopedNamespace(caller, request->namespace_().empty() ? "triton" : request->namespace_());
+    const std::string alias_ns = CompileAliasNamespace(caller, *request);
     claims_.MarkCompiling(alias_ns, request->cache_key());
     coordinator_.Compile(*request, caller,
                          [this, alias_ns, request, response,

@@ -200,6 +200,17 @@ std::future<absl::StatusOr<CompiledKernel>> Client::CompileFuture(CompileInput i
   return std::async(std::launch::async, [this, input = std::move(input)] { return Compile(input); });
 }
 
+template <typename Response, typename Request, typename Rpc>
+absl::StatusOr<Response> Client::Unary(absl::string_view method, absl::Duration timeout,
+                                       const Request& request, Rpc rpc) {
+  Response response;
+  absl::Status status = WithRetries(method, timeout, [&](grpc::ClientContext* context) {
+    return (stub_.get()->*rpc)(context, request, &response);
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::Status Client::Put(absl::string_view ns, absl::string_view key,
                          const std::vector<std::pair<std::string, std::string>>& named_blobs) {
   v1::PutRequest request;
@@ -212,9 +223,7 @@ absl::Status Client::Put(absl::string_view ns, absl::string_view key,
     blob->set_size(data.size());
     blob->set_sha256(DigestBytes(Sha256(data)));
   }
-  v1::PutResponse response;
-  return WithRetries("put", options_.timeout,
-                     [&](grpc::ClientContext* c) { return stub_->Put(c, request, &response); });
+  return Unary<v1::PutResponse>("put", options_.timeout, request, &v1::Kiln::Stub::Put).status();
 }
 
 absl::StatusOr<std::optional<v1::CacheEntry>> Client::Lookup(absl::string_view ns,
@@ -222,23 +231,11 @@ absl::StatusOr<std::optional<v1::CacheEntry>> Client::Lookup(absl::string_view n
   v1::LookupRequest request;
   request.set_namespace_(std::string(ns));
   request.set_key(std::string(key));
-  v1::LookupResponse response;
-  absl::Status status = WithRetries(
-      "lookup", options_.timeout, [&](grpc::ClientContext* c) { return stub_->Lookup(c, request, &response); });
-  if (!status.ok()) return status;
-  if (!response.found()) return std::nullopt;
-  return std::move(*response.mutable_entry());
-}
-
-template <typename Response, typename Request, typename Rpc>
-absl::StatusOr<Response> Client::Unary(absl::string_view method, absl::Duration timeout,
-                                       const Request& request, Rpc rpc) {
-  Response response;
-  absl::Status status = WithRetries(method, timeout, [&](grpc::ClientContext* context) {
-    return (stub_.get()->*rpc)(context, request, &response);
-  });
-  if (!status.ok()) return status;
-  return response;
+  absl::StatusOr<v1::LookupResponse> response =
+      Unary<v1::LookupResponse>("lookup", options_.timeout, request, &v1::Kiln::Stub::Lookup);
+  if (!response.ok()) return response.status();
+  if (!response->found()) return std::nullopt;
+  return std::move(*response->mutable_entry());
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::Stats() {

@@ -21,28 +21,29 @@ class FrontendResult:
     target: GPUTarget
 
 
-def cache_key(case, target):
-    """Triton's cache key for a case: known before the frontend runs."""
-    src = ASTSource(case.fn, case.signature, case.constexprs)
-    backend = make_backend(target)
-    options = backend.parse_options(dict(case.options))
-    key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def run_frontend(case, target):
+def _prepare(case, target):
+    """What triton.compile sets up before its cache lookup, and the hashed key."""
     src = ASTSource(case.fn, case.signature, case.constexprs)
     backend = make_backend(target)
     options = backend.parse_options(dict(case.options))
     env = get_cache_invalidating_env_vars()
     key = get_cache_key(src, backend, options, env_vars=env)
+    return src, backend, options, env, hashlib.sha256(key.encode()).hexdigest()
+
+
+def cache_key(case, target):
+    """Triton's cache key for a case: known before the frontend runs."""
+    return _prepare(case, target)[-1]
+
+
+def run_frontend(case, target):
+    src, backend, options, env, key = _prepare(case, target)
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     module = src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
                          context)
-    return FrontendResult(str(module), dict(options.__dict__), dict(env),
-                          hashlib.sha256(key.encode()).hexdigest(), src.name, target)
+    return FrontendResult(str(module), dict(options.__dict__), dict(env), key, src.name, target)
 
 
 def toolchain_key():
