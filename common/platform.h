@@ -17,25 +17,57 @@
 
 namespace kiln::platform {
 
-// Where kilnd keeps its database and blob files when the config names none:
-// $XDG_CACHE_HOME/kiln or ~/.cache/kiln (Windows: %LOCALAPPDATA%\kiln).
-std::filesystem::path DefaultDataDir();
+// Whom a kilnd serves: one user (a per-user process, the systemd user unit),
+// or the machine (a Windows service, the systemd system unit).
+enum class Scope { kUser, kMachine };
 
-// The config file read when no --config is given (it may not exist):
-// $XDG_CONFIG_HOME/kiln/kilnd.conf or ~/.config/kiln/kilnd.conf.
-std::filesystem::path DefaultConfigPath();
+// Kiln's data directory (SQLite index, blobs; on Windows also logs\, run\ and
+// python\ below it). User: $XDG_CACHE_HOME/kiln or ~/.cache/kiln, Windows
+// %LOCALAPPDATA%\kiln. Machine: /var/cache/kiln, Windows %ProgramData%\kiln.
+std::filesystem::path DefaultDataDir(Scope scope = Scope::kUser);
 
-// The per-user directory that holds the local socket: $XDG_RUNTIME_DIR/kiln,
-// else /tmp/kiln-<uid>. Only the owner may enter it.
-std::filesystem::path DefaultSocketDir();
+// The config file read when no --config is given (it may not exist). User:
+// $XDG_CONFIG_HOME/kiln/kilnd.conf or ~/.config/kiln/kilnd.conf, Windows
+// %LOCALAPPDATA%\kiln\kilnd.conf. Machine: /etc/kiln/kilnd.conf, Windows
+// %ProgramData%\kiln\kilnd.conf.
+std::filesystem::path DefaultConfigPath(Scope scope = Scope::kUser);
 
-// The gRPC target of the per-user local socket, e.g. "unix:/run/user/1000/kiln/kilnd.sock".
+// Where kilnd's rotating log files go: the data directory's logs/, except
+// /var/log/kiln for a Linux machine service.
+std::filesystem::path DefaultLogDir(Scope scope = Scope::kUser);
+
+// The private directory of the local transport (socket or endpoint file).
+// User: $XDG_RUNTIME_DIR/kiln, else /tmp/kiln-<uid>; Windows
+// %LOCALAPPDATA%\kiln\run. Machine: /run/kiln, Windows %ProgramData%\kiln\run.
+std::filesystem::path DefaultRuntimeDir(Scope scope = Scope::kUser);
+
+// The local transport clients use by default. POSIX: a Unix socket,
+// DefaultRuntimeDir()/kilnd.sock, whose directory admits only its owner.
+// Windows: Python's gRPC cannot use AF_UNIX there, so kilnd listens on
+// 127.0.0.1 and writes the port and an access token to an endpoint file
+// (DefaultRuntimeDir()\kilnd.endpoint) that only the allowed accounts can
+// read. Each returns an empty path where the platform does not use it.
+std::filesystem::path DefaultSocketPath(Scope scope = Scope::kUser);
+std::filesystem::path DefaultEndpointFile(Scope scope = Scope::kUser);
+
+// The gRPC target of the per-user local socket ("unix:/run/user/1000/kiln/kilnd.sock"),
+// or empty on Windows, where clients read DefaultEndpointFile() instead.
 std::string DefaultLocalEndpoint();
+
+// The folder, under DefaultDataDir(scope), holding Python headers and import
+// libraries Kiln provides for embedded Pythons that ship without them
+// (<dir>\3.12\include, <dir>\3.12\libs).
+std::filesystem::path KilnPythonDir(Scope scope = Scope::kUser);
 
 // Creates `dir` (and parents) readable only by the current user, or checks that
 // an existing one is a real directory owned by this user with no group/other
-// access. FAILED_PRECONDITION says what is wrong and how to fix it.
-absl::Status EnsurePrivateDirectory(const std::filesystem::path& dir);
+// access (Windows: sets a protected DACL granting only this account). On
+// Windows, `readers` names further accounts ("DOMAIN\\user") given read
+// access: the users a machine service serves. POSIX refuses `readers` (a Linux
+// machine service shares its socket through the directory's group).
+// FAILED_PRECONDITION says what is wrong and how to fix it.
+absl::Status EnsurePrivateDirectory(const std::filesystem::path& dir,
+                                    const std::vector<std::string>& readers = {});
 
 // True when something accepts connections on the local socket at `path`; a
 // socket file left by a crashed process answers false.
@@ -44,6 +76,23 @@ bool LocalSocketAcceptsConnections(const std::filesystem::path& path);
 // Writes `data` to a new file at `path` and flushes it to stable storage
 // before returning, so a later rename publishes complete content only.
 absl::Status WriteFileDurably(const std::filesystem::path& path, absl::string_view data);
+
+// What ReplaceFile did.
+enum class Replaced { kYes, kTargetInUse };
+
+// Atomically moves `from` over `to`. On Windows a file another handle holds
+// open without FILE_SHARE_DELETE (a loaded launcher DLL, a reader) cannot be
+// replaced: that is kTargetInUse, and `from` is left in place. Other failures
+// are INTERNAL, naming both paths.
+absl::StatusOr<Replaced> ReplaceFile(const std::filesystem::path& from,
+                                     const std::filesystem::path& to);
+
+// Publishes `temp` as `target`, a file named for its content's digest: when
+// the target is in use, the file already there has the same content, so it is
+// kept and `temp` is removed. The rule the Python client's materialization
+// follows too.
+absl::Status PublishContentAddressedFile(const std::filesystem::path& temp,
+                                         const std::filesystem::path& target);
 
 // An exclusive advisory lock held for the object's lifetime; released by the
 // OS if the process dies.
@@ -70,17 +119,25 @@ class DynamicLibrary {
 absl::StatusOr<std::unique_ptr<DynamicLibrary>> LoadDynamicLibrary(
     const std::vector<std::string>& names);
 
-// Turns the OS's stop requests (SIGTERM/SIGINT; console close on Windows) into
-// a blocking wait. Construct it before starting any thread, so that no other
-// thread receives the signals.
+// Turns the OS's stop requests (SIGTERM/SIGINT; Ctrl+C, console close and
+// logoff on Windows) and in-process ones (a Windows service's stop control)
+// into one blocking wait. Construct it before starting any thread, so that no
+// other thread receives the signals.
 class ShutdownSignals {
  public:
   ShutdownSignals();
+  ~ShutdownSignals();
   ShutdownSignals(const ShutdownSignals&) = delete;
   ShutdownSignals& operator=(const ShutdownSignals&) = delete;
 
-  // Blocks until a stop is requested; returns its name ("SIGTERM").
+  // Asks Wait() to return `reason`; the first request wins.
+  void Request(const std::string& reason);
+  // Blocks until a stop is requested; returns its reason ("SIGTERM").
   std::string Wait();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace kiln::platform

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/platform.h"
+#include "common/platform_internal.h"
 
 namespace kiln::platform {
 namespace {
@@ -64,23 +65,43 @@ class FlockLock : public ExclusiveLock {
 
 }  // namespace
 
-fs::path DefaultDataDir() { return EnvPathOr("XDG_CACHE_HOME", HomeDir() / ".cache") / "kiln"; }
+fs::path DefaultDataDir(Scope scope) {
+  if (scope == Scope::kMachine) return "/var/cache/kiln";
+  return EnvPathOr("XDG_CACHE_HOME", HomeDir() / ".cache") / "kiln";
+}
 
-fs::path DefaultConfigPath() {
+fs::path DefaultConfigPath(Scope scope) {
+  if (scope == Scope::kMachine) return "/etc/kiln/kilnd.conf";
   return EnvPathOr("XDG_CONFIG_HOME", HomeDir() / ".config") / "kiln" / "kilnd.conf";
 }
 
-fs::path DefaultSocketDir() {
+fs::path DefaultLogDir(Scope scope) {
+  if (scope == Scope::kMachine) return "/var/log/kiln";
+  return DefaultDataDir(scope) / "logs";
+}
+
+fs::path DefaultRuntimeDir(Scope scope) {
+  if (scope == Scope::kMachine) return "/run/kiln";
   const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
   if (runtime_dir != nullptr && runtime_dir[0] == '/') return fs::path(runtime_dir) / "kiln";
   return fs::path(absl::StrCat("/tmp/kiln-", getuid()));
 }
 
-std::string DefaultLocalEndpoint() {
-  return absl::StrCat("unix:", (DefaultSocketDir() / "kilnd.sock").string());
-}
+fs::path DefaultSocketPath(Scope scope) { return DefaultRuntimeDir(scope) / "kilnd.sock"; }
 
-absl::Status EnsurePrivateDirectory(const fs::path& dir) {
+fs::path DefaultEndpointFile(Scope) { return {}; }
+
+std::string DefaultLocalEndpoint() { return absl::StrCat("unix:", DefaultSocketPath().string()); }
+
+fs::path KilnPythonDir(Scope scope) { return DefaultDataDir(scope) / "python"; }
+
+absl::Status EnsurePrivateDirectory(const fs::path& dir, const std::vector<std::string>& readers) {
+  if (!readers.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "granting %s access to %s is a Windows setting (allowed_user); on Linux, share a machine "
+        "kilnd's socket through its directory's group (see deploy/linux/kilnd.system.service)",
+        absl::StrJoin(readers, ", "), dir.string()));
+  }
   std::error_code error;
   fs::create_directories(dir.parent_path(), error);
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -144,6 +165,15 @@ absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Replaced> ReplaceFile(const fs::path& from, const fs::path& to) {
+  // POSIX renames over open files: holders keep the old inode.
+  if (rename(from.c_str(), to.c_str()) != 0) {
+    return absl::InternalError(absl::StrFormat("cannot move %s to %s: %s", from.string(),
+                                               to.string(), ErrnoText()));
+  }
+  return Replaced::kYes;
+}
+
 absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
   FileDescriptor fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (fd.get() < 0) {
@@ -197,20 +227,34 @@ sigset_t ShutdownSignalSet() {
 }
 }  // namespace
 
-ShutdownSignals::ShutdownSignals() {
+ShutdownSignals::ShutdownSignals() : state_(std::make_unique<State>()) {
   const sigset_t set = ShutdownSignalSet();
-  // Threads inherit the mask, so only Wait() ever sees these signals.
+  // Threads inherit the mask, so only the waiter below ever sees these signals.
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   // A client that disconnects mid-write must not kill the service.
   signal(SIGPIPE, SIG_IGN);
+  state_->signal_waiter = std::thread([this] {
+    const sigset_t signals = ShutdownSignalSet();
+    int signal_number = 0;
+    while (sigwait(&signals, &signal_number) != 0) {
+    }
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->signal_waiter_done = true;
+    }
+    Request(signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  });
 }
 
-std::string ShutdownSignals::Wait() {
-  const sigset_t set = ShutdownSignalSet();
-  int signal_number = 0;
-  while (sigwait(&set, &signal_number) != 0) {
+ShutdownSignals::~ShutdownSignals() {
+  // The waiter may still be in sigwait (the stop came from Request): wake it
+  // with a signal aimed at that thread alone, which is discarded if the
+  // thread has already returned from sigwait and exits.
+  {
+    std::lock_guard lock(state_->mutex);
+    if (!state_->signal_waiter_done) pthread_kill(state_->signal_waiter.native_handle(), SIGTERM);
   }
-  return signal_number == SIGTERM ? "SIGTERM" : "SIGINT";
+  state_->signal_waiter.join();
 }
 
 }  // namespace kiln::platform

@@ -1,8 +1,10 @@
 #include "service/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -69,7 +71,22 @@ const std::vector<Setting>& Settings() {
          config.data_dir = std::filesystem::path(std::string(value));
          return absl::OkStatus();
        }},
+      {"log_dir", "directory of the rotating log files",
+       [](absl::string_view value, Config& config) {
+         config.log_dir = std::filesystem::path(std::string(value));
+         return absl::OkStatus();
+       }},
       {"local_socket", "path of the per-user Unix socket, or 'none'", Text(&Config::local_socket)},
+      {"endpoint_file",
+       "where to write the 127.0.0.1 port and access token for local clients, or 'none'",
+       Text(&Config::endpoint_file)},
+      {"local_port", "port of the endpoint_file listener on 127.0.0.1, 0 for any free one (0)",
+       Integer(&Config::local_port, 0, 65535)},
+      {"allowed_user", "Windows: an account that may use a machine kilnd (repeatable)",
+       [](absl::string_view value, Config& config) {
+         config.allowed_users.emplace_back(value);
+         return absl::OkStatus();
+       }},
       {"tcp_listen", "also listen on TCP: PORT (loopback) or HOST:PORT", Text(&Config::tcp_listen)},
       {"allow_remote", "permit a tcp_listen address other than loopback",
        Boolean(&Config::allow_remote)},
@@ -146,10 +163,15 @@ bool IsLoopbackHost(absl::string_view host) {
 
 }  // namespace
 
-Config DefaultConfig() {
+Config DefaultConfig(platform::Scope scope) {
   Config config;
-  config.data_dir = platform::DefaultDataDir();
-  config.local_socket = (platform::DefaultSocketDir() / "kilnd.sock").string();
+  config.scope = scope;
+  config.data_dir = platform::DefaultDataDir(scope);
+  config.log_dir = platform::DefaultLogDir(scope);
+  const std::filesystem::path socket = platform::DefaultSocketPath(scope);
+  config.local_socket = socket.empty() ? "none" : socket.string();
+  const std::filesystem::path endpoint_file = platform::DefaultEndpointFile(scope);
+  config.endpoint_file = endpoint_file.empty() ? "none" : endpoint_file.string();
   return config;
 }
 
@@ -179,9 +201,11 @@ std::string NormalizeTcpAddress(absl::string_view address) {
 }
 
 absl::Status ValidateConfig(const Config& config) {
-  if (config.local_socket == "none" && config.tcp_listen.empty()) {
+  if (config.local_socket == "none" && config.endpoint_file == "none" &&
+      config.tcp_listen.empty()) {
     return absl::InvalidArgumentError(
-        "kilnd would listen nowhere: local_socket is 'none' and tcp_listen is empty; set one");
+        "kilnd would listen nowhere: local_socket and endpoint_file are 'none' and tcp_listen is "
+        "empty; set one");
   }
   if (!config.tcp_listen.empty()) {
     const std::string address = NormalizeTcpAddress(config.tcp_listen);
@@ -204,25 +228,52 @@ absl::Status ValidateConfig(const Config& config) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The service-control words of `kilnd WORD`.
+const std::vector<std::pair<absl::string_view, Command>>& ServiceCommands() {
+  static const auto* commands = new std::vector<std::pair<absl::string_view, Command>>{
+      {"install", Command::kInstall}, {"uninstall", Command::kUninstall},
+      {"start", Command::kStart},     {"stop", Command::kStop},
+      {"status", Command::kStatus}};
+  return *commands;
+}
+
+absl::StatusOr<platform::Scope> ParseScope(absl::string_view value) {
+  if (value == "user") return platform::Scope::kUser;
+  if (value == "machine") return platform::Scope::kMachine;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--scope '%s' is not 'user' or 'machine'", value));
+}
+
+}  // namespace
+
 absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
   CommandLine result;
-  result.config = DefaultConfig();
+  // Flags that are not settings, taken out first: --scope picks the defaults
+  // every setting starts from.
   std::vector<std::pair<std::string, std::string>> flags;
+  std::optional<platform::Scope> scope;
   for (size_t i = 0; i < args.size(); ++i) {
     absl::string_view arg = args[i];
     if (arg == "--help" || arg == "-h" || arg == "--version") {
       result.command = arg == "--version" ? Command::kVersion : Command::kHelp;
       return result;
     }
-    if (arg == "--stats") {
-      result.command = Command::kStats;
-      continue;
-    }
-    if (arg == "--json") {
-      result.json = true;
+    if (arg == "--stats" || arg == "--json" || arg == "--windows-service") {
+      if (arg == "--stats") result.command = Command::kStats;
+      if (arg == "--json") result.json = true;
+      if (arg == "--windows-service") result.windows_service = true;
       continue;
     }
     if (!absl::StartsWith(arg, "--")) {
+      const auto& words = ServiceCommands();
+      const auto word = std::find_if(words.begin(), words.end(),
+                                     [&](const auto& entry) { return entry.first == arg; });
+      if (i == 0 && word != words.end()) {
+        result.command = word->second;
+        continue;
+      }
       return absl::InvalidArgumentError(
           absl::StrFormat("unexpected argument '%s'; run kilnd --help", arg));
     }
@@ -239,12 +290,25 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
     }
     if (name == "config") {
       result.config_file = value;
+    } else if (name == "scope") {
+      ASSIGN_OR_RETURN(scope, ParseScope(value));
+    } else if (name == "user" || name == "password") {
+      if (result.command != Command::kInstall) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--%s is an option of kilnd install only", name));
+      }
+      (name == "user" ? result.service_account : result.service_password) = value;
     } else {
       flags.emplace_back(std::move(name), std::move(value));
     }
   }
-  if (result.config_file.empty() && std::filesystem::exists(platform::DefaultConfigPath())) {
-    result.config_file = platform::DefaultConfigPath();
+  // A Windows service serves the machine unless --scope says otherwise.
+  const bool service = result.command == Command::kInstall || result.windows_service;
+  const platform::Scope chosen =
+      scope.value_or(service ? platform::Scope::kMachine : platform::Scope::kUser);
+  result.config = DefaultConfig(chosen);
+  if (result.config_file.empty() && std::filesystem::exists(platform::DefaultConfigPath(chosen))) {
+    result.config_file = platform::DefaultConfigPath(chosen);
   }
   if (!result.config_file.empty()) RETURN_IF_ERROR(ReadConfigFile(result.config_file, result.config));
   // allow_remote is deliberately file-only: exposing the cache must be written down.
@@ -265,7 +329,12 @@ std::string UsageText() {
       "usage: kilnd [--config FILE] [--SETTING=VALUE ...]   serve until SIGTERM/SIGINT\n"
       "       kilnd --stats [--json] [--local-socket PATH | --tcp-listen ADDR]\n"
       "                                                     print a running kilnd's stats\n"
+      "       kilnd install [--user ACCOUNT [--password P]] [--config FILE]\n"
+      "                                                     Windows: register the kilnd service\n"
+      "                                                     (default account NT AUTHORITY\\LocalService)\n"
+      "       kilnd uninstall | start | stop | status       Windows: control the kilnd service\n"
       "       kilnd --help | --version\n\n"
+      "--scope=user|machine picks the default paths (machine: a service for every user).\n\n"
       "Settings (config file: 'name = value'; flag: --name=value):\n";
   for (const Setting& setting : Settings()) {
     absl::StrAppend(&text, absl::StrFormat("  %-18s %s\n", setting.name, setting.help));

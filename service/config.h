@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/platform.h"
 
 namespace kiln::service {
 
@@ -15,9 +16,18 @@ namespace kiln::service {
 // as `name = value` in the config file and as `--name=value` on the command
 // line (underscores or dashes), where the flag wins.
 struct Config {
+  // Whom this kilnd serves; picks the defaults of the paths below.
+  platform::Scope scope = platform::Scope::kUser;
   std::filesystem::path data_dir;
-  // The per-user local socket; "none" disables it.
+  std::filesystem::path log_dir;
+  // The per-user local socket; "none" disables it (the default on Windows).
   std::string local_socket;
+  // Where kilnd writes the loopback port and access token local clients use
+  // (the Windows transport); "none" disables that listener (the POSIX default).
+  std::string endpoint_file;
+  int local_port = 0;  // port of that listener; 0 picks a free one
+  // Accounts besides kilnd's own that may read the endpoint file (Windows).
+  std::vector<std::string> allowed_users;
   // Optional TCP listener: "PORT" (loopback) or "HOST:PORT". Empty: no TCP.
   std::string tcp_listen;
   // A tcp_listen address off this machine is refused unless this is true.
@@ -38,17 +48,35 @@ struct Config {
   int log_files = 3;
 };
 
-enum class Command { kServe, kStats, kHelp, kVersion };
+enum class Command {
+  kServe,
+  kStats,
+  kHelp,
+  kVersion,
+  // Windows Service Control Manager: kilnd install|uninstall|start|stop|status.
+  kInstall,
+  kUninstall,
+  kStart,
+  kStop,
+  kStatus,
+};
 
 struct CommandLine {
   Command command = Command::kServe;
   Config config;
   std::filesystem::path config_file;  // empty when none was read
   bool json = false;                  // --stats --json
+  // Serve as a Windows service (the SCM started us: kilnd install puts this
+  // flag in the service's command line).
+  bool windows_service = false;
+  // kilnd install: the account the service runs as, and its password (only
+  // for a real user account; built-in and virtual accounts have none).
+  std::string service_account;
+  std::string service_password;
 };
 
-// Defaults for this user: data dir, local socket.
-Config DefaultConfig();
+// Defaults for `scope`: data, log and runtime directories, local transport.
+Config DefaultConfig(platform::Scope scope = platform::Scope::kUser);
 
 // Applies `name = value` lines (# comments, blank lines) from `text`.
 // INVALID_ARGUMENT names the file, line and problem.

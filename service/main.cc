@@ -40,7 +40,7 @@ absl::Status ConfigureLogging(const Config& config) {
   }
   std::vector<spdlog::sink_ptr> sinks;
   sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
-  const fs::path log_file = config.data_dir / "logs" / "kilnd.log";
+  const fs::path log_file = config.log_dir / "kilnd.log";
   try {
     sinks.push_back(std::make_shared<spdlog::sinks::rotating_file_sink_mt>(
         log_file.string(), config.log_file_size, static_cast<size_t>(config.log_files)));
