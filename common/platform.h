@@ -77,14 +77,14 @@ bool LocalSocketAcceptsConnections(const std::filesystem::path& path);
 // before returning, so a later rename publishes complete content only.
 absl::Status WriteFileDurably(const std::filesystem::path& path, absl::string_view data);
 
-// What ReplaceFile did.
+// What MoveFileOver did.
 enum class Replaced { kYes, kTargetInUse };
 
 // Atomically moves `from` over `to`. On Windows a file another handle holds
 // open without FILE_SHARE_DELETE (a loaded launcher DLL, a reader) cannot be
 // replaced: that is kTargetInUse, and `from` is left in place. Other failures
 // are INTERNAL, naming both paths.
-absl::StatusOr<Replaced> ReplaceFile(const std::filesystem::path& from,
+absl::StatusOr<Replaced> MoveFileOver(const std::filesystem::path& from,
                                      const std::filesystem::path& to);
 
 // Publishes `temp` as `target`, a file named for its content's digest: when

@@ -11,7 +11,7 @@ namespace kiln::platform {
 
 absl::Status PublishContentAddressedFile(const std::filesystem::path& temp,
                                          const std::filesystem::path& target) {
-  absl::StatusOr<Replaced> replaced = ReplaceFile(temp, target);
+  absl::StatusOr<Replaced> replaced = MoveFileOver(temp, target);
   if (!replaced.ok()) return replaced.status();
   if (*replaced == Replaced::kTargetInUse) {
     std::error_code error;

@@ -165,7 +165,7 @@ absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Replaced> ReplaceFile(const fs::path& from, const fs::path& to) {
+absl::StatusOr<Replaced> MoveFileOver(const fs::path& from, const fs::path& to) {
   // POSIX renames over open files: holders keep the old inode.
   if (rename(from.c_str(), to.c_str()) != 0) {
     return absl::InternalError(absl::StrFormat("cannot move %s to %s: %s", from.string(),

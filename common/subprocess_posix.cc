@@ -238,32 +238,6 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
                                            options.stderr_tail_bytes);
 }
 
-absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
-                                         absl::Duration timeout, const SpawnOptions& options) {
-  absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(argv, options);
-  if (!process.ok()) return process.status();
-  (*process)->CloseStdin();
-  CommandResult result;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    absl::StatusOr<std::string> chunk = (*process)->ReadSome(64 * 1024, deadline);
-    if (absl::IsDeadlineExceeded(chunk.status())) {
-      (*process)->Kill();
-      (*process)->Wait();
-      result.exit_description =
-          absl::StrFormat("timed out after %s", absl::FormatDuration(timeout));
-      result.errors = (*process)->StderrTail();
-      return result;
-    }
-    if (!chunk.ok() || chunk->empty()) break;  // end of output
-    result.output += *chunk;
-  }
-  result.exit_description = (*process)->Wait();
-  result.succeeded = (*process)->Succeeded();
-  result.errors = (*process)->StderrTail();
-  return result;
-}
-
 fs::path FindOnPath(absl::string_view program) {
   if (program.find('/') != absl::string_view::npos) {
     return access(std::string(program).c_str(), X_OK) == 0 ? fs::path(std::string(program))

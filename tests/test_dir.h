@@ -1,6 +1,13 @@
 #ifndef KILN_TESTS_TEST_DIR_H_
 #define KILN_TESTS_TEST_DIR_H_
 
+#ifdef _WIN32
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+#endif
+
 #include <filesystem>
 #include <random>
 #include <string>
@@ -16,8 +23,13 @@ class TestDir {
  public:
   TestDir() {
     const char* base = std::getenv("TEST_TMPDIR");
+#ifdef _WIN32
+    const std::filesystem::path fallback = std::filesystem::temp_directory_path();
+#else
+    const std::filesystem::path fallback = "/tmp";  // TMPDIR may be too long for a socket path
+#endif
     std::random_device random;
-    path_ = std::filesystem::path(base != nullptr ? base : "/tmp") /
+    path_ = (base != nullptr ? std::filesystem::path(base) : fallback) /
             ("kiln-t" + std::to_string(random() % 1000000000));
     std::filesystem::create_directories(path_);
   }
@@ -34,6 +46,15 @@ class TestDir {
  private:
   std::filesystem::path path_;
 };
+
+#ifdef _WIN32
+// True when the Windows tests run under Wine (CI), which implements some
+// Win32 calls without their effect (file DACLs, service recovery actions).
+inline bool UnderWine() {
+  const HMODULE ntdll = GetModuleHandleW(L"ntdll.dll");
+  return ntdll != nullptr && GetProcAddress(ntdll, "wine_get_version") != nullptr;
+}
+#endif
 
 // Deterministic bytes of a given size for a seed; compressible when asked.
 inline std::string TestBytes(size_t size, uint32_t seed, bool compressible = false) {

@@ -1,0 +1,338 @@
+// The platform layer on Windows (Win32, wide-character APIs throughout).
+
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+// After windows.h:
+#include <aclapi.h>
+#include <sddl.h>
+#include <shlobj.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/platform.h"
+#include "common/platform_internal.h"
+#include "common/status_macros.h"
+#include "common/windows_text.h"
+
+namespace kiln::platform {
+namespace {
+
+namespace fs = std::filesystem;
+
+// %VARIABLE% when set to an absolute path, else the known folder.
+fs::path EnvOrKnownFolder(const wchar_t* variable, REFKNOWNFOLDERID folder) {
+  wchar_t value[MAX_PATH];
+  const DWORD length = GetEnvironmentVariableW(variable, value, MAX_PATH);
+  if (length > 0 && length < MAX_PATH) {
+    const fs::path path(value);
+    if (path.is_absolute()) return path;
+  }
+  PWSTR known = nullptr;
+  fs::path result;
+  if (SUCCEEDED(SHGetKnownFolderPath(folder, 0, nullptr, &known))) result = fs::path(known);
+  CoTaskMemFree(known);
+  return result;
+}
+
+class Handle {
+ public:
+  explicit Handle(HANDLE handle = INVALID_HANDLE_VALUE) : handle_(handle) {}
+  ~Handle() {
+    if (valid()) CloseHandle(handle_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  bool valid() const { return handle_ != INVALID_HANDLE_VALUE && handle_ != nullptr; }
+  HANDLE get() const { return handle_; }
+  HANDLE release() { return std::exchange(handle_, INVALID_HANDLE_VALUE); }
+
+ private:
+  HANDLE handle_;
+};
+
+// The SID of the account this process runs as, in a buffer that owns it.
+absl::StatusOr<std::vector<unsigned char>> CurrentUserSid() {
+  HANDLE raw_token = nullptr;
+  if (!OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &raw_token)) {
+    return absl::InternalError(absl::StrCat("cannot open the process token: ", LastErrorText()));
+  }
+  Handle token(raw_token);
+  DWORD size = 0;
+  GetTokenInformation(token.get(), TokenUser, nullptr, 0, &size);
+  std::vector<unsigned char> buffer(size);
+  if (size == 0 || !GetTokenInformation(token.get(), TokenUser, buffer.data(), size, &size)) {
+    return absl::InternalError(absl::StrCat("cannot read the process user: ", LastErrorText()));
+  }
+  const PSID sid = reinterpret_cast<TOKEN_USER*>(buffer.data())->User.Sid;
+  std::vector<unsigned char> copy(GetLengthSid(sid));
+  CopySid(static_cast<DWORD>(copy.size()), copy.data(), sid);
+  return copy;
+}
+
+absl::StatusOr<std::vector<unsigned char>> AccountSid(const std::string& account) {
+  DWORD sid_size = 0;
+  DWORD domain_size = 0;
+  SID_NAME_USE use;
+  const std::wstring name = Widen(account);
+  LookupAccountNameW(nullptr, name.c_str(), nullptr, &sid_size, nullptr, &domain_size, &use);
+  std::vector<unsigned char> sid(sid_size);
+  std::wstring domain(domain_size, L'\0');
+  if (sid_size == 0 || !LookupAccountNameW(nullptr, name.c_str(), sid.data(), &sid_size,
+                                           domain.data(), &domain_size, &use)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "unknown account '%s' (%s); write it as DOMAIN\\user or COMPUTER\\user", account,
+        LastErrorText()));
+  }
+  return sid;
+}
+
+std::string SidText(const void* sid) {
+  LPWSTR text = nullptr;
+  if (!ConvertSidToStringSidW(const_cast<PSID>(sid), &text)) return "?";
+  std::string result = Narrow(text);
+  LocalFree(text);
+  return result;
+}
+
+class FileLock : public ExclusiveLock {
+ public:
+  explicit FileLock(HANDLE file) : file_(file) {}
+  ~FileLock() override {
+    OVERLAPPED whole{};
+    UnlockFileEx(file_.get(), 0, MAXDWORD, MAXDWORD, &whole);
+  }
+
+ private:
+  Handle file_;
+};
+
+class WindowsLibrary : public DynamicLibrary {
+ public:
+  explicit WindowsLibrary(HMODULE module) : module_(module) {}
+  ~WindowsLibrary() override { FreeLibrary(module_); }
+  void* Symbol(const char* symbol) override {
+    return reinterpret_cast<void*>(GetProcAddress(module_, symbol));
+  }
+
+ private:
+  HMODULE module_;
+};
+
+}  // namespace
+
+fs::path DefaultDataDir(Scope scope) {
+  const fs::path root = scope == Scope::kMachine
+                            ? EnvOrKnownFolder(L"ProgramData", FOLDERID_ProgramData)
+                            : EnvOrKnownFolder(L"LOCALAPPDATA", FOLDERID_LocalAppData);
+  return root / "kiln";
+}
+
+fs::path DefaultConfigPath(Scope scope) { return DefaultDataDir(scope) / "kilnd.conf"; }
+
+fs::path DefaultLogDir(Scope scope) { return DefaultDataDir(scope) / "logs"; }
+
+fs::path DefaultRuntimeDir(Scope scope) { return DefaultDataDir(scope) / "run"; }
+
+fs::path DefaultSocketPath(Scope) { return {}; }
+
+fs::path DefaultEndpointFile(Scope scope) { return DefaultRuntimeDir(scope) / "kilnd.endpoint"; }
+
+std::string DefaultLocalEndpoint() { return ""; }
+
+fs::path KilnPythonDir(Scope scope) { return DefaultDataDir(scope) / "python"; }
+
+absl::Status EnsurePrivateDirectory(const fs::path& dir, const std::vector<std::string>& readers) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  const DWORD attributes = GetFileAttributesW(dir.c_str());
+  if (attributes == INVALID_FILE_ATTRIBUTES) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot create directory %s: %s; create it or choose another path", PathText(dir),
+        error ? error.message() : LastErrorText()));
+  }
+  // A junction or symlink planted by another user must not redirect our files.
+  if ((attributes & FILE_ATTRIBUTE_DIRECTORY) == 0 ||
+      (attributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is not a directory (or is a junction or symlink); remove it so kilnd can create a "
+        "private one",
+        PathText(dir)));
+  }
+  ASSIGN_OR_RETURN(std::vector<unsigned char> self, CurrentUserSid());
+  PSID owner = nullptr;
+  PSECURITY_DESCRIPTOR descriptor = nullptr;
+  if (GetNamedSecurityInfoW(dir.c_str(), SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION, &owner,
+                            nullptr, nullptr, nullptr, &descriptor) == ERROR_SUCCESS) {
+    const bool mine = owner != nullptr && EqualSid(owner, self.data());
+    const std::string owner_text = owner != nullptr ? SidText(owner) : "nobody";
+    LocalFree(descriptor);
+    if (!mine) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s is owned by %s, not by this account (%s); another user may be intercepting kilnd's "
+          "endpoint: remove the directory so kilnd can create its own",
+          PathText(dir), owner_text, SidText(self.data())));
+    }
+  }
+  std::vector<std::vector<unsigned char>> reader_sids;
+  for (const std::string& reader : readers) {
+    ASSIGN_OR_RETURN(std::vector<unsigned char> sid, AccountSid(reader));
+    reader_sids.push_back(std::move(sid));
+  }
+  // A protected DACL: nothing inherited from the parent, so only these entries apply.
+  std::vector<EXPLICIT_ACCESSW> entries;
+  auto grant = [&entries](void* sid, DWORD permissions) {
+    EXPLICIT_ACCESSW entry{};
+    entry.grfAccessPermissions = permissions;
+    entry.grfAccessMode = SET_ACCESS;
+    entry.grfInheritance = SUB_CONTAINERS_AND_OBJECTS_INHERIT;
+    entry.Trustee.TrusteeForm = TRUSTEE_IS_SID;
+    entry.Trustee.TrusteeType = TRUSTEE_IS_UNKNOWN;
+    entry.Trustee.ptstrName = static_cast<LPWSTR>(sid);
+    entries.push_back(entry);
+  };
+  grant(self.data(), GENERIC_ALL);
+  for (auto& sid : reader_sids) grant(sid.data(), GENERIC_READ | GENERIC_EXECUTE);
+  PACL acl = nullptr;
+  DWORD result = SetEntriesInAclW(static_cast<ULONG>(entries.size()), entries.data(), nullptr, &acl);
+  if (result == ERROR_SUCCESS) {
+    result = SetNamedSecurityInfoW(const_cast<LPWSTR>(dir.c_str()), SE_FILE_OBJECT,
+                                   DACL_SECURITY_INFORMATION | PROTECTED_DACL_SECURITY_INFORMATION,
+                                   nullptr, nullptr, acl, nullptr);
+    LocalFree(acl);
+  }
+  if (result != ERROR_SUCCESS) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot restrict %s to its owner: %s", PathText(dir), ErrorText(result)));
+  }
+  return absl::OkStatus();
+}
+
+bool LocalSocketAcceptsConnections(const fs::path&) {
+  // Windows kilnd serves local clients through the endpoint file, never a
+  // Unix socket, so there is no socket to probe.
+  return false;
+}
+
+absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
+  Handle file(CreateFileW(path.c_str(), GENERIC_WRITE, 0, nullptr, CREATE_NEW,
+                          FILE_ATTRIBUTE_NORMAL, nullptr));
+  if (!file.valid()) {
+    return absl::InternalError(
+        absl::StrFormat("cannot create %s: %s", PathText(path), LastErrorText()));
+  }
+  size_t written = 0;
+  while (written < data.size()) {
+    const DWORD chunk =
+        static_cast<DWORD>(std::min<size_t>(data.size() - written, 1u << 30));
+    DWORD n = 0;
+    if (!WriteFile(file.get(), data.data() + written, chunk, &n, nullptr)) {
+      return absl::InternalError(absl::StrFormat(
+          "cannot write %s: %s; check free disk space", PathText(path), LastErrorText()));
+    }
+    written += n;
+  }
+  if (!FlushFileBuffers(file.get())) {
+    return absl::InternalError(
+        absl::StrFormat("cannot flush %s: %s", PathText(path), LastErrorText()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Replaced> MoveFileOver(const fs::path& from, const fs::path& to) {
+  if (MoveFileExW(from.c_str(), to.c_str(), MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
+    return Replaced::kYes;
+  }
+  const DWORD error = GetLastError();
+  const DWORD target = GetFileAttributesW(to.c_str());
+  const bool target_is_file =
+      target != INVALID_FILE_ATTRIBUTES && (target & FILE_ATTRIBUTE_DIRECTORY) == 0;
+  // An open handle without FILE_SHARE_DELETE (or a mapped image: a loaded
+  // DLL) makes the target unreplaceable until it is closed.
+  if (target_is_file && (error == ERROR_ACCESS_DENIED || error == ERROR_SHARING_VIOLATION)) {
+    return Replaced::kTargetInUse;
+  }
+  return absl::InternalError(absl::StrFormat("cannot move %s to %s: %s", PathText(from),
+                                             PathText(to), ErrorText(error)));
+}
+
+absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
+  Handle file(CreateFileW(path.c_str(), GENERIC_READ | GENERIC_WRITE,
+                          FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                          OPEN_ALWAYS, FILE_ATTRIBUTE_NORMAL, nullptr));
+  if (!file.valid()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot open lock file %s: %s", PathText(path), LastErrorText()));
+  }
+  OVERLAPPED whole{};
+  if (!LockFileEx(file.get(), LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, MAXDWORD,
+                  MAXDWORD, &whole)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is locked by another process: another kilnd already uses this data directory; stop "
+        "it (kilnd stop, or end kilnd.exe) or pass a different --data-dir",
+        PathText(path)));
+  }
+  return std::make_unique<FileLock>(file.release());
+}
+
+absl::StatusOr<std::unique_ptr<DynamicLibrary>> LoadDynamicLibrary(
+    const std::vector<std::string>& names) {
+  std::string last_error;
+  for (const std::string& name : names) {
+    const std::wstring wide = Widen(name);
+    if (HMODULE module = LoadLibraryW(wide.c_str())) {
+      return std::make_unique<WindowsLibrary>(module);
+    }
+    last_error = LastErrorText();
+  }
+  return absl::NotFoundError(
+      absl::StrFormat("cannot load %s: %s", absl::StrJoin(names, " or "), last_error));
+}
+
+namespace {
+
+// The one ShutdownSignals the console handler reports to.
+std::atomic<ShutdownSignals*> console_listener{nullptr};
+
+BOOL WINAPI OnConsoleControl(DWORD event) {
+  ShutdownSignals* listener = console_listener.load();
+  if (listener == nullptr) return FALSE;
+  switch (event) {
+    case CTRL_C_EVENT:
+      listener->Request("Ctrl+C");
+      return TRUE;
+    case CTRL_BREAK_EVENT:
+      listener->Request("Ctrl+Break");
+      return TRUE;
+    case CTRL_CLOSE_EVENT:
+    case CTRL_SHUTDOWN_EVENT:
+      listener->Request(event == CTRL_CLOSE_EVENT ? "console closed" : "system shutdown");
+      // Windows ends the process when this returns: give the main thread the
+      // few seconds it allows to finish requests and close the database.
+      Sleep(4500);
+      return TRUE;
+    default:
+      // CTRL_LOGOFF_EVENT: one user logging off must not stop a machine service.
+      return FALSE;
+  }
+}
+
+}  // namespace
+
+ShutdownSignals::ShutdownSignals() : state_(std::make_unique<State>()) {
+  console_listener.store(this);
+  SetConsoleCtrlHandler(OnConsoleControl, TRUE);
+}
+
+ShutdownSignals::~ShutdownSignals() {
+  SetConsoleCtrlHandler(OnConsoleControl, FALSE);
+  ShutdownSignals* self = this;
+  console_listener.compare_exchange_strong(self, nullptr);
+}
+
+}  // namespace kiln::platform
