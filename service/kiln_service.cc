@@ -1,11 +1,13 @@
 #include "service/kiln_service.h"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "common/fmt_absl.h"
 #include "common/status_macros.h"
 #include "service/request_validation.h"
@@ -41,11 +43,23 @@ void FillEntry(cache::CacheEntry entry, v1::CacheEntry& out) {
   }
 }
 
-// A Unix-socket peer is the service's own user: the socket lives in a 0700
-// directory. Anything over TCP is another trust domain.
-Caller IdentifyCaller(const grpc::CallbackServerContext& context) {
-  const bool local = absl::StartsWith(context.peer(), "unix:");
-  return Caller{local ? "local" : "net", local};
+constexpr char kTokenHeader[] = "x-kiln-token";
+
+// The token the client sent, or nullopt.
+std::optional<absl::string_view> SentToken(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find(kTokenHeader);
+  if (found == metadata.end()) return std::nullopt;
+  return absl::string_view(found->second.data(), found->second.size());
+}
+
+// Compares in time independent of where the strings differ, so the token
+// cannot be guessed byte by byte from response times.
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char difference = 0;
+  for (size_t i = 0; i < a.size(); ++i) difference |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return difference == 0;
 }
 
 v1::CompileError::Kind ToWireKind(compiler::CompileFailure::Kind kind) {
@@ -70,19 +84,61 @@ void FillError(const compiler::CompileFailure& failure, v1::CompileError& out) {
 
 KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
                          CompileCoordinator& coordinator, std::string data_dir,
-                         absl::Duration claim_timeout)
+                         absl::Duration claim_timeout, TcpAccess tcp_access)
     : store_(store),
       toolchains_(toolchains),
       coordinator_(coordinator),
       data_dir_(std::move(data_dir)),
+      tcp_access_(std::move(tcp_access)),
       claims_(claim_timeout),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}
+
+Caller KilnService::IdentifyCaller(const grpc::CallbackServerContext& context) const {
+  // The socket lives in a directory only the service's user may enter.
+  if (absl::StartsWith(context.peer(), "unix:")) return Caller{"local", true};
+  const std::optional<absl::string_view> token = SentToken(context);
+  if (!tcp_access_.token.empty() && token.has_value() && SameSecret(*token, tcp_access_.token)) {
+    return Caller{"local", true};
+  }
+  return Caller{"net", false};
+}
+
+absl::Status KilnService::Admit(const grpc::CallbackServerContext& context) const {
+  if (absl::StartsWith(context.peer(), "unix:")) return absl::OkStatus();
+  const std::optional<absl::string_view> token = SentToken(context);
+  if (token.has_value()) {
+    if (!tcp_access_.token.empty() && SameSecret(*token, tcp_access_.token)) {
+      return absl::OkStatus();
+    }
+    return absl::UnauthenticatedError(absl::StrFormat(
+        "the access token does not match this kilnd's (it writes a new one each start); read "
+        "it again from %s",
+        tcp_access_.endpoint_file.empty() ? "kilnd's endpoint file" : tcp_access_.endpoint_file));
+  }
+  if (tcp_access_.tokenless_allowed) return absl::OkStatus();
+  return absl::UnauthenticatedError(absl::StrFormat(
+      "this kilnd serves local clients that send the access token from %s (the kiln clients do); "
+      "for tokenless TCP clients set tcp_listen",
+      tcp_access_.endpoint_file));
+}
+
+absl::Status KilnService::RequireLocalUser(const grpc::CallbackServerContext& context) const {
+  if (IdentifyCaller(context).same_local_user) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      "maintenance RPCs are served only to kilnd's own user: over its local socket, or with the "
+      "access token from its endpoint file");
+}
 
 template <typename Handler>
 grpc::ServerUnaryReactor* KilnService::ServeAsync(grpc::CallbackServerContext* context, Rpc rpc,
                                                   Handler handler) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  if (absl::Status admitted = Admit(*context); !admitted.ok()) {
+    rpc_stats_.Record(rpc, absl::Now() - start, false);
+    reactor->Finish(ToGrpcStatus(admitted));
+    return reactor;
+  }
   handler([this, reactor, rpc, start](const absl::Status& status) {
     rpc_stats_.Record(rpc, absl::Now() - start, status.ok());
     if (IsServerSideError(status)) {
@@ -265,17 +321,6 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
     return absl::OkStatus();
   });
 }
-
-namespace {
-
-// Maintenance changes the service user's cache: nobody else may ask for it.
-absl::Status RequireLocalUser(const grpc::CallbackServerContext& context) {
-  if (IdentifyCaller(context).same_local_user) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      "maintenance RPCs are served only over kilnd's local socket, to its own user");
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* context,
                                              const v1::EvictRequest* request,

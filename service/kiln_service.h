@@ -19,11 +19,22 @@ namespace kiln::service {
 // call the core, and convert the absl::Status in one place (Serve); storage
 // work that may block (puts: hashing, compression, fsync) runs on our own pool,
 // never on gRPC's threads.
+// Who is who over TCP. A Unix-socket peer is always the service's own user.
+// A TCP client that sends `token` (metadata "x-kiln-token"; kilnd writes it to
+// an endpoint file only allowed accounts can read) is that user too. Other TCP
+// clients are the "net" domain when `tokenless_allowed` (tcp_listen is set),
+// and are refused otherwise.
+struct TcpAccess {
+  std::string token;  // empty: no token listener
+  bool tokenless_allowed = true;
+  std::string endpoint_file;  // named in refusals
+};
+
 class KilnService final : public v1::Kiln::CallbackService {
  public:
   KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
               CompileCoordinator& coordinator, std::string data_dir,
-              absl::Duration claim_timeout);
+              absl::Duration claim_timeout, TcpAccess tcp_access = {});
 
   // Answers every lookup still waiting on another client's compile, so that
   // shutdown does not wait on them.
@@ -57,6 +68,14 @@ class KilnService final : public v1::Kiln::CallbackService {
  private:
   enum class Where { kInline, kBlockingPool };
 
+  // The caller's trust domain (see TcpAccess).
+  Caller IdentifyCaller(const grpc::CallbackServerContext& context) const;
+  // UNAUTHENTICATED for a wrong token, or for a TCP client without one when
+  // only token holders are served.
+  absl::Status Admit(const grpc::CallbackServerContext& context) const;
+  // Maintenance changes the service user's cache: nobody else may ask for it.
+  absl::Status RequireLocalUser(const grpc::CallbackServerContext& context) const;
+
   // The store lookup behind Lookup; a miss is found = false.
   absl::Status LookupInto(const std::string& ns, const v1::LookupRequest& request,
                           v1::LookupResponse& response);
@@ -77,6 +96,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   compiler::ToolchainRegistry& toolchains_;
   CompileCoordinator& coordinator_;
   const std::string data_dir_;
+  const TcpAccess tcp_access_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
   std::atomic<uint64_t> next_request_id_{1};

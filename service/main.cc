@@ -1,7 +1,9 @@
-// kilnd: the Kiln service. Serves until SIGTERM/SIGINT, then finishes in-flight
-// requests and closes the database.
+// kilnd: the Kiln service. Serves until SIGTERM/SIGINT (Ctrl+C, or the
+// service's stop control on Windows), then finishes in-flight requests and
+// closes the database.
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +22,7 @@
 #include "kiln/client.h"
 #include "service/config.h"
 #include "service/server.h"
+#include "service/service_host.h"
 #include "spdlog/sinks/rotating_file_sink.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -56,7 +59,8 @@ absl::Status ConfigureLogging(const Config& config) {
 }
 
 // Owns everything that must be gone before the data-dir lock is released.
-absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals& signals) {
+absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals& signals,
+                           const std::function<void()>& ready) {
   kiln::cache::StoreOptions store_options;
   store_options.data_dir = config.data_dir;
   store_options.max_size_bytes = config.max_cache_size;
@@ -109,6 +113,11 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
 
   kiln::service::ServerOptions server_options;
   if (config.local_socket != "none") server_options.local_socket = config.local_socket;
+  if (config.endpoint_file != "none") {
+    server_options.endpoint_file = config.endpoint_file;
+    server_options.local_port = config.local_port;
+    server_options.endpoint_readers = config.allowed_users;
+  }
   if (!config.tcp_listen.empty()) {
     server_options.tcp_address = kiln::service::NormalizeTcpAddress(config.tcp_listen);
   }
@@ -120,6 +129,11 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   spdlog::info("kilnd {} serving on {} (data dir {}, cache cap {} bytes)", KILN_VERSION,
                absl::StrJoin(server->endpoints(), ", "), config.data_dir.string(),
                config.max_cache_size);
+  if (!server_options.endpoint_file.empty()) {
+    spdlog::info("local clients find the port and access token in {}",
+                 server_options.endpoint_file);
+  }
+  ready();
 
   const std::string signal_name = signals.Wait();
   spdlog::info("{} received: finishing in-flight requests", signal_name);
@@ -128,13 +142,15 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   return absl::OkStatus();  // then the coordinator drains, workers exit, the store closes
 }
 
-absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signals) {
+absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signals,
+                   const std::function<void()>& ready) {
   RETURN_IF_ERROR(kiln::service::ValidateConfig(config));
   std::error_code error;
   fs::create_directories(config.data_dir, error);
+  fs::create_directories(config.log_dir, error);
   RETURN_IF_ERROR(ConfigureLogging(config));
   ASSIGN_OR_RETURN(auto lock, kiln::platform::TryLockFile(config.data_dir / "kilnd.lock"));
-  RETURN_IF_ERROR(ServeWithLock(config, signals));
+  RETURN_IF_ERROR(ServeWithLock(config, signals, ready));
   spdlog::info("kilnd stopped cleanly");
   return absl::OkStatus();
 }
@@ -145,6 +161,8 @@ int PrintStats(const kiln::service::CommandLine& command_line) {
     options.endpoint = kiln::service::NormalizeTcpAddress(command_line.config.tcp_listen);
   } else if (command_line.config.local_socket != "none") {
     options.endpoint = "unix:" + command_line.config.local_socket;
+  } else if (command_line.config.endpoint_file != "none") {
+    options.endpoint_file = command_line.config.endpoint_file;
   }
   kiln::Client client(options);
   absl::StatusOr<kiln::v1::GetStatsResponse> stats = client.Stats();
@@ -176,10 +194,19 @@ int main(int argc, char** argv) {
       return 0;
     case kiln::service::Command::kStats:
       return PrintStats(*command_line);
+    case kiln::service::Command::kInstall:
+    case kiln::service::Command::kUninstall:
+    case kiln::service::Command::kStart:
+    case kiln::service::Command::kStop:
+    case kiln::service::Command::kStatus:
+      return kiln::service::RunServiceCommand(*command_line);
     case kiln::service::Command::kServe:
       break;
   }
-  if (absl::Status status = Serve(command_line->config, signals); !status.ok()) {
+  if (command_line->windows_service) {
+    return kiln::service::RunAsService(*command_line, signals, Serve);
+  }
+  if (absl::Status status = Serve(command_line->config, signals, [] {}); !status.ok()) {
     spdlog::critical("kilnd cannot start: {}", status.message());
     return 1;
   }

@@ -1,12 +1,16 @@
 #include "service/server.h"
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <random>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/platform.h"
 #include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -44,15 +48,62 @@ absl::Status PrepareSocketPath(const fs::path& path) {
   return absl::OkStatus();
 }
 
+// 32 random bytes as hex: what a local client proves it could read the
+// endpoint file with.
+std::string NewAccessToken() {
+  std::random_device random;  // the OS's CSPRNG (getrandom, RtlGenRandom)
+  std::string token;
+  for (int i = 0; i < 8; ++i) absl::StrAppend(&token, absl::Hex(random(), absl::kZeroPad8));
+  return token;
+}
+
+// Refuses to take over the endpoint file of a kilnd that still answers there.
+absl::Status PrepareEndpointFile(const fs::path& path, const std::vector<std::string>& readers) {
+  RETURN_IF_ERROR(platform::EnsurePrivateDirectory(path.parent_path(), readers));
+  std::ifstream in(path);
+  std::string address;
+  if (in && std::getline(in, address) && !address.empty()) {
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    if (channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(300))) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "another kilnd is already serving at %s (from %s); stop it or set endpoint_file",
+          address, path.string()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteEndpointFile(const fs::path& path, int port, const std::string& token) {
+  const fs::path temp = path.string() + ".tmp";
+  std::error_code ignored;
+  fs::remove(temp, ignored);
+  RETURN_IF_ERROR(
+      platform::WriteFileDurably(temp, absl::StrCat("127.0.0.1:", port, "\n", token, "\n")));
+  absl::StatusOr<platform::Replaced> replaced = platform::MoveFileOver(temp, path);
+  if (!replaced.ok()) return replaced.status();
+  if (*replaced == platform::Replaced::kTargetInUse) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot replace %s: another process holds it open; close it and start kilnd again",
+        path.string()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     const ServerOptions& options, cache::ArtifactStore& store,
     compiler::ToolchainRegistry& toolchains, CompileCoordinator& coordinator) {
   std::unique_ptr<KilnServer> server(new KilnServer());
-  server->service_ =
-      std::make_unique<KilnService>(store, toolchains, coordinator, options.data_dir,
-                                    options.claim_timeout);
+  TcpAccess tcp_access;
+  tcp_access.tokenless_allowed = !options.tcp_address.empty();
+  if (!options.endpoint_file.empty()) {
+    RETURN_IF_ERROR(PrepareEndpointFile(options.endpoint_file, options.endpoint_readers));
+    tcp_access.token = NewAccessToken();
+    tcp_access.endpoint_file = options.endpoint_file;
+  }
+  server->service_ = std::make_unique<KilnService>(
+      store, toolchains, coordinator, options.data_dir, options.claim_timeout, tcp_access);
   // Must precede building the server; serves grpc.health.v1 with no extra code.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -66,6 +117,12 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
   if (!options.tcp_address.empty()) {
     builder.AddListeningPort(options.tcp_address, grpc::InsecureServerCredentials(),
                              &server->tcp_port_);
+  }
+  int local_port = 0;
+  if (!options.endpoint_file.empty()) {
+    // Loopback only: the token listener is never reachable from other machines.
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", options.local_port),
+                             grpc::InsecureServerCredentials(), &local_port);
   }
   // Oversized requests are refused by gRPC itself with RESOURCE_EXHAUSTED.
   builder.SetMaxReceiveMessageSize(static_cast<int>(
@@ -83,6 +140,16 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     const std::string host = options.tcp_address.substr(0, options.tcp_address.rfind(':'));
     server->endpoints_.push_back(absl::StrCat(host, ":", server->tcp_port_));
   }
+  if (!options.endpoint_file.empty()) {
+    if (local_port == 0) {
+      return absl::UnavailableError(absl::StrFormat(
+          "cannot listen on 127.0.0.1:%d for local clients; is the port in use? set local_port",
+          options.local_port));
+    }
+    RETURN_IF_ERROR(WriteEndpointFile(options.endpoint_file, local_port, tcp_access.token));
+    server->endpoint_file_ = options.endpoint_file;
+    server->endpoints_.push_back(absl::StrCat("127.0.0.1:", local_port));
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   return server;
 }
@@ -94,10 +161,10 @@ void KilnServer::Shutdown(absl::Duration grace) {
   service_->ReleaseWaitingLookups();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
-  if (!socket_path_.empty()) {
-    std::error_code ignored;
-    fs::remove(socket_path_, ignored);
-  }
+  std::error_code ignored;
+  if (!socket_path_.empty()) fs::remove(socket_path_, ignored);
+  // Clients then fail fast (or start a kilnd) instead of trying a dead port.
+  if (!endpoint_file_.empty()) fs::remove(endpoint_file_, ignored);
 }
 
 KilnServer::~KilnServer() { Shutdown(absl::ZeroDuration()); }

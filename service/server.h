@@ -19,6 +19,13 @@ struct ServerOptions {
   // "HOST:PORT" (port 0 picks a free one); empty for none. Callers check
   // loopback-vs-remote policy before (ValidateConfig).
   std::string tcp_address;
+  // The token listener for local clients where there is no Unix socket
+  // (Windows): kilnd listens on 127.0.0.1:`local_port` (0: a free port) and
+  // writes "127.0.0.1:PORT\nTOKEN\n" to this file, in a directory only its
+  // account and `endpoint_readers` may read. Empty for none.
+  std::string endpoint_file;
+  int local_port = 0;
+  std::vector<std::string> endpoint_readers;
   uint64_t max_request_size = 64ull << 20;
   std::string data_dir;  // reported in stats
   // How long a client that claimed a missing key may take to start compiling
@@ -53,6 +60,7 @@ class KilnServer {
   std::unique_ptr<KilnService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string socket_path_;
+  std::string endpoint_file_;
   std::vector<std::string> endpoints_;
   int tcp_port_ = 0;
   bool shut_down_ = false;

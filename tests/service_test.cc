@@ -3,14 +3,17 @@
 
 #include "service/server.h"
 
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "common/sha256.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "kiln/client.h"
 #include "kiln/v1/kiln.grpc.pb.h"
 #include "tests/test_dir.h"
 
@@ -299,6 +302,56 @@ TEST_F(ServiceTest, StaleSocketFileIsReplacedAfterShutdown) {
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   server_ = *std::move(restarted);
   ExpectServing(*UnixStub());
+}
+
+// The Windows transport (there is no Unix socket there), tested on Linux: the
+// endpoint file names a loopback port and a token; only token holders get in.
+TEST_F(ServiceTest, EndpointFileListenerServesTokenHoldersAsTheLocalUser) {
+  server_.reset();
+  const std::filesystem::path endpoint_file = dir_.path() / "win-run" / "kilnd.endpoint";
+  ServerOptions options;
+  options.endpoint_file = endpoint_file.string();
+  auto server = KilnServer::Start(options, *store_, *toolchains_, *coordinator_);
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  std::ifstream in(endpoint_file);
+  std::string address, token;
+  ASSERT_TRUE(std::getline(in, address) && std::getline(in, token));
+  EXPECT_TRUE(absl::StartsWith(address, "127.0.0.1:")) << address;
+  EXPECT_EQ(token.size(), 64u);
+
+  // The SDK reads the file and sends the token: kilnd's own user, so
+  // maintenance is allowed.
+  ClientOptions client_options;
+  client_options.endpoint_file = endpoint_file;
+  Client client(client_options);
+  EXPECT_TRUE(client.Stats().ok());
+  EXPECT_TRUE(client.Verify().ok());
+
+  // No token, or a wrong one: refused, naming where the token is.
+  auto stub = v1::Kiln::NewStub(Channel(address));
+  grpc::ClientContext no_token;
+  v1::GetStatsResponse stats;
+  grpc::Status refused = stub->GetStats(&no_token, {}, &stats);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(refused.error_message().find(endpoint_file.string()), std::string::npos);
+  grpc::ClientContext wrong_token;
+  wrong_token.AddMetadata("x-kiln-token", std::string(64, '0'));
+  EXPECT_EQ(stub->GetStats(&wrong_token, {}, &stats).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  // A second kilnd does not take over a live endpoint.
+  auto second = KilnServer::Start(options, *store_, *toolchains_, *coordinator_);
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+
+  (*server)->Shutdown(absl::Seconds(5));
+  EXPECT_FALSE(std::filesystem::exists(endpoint_file));
+  ClientOptions missing_options;
+  missing_options.endpoint_file = endpoint_file;
+  missing_options.max_attempts = 1;
+  absl::Status missing = Client(missing_options).Stats().status();
+  EXPECT_TRUE(absl::IsUnavailable(missing)) << missing;
+  EXPECT_NE(missing.message().find("is kilnd running"), absl::string_view::npos);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "kiln/client.h"
 
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <thread>
 #include <utility>
@@ -23,10 +24,50 @@
 
 namespace kiln {
 
-std::string DefaultEndpoint() {
-  const char* configured = std::getenv("KILN_ENDPOINT");
-  if (configured != nullptr && configured[0] != '\0') return configured;
-  return platform::DefaultLocalEndpoint();
+namespace {
+
+ResolvedEndpoint ReadEndpointFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  ResolvedEndpoint resolved;
+  if (!in || !std::getline(in, resolved.target) || !std::getline(in, resolved.token) ||
+      resolved.target.empty()) {
+    resolved.target.clear();
+    resolved.problem = absl::StrFormat(
+        "cannot read kilnd's endpoint file %s: is kilnd running? (start it with `kilnd`, or "
+        "`kilnd start` for the Windows service)",
+        path.string());
+  }
+  return resolved;
+}
+
+std::string EnvOrEmpty(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+}  // namespace
+
+ResolvedEndpoint ResolveEndpoint(const ClientOptions& options) {
+  if (!options.endpoint.empty()) return {options.endpoint, options.token, ""};
+  if (!options.endpoint_file.empty()) return ReadEndpointFile(options.endpoint_file);
+  if (std::string endpoint = EnvOrEmpty("KILN_ENDPOINT"); !endpoint.empty()) {
+    return {endpoint, options.token, ""};
+  }
+  if (std::string file = EnvOrEmpty("KILN_ENDPOINT_FILE"); !file.empty()) {
+    return ReadEndpointFile(file);
+  }
+  if (std::string local = platform::DefaultLocalEndpoint(); !local.empty()) {
+    return {local, options.token, ""};
+  }
+  // No Unix socket here (Windows): the user's own kilnd, else the machine's service.
+  const std::filesystem::path user_file = platform::DefaultEndpointFile(platform::Scope::kUser);
+  const std::filesystem::path machine_file =
+      platform::DefaultEndpointFile(platform::Scope::kMachine);
+  std::error_code error;
+  if (!std::filesystem::exists(user_file, error) && std::filesystem::exists(machine_file, error)) {
+    return ReadEndpointFile(machine_file);
+  }
+  return ReadEndpointFile(user_file);
 }
 
 namespace {
@@ -71,9 +112,11 @@ std::optional<v1::CompileError> CompileErrorOf(const absl::Status& status) {
   return error;
 }
 
-Client::Client(ClientOptions options)
-    : options_(std::move(options)),
-      endpoint_(options_.endpoint.empty() ? DefaultEndpoint() : options_.endpoint) {
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  ResolvedEndpoint resolved = ResolveEndpoint(options_);
+  endpoint_ = std::move(resolved.target);
+  token_ = std::move(resolved.token);
+  endpoint_problem_ = std::move(resolved.problem);
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
@@ -85,10 +128,14 @@ Client::Client(ClientOptions options)
 
 template <typename Call>
 absl::Status Client::WithRetries(absl::string_view method, absl::Duration timeout, Call call) {
+  if (!endpoint_problem_.empty()) {
+    return absl::UnavailableError(absl::StrCat(method, ": ", endpoint_problem_));
+  }
   grpc::Status status;
   for (int attempt = 1; attempt <= std::max(1, options_.max_attempts); ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    if (!token_.empty()) context.AddMetadata("x-kiln-token", token_);
     status = call(&context);
     if (status.ok() || !Retryable(status.error_code())) break;
     if (attempt < options_.max_attempts) absl::SleepFor(options_.retry_backoff * attempt);

@@ -193,3 +193,44 @@ def test_an_unsupported_triton_is_refused_with_a_clear_message(base_env, kilnd):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert result.stdout.strip() == "False False"
     assert "triton 3.4.0 is not supported" in result.stderr
+
+
+def test_endpoint_file_transport_serves_token_holders_only(base_env, tmp_path, stock_suite):
+    """Windows' default transport, exercised on Linux: kilnd listens on 127.0.0.1 and
+    writes the port and an access token to a file in a private directory; the
+    client reads it and sends the token; a caller without it is refused."""
+    import grpc
+
+    from conftest import Kilnd
+    from kiln import _api
+
+    endpoint_file = tmp_path / "run" / "kilnd.endpoint"
+    server = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}", f"--endpoint-file={endpoint_file}")
+    try:
+        address, token = endpoint_file.read_text().splitlines()
+        assert address.startswith("127.0.0.1:") and len(token) == 64
+        assert (endpoint_file.parent.stat().st_mode & 0o077) == 0, "only kilnd's user may read the token"
+
+        env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT_FILE=str(endpoint_file))
+        before = server.stats().compiles
+        kernels = probe_json(run_probe(env, "first"))["kernels"]
+        (name, result), = kernels.items()
+        assert result == stock_suite[name]
+        assert server.stats().compiles == before + 1
+
+        channel = grpc.insecure_channel(address)
+        stub = _api.KilnStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.GetStats(_api.GetStatsRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert str(endpoint_file) in refused.value.details()
+        with pytest.raises(grpc.RpcError) as wrong:
+            stub.GetStats(_api.GetStatsRequest(), timeout=10, metadata=(("x-kiln-token", "0" * 64),))
+        assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # The token makes the caller kilnd's own user: maintenance RPCs are allowed.
+        verified = stub.Verify(_api.VerifyRequest(), timeout=60, metadata=(("x-kiln-token", token),))
+        assert verified.corrupt_blobs == 0
+        channel.close()
+    finally:
+        assert server.stop() == 0, (server.root / "kilnd.out").read_text()
+    assert not endpoint_file.exists(), "a stopped kilnd leaves no endpoint to try"

@@ -12,7 +12,8 @@ def status():
     from . import _api, _paths, _service
 
     endpoint = _paths.default_endpoint()
-    print(f"endpoint:  {endpoint}")
+    token_note = f" (token from {endpoint.endpoint_file})" if endpoint.token else ""
+    print(f"endpoint:  {endpoint.describe()}{token_note}")
     try:
         stub = _service.connect(endpoint, autostart=False).stub
     except _service.KilnUnavailable as error:

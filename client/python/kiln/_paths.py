@@ -1,5 +1,5 @@
 """Where the client finds kilnd and keeps its files, matching kilnd's defaults
-(common/platform_posix.cc)."""
+(common/platform_posix.cc, common/platform_win.cc)."""
 
 import os
 import sys
@@ -13,19 +13,61 @@ def _cache_home():
     return Path(xdg) if xdg.startswith("/") else Path.home() / ".cache"
 
 
-def socket_dir():
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR", "")
-    if runtime_dir.startswith("/"):
-        return Path(runtime_dir) / "kiln"
+def runtime_dir():
+    """The private directory of the user's kilnd's socket (POSIX) or endpoint file (Windows)."""
+    if sys.platform == "win32":
+        return _cache_home() / "kiln" / "run"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        return Path(runtime) / "kiln"
     return Path(f"/tmp/kiln-{os.getuid()}")
 
 
+def machine_endpoint_file():
+    """The endpoint file of the machine's kilnd service (Windows)."""
+    program_data = os.environ.get("ProgramData") or r"C:\ProgramData"
+    return Path(program_data) / "kiln" / "run" / "kilnd.endpoint"
+
+
+class Endpoint:
+    """Where to reach kilnd: a gRPC target, the access token to send (read
+    from an endpoint file, Windows' transport), and whether it is the user's
+    own default kilnd (which the client may start)."""
+
+    def __init__(self, target, token=None, endpoint_file=None, is_user_default=False):
+        self.target = target
+        self.token = token
+        self.endpoint_file = endpoint_file
+        self.is_user_default = is_user_default
+
+    def describe(self):
+        return self.target or f"(no endpoint file at {self.endpoint_file})"
+
+
+def read_endpoint_file(path, is_user_default=False):
+    """An Endpoint from kilnd's "127.0.0.1:PORT\\nTOKEN\\n" file; target None while it is missing."""
+    try:
+        target, token = Path(path).read_text().splitlines()[:2]
+    except (OSError, ValueError):
+        return Endpoint(None, None, str(path), is_user_default)
+    return Endpoint(target, token, str(path), is_user_default)
+
+
 def default_endpoint():
-    """$KILN_ENDPOINT, else kilnd's per-user Unix socket."""
+    """$KILN_ENDPOINT, else $KILN_ENDPOINT_FILE, else the user's kilnd: its Unix socket
+    (POSIX) or its endpoint file, falling back to the machine service's (Windows)."""
     configured = os.environ.get("KILN_ENDPOINT")
     if configured:
-        return configured
-    return f"unix:{socket_dir() / 'kilnd.sock'}"
+        return Endpoint(configured)
+    configured_file = os.environ.get("KILN_ENDPOINT_FILE")
+    if configured_file:
+        return read_endpoint_file(configured_file)
+    if sys.platform != "win32":
+        return Endpoint(f"unix:{runtime_dir() / 'kilnd.sock'}", is_user_default=True)
+    user_file = runtime_dir() / "kilnd.endpoint"
+    if not user_file.exists() and machine_endpoint_file().exists():
+        return read_endpoint_file(machine_endpoint_file())
+    return read_endpoint_file(user_file, is_user_default=True)
 
 
 def files_dir():

@@ -25,12 +25,29 @@ def strict():
     return os.environ.get("KILN_STRICT", "") not in ("", "0")
 
 
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """Sends the access token from kilnd's endpoint file with every call."""
+
+    def __init__(self, token):
+        self._metadata = (("x-kiln-token", token),)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        metadata = tuple(details.metadata or ()) + self._metadata
+        return continuation(details._replace(metadata=metadata), request)
+
+
 class Connection:
     def __init__(self, endpoint):
         self.endpoint = endpoint
-        self.channel = grpc.insecure_channel(endpoint, options=[
+        self.channel = grpc.insecure_channel(endpoint.target, options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
-        self.stub = _api.KilnStub(self.channel)
+        channel = self.channel
+        if endpoint.token:
+            channel = grpc.intercept_channel(channel, _TokenInterceptor(endpoint.token))
+        self.stub = _api.KilnStub(channel)
+
+    def same_as(self, endpoint):
+        return (self.endpoint.target, self.endpoint.token) == (endpoint.target, endpoint.token)
 
     def ready(self, timeout):
         try:
@@ -59,30 +76,58 @@ def _lock(path):
     return handle
 
 
-def _autostart(connection):
-    """Starts the user's kilnd unless another process is doing it: connect,
-    else lock, connect again, spawn, and poll until a deadline (ccache's
-    storage-helper protocol)."""
-    kilnd = _kilnd_binary()
-    if kilnd is None or connection.endpoint != f"unix:{_paths.socket_dir() / 'kilnd.sock'}":
-        return False
-    directory = _paths.socket_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with _lock(directory / "autostart.lock"):
-        if connection.ready(0.2):
-            return True
-        log.info("starting %s", kilnd)
-        # The service outlives this process and serves others: it gets none of
-        # this client's Kiln or Triton cache settings.
-        env = {name: value for name, value in os.environ.items()
-               if not name.startswith("KILN") and name != "TRITON_CACHE_MANAGER"}
+def _ready_connection(endpoint, timeout):
+    """A Connection to `endpoint` that answered within `timeout`, else None."""
+    if endpoint.target is None:
+        return None  # no endpoint file: nothing to connect to
+    # A missing socket file cannot connect: don't wait out the timeout
+    # (inductor's worker processes would each pay it).
+    if endpoint.target.startswith("unix:") and not os.path.exists(endpoint.target[len("unix:"):]):
+        return None
+    connection = Connection(endpoint)
+    if connection.ready(timeout):
+        return connection
+    connection.channel.close()
+    return None
+
+
+def _spawn_detached(kilnd):
+    # The service outlives this process and serves others: it gets none of
+    # this client's Kiln or Triton cache settings.
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("KILN") and name != "TRITON_CACHE_MANAGER"}
+    if sys.platform == "win32":
+        flags = subprocess.DETACHED_PROCESS | subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
+        subprocess.Popen([kilnd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, creationflags=flags, close_fds=True, env=env)
+    else:
         subprocess.Popen([kilnd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
+
+
+def _autostart():
+    """Starts the user's kilnd unless another process is doing it: connect,
+    else lock, connect again, spawn, and poll until a deadline (ccache's
+    storage-helper protocol). The endpoint is resolved afresh each poll: on
+    Windows the new kilnd writes a new port and token."""
+    kilnd = _kilnd_binary()
+    if kilnd is None:
+        return None
+    directory = _paths.runtime_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with _lock(directory / "autostart.lock"):
+        connection = _ready_connection(_paths.default_endpoint(), 0.2)
+        if connection is not None:
+            return connection
+        log.info("starting %s", kilnd)
+        _spawn_detached(kilnd)
         deadline = time.monotonic() + _AUTOSTART_DEADLINE
         while time.monotonic() < deadline:
-            if connection.ready(0.5):
-                return True
-    return False
+            connection = _ready_connection(_paths.default_endpoint(), 0.5)
+            if connection is not None:
+                return connection
+            time.sleep(0.1)
+    return None
 
 
 _lock_connection = threading.Lock()
@@ -91,23 +136,24 @@ _warned = False
 
 
 def connect(endpoint=None, autostart=True):
-    """A ready connection to kilnd, or KilnUnavailable naming what was tried."""
+    """A ready connection to kilnd, or KilnUnavailable naming what was tried.
+    `endpoint`: a gRPC target or a _paths.Endpoint; default: _paths.default_endpoint()."""
     global _connection
-    endpoint = endpoint or _paths.default_endpoint()
+    if endpoint is None:
+        endpoint = _paths.default_endpoint()
+    elif isinstance(endpoint, str):
+        endpoint = _paths.Endpoint(endpoint)
     with _lock_connection:
-        if _connection is not None and _connection.endpoint == endpoint:
+        if _connection is not None and _connection.same_as(endpoint):
             return _connection
-        connection = Connection(endpoint)
-        # A missing socket file cannot connect: don't wait out the timeout
-        # (inductor's worker processes would each pay it).
-        socket_missing = endpoint.startswith("unix:") and not os.path.exists(endpoint[len("unix:"):])
-        if (not socket_missing and connection.ready(_CONNECT_TIMEOUT)) or (
-                autostart and _autostart(connection)):
+        connection = _ready_connection(endpoint, _CONNECT_TIMEOUT)
+        if connection is None and autostart and endpoint.is_user_default:
+            connection = _autostart()
+        if connection is not None:
             _connection = connection
             return connection
-        connection.channel.close()
     hint = "" if _kilnd_binary() else " (no kilnd on PATH to start; set KILN_KILND)"
-    raise KilnUnavailable(f"kilnd is not reachable at {endpoint}{hint}")
+    raise KilnUnavailable(f"kilnd is not reachable at {endpoint.describe()}{hint}")
 
 
 def forget():

@@ -13,6 +13,7 @@
 //   absl::StatusOr<kiln::CompiledKernel> kernel = client.Compile(input);
 //   if (kernel.ok()) LoadCubin(kernel->cubin());
 
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <map>
@@ -32,8 +33,16 @@
 namespace kiln {
 
 struct ClientOptions {
-  // A gRPC target; empty means $KILN_ENDPOINT, else the per-user local socket.
+  // A gRPC target; empty means `endpoint_file`, else $KILN_ENDPOINT, else
+  // $KILN_ENDPOINT_FILE, else the per-user local socket (POSIX) or kilnd's
+  // endpoint file, the user's then the machine service's (Windows).
   std::string endpoint;
+  // A kilnd endpoint file ("127.0.0.1:PORT\nTOKEN\n"): the target and the
+  // access token to send are read from it.
+  std::filesystem::path endpoint_file;
+  // Sent as "x-kiln-token" with every call; read from the endpoint file when
+  // that is what names the target.
+  std::string token;
   // Deadline of each attempt of a quick call (lookup, stats, ...).
   absl::Duration timeout = absl::Seconds(30);
   // Deadline of each attempt of a compile, which may queue behind others.
@@ -45,8 +54,13 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
-// The endpoint a client uses when none is configured.
-std::string DefaultEndpoint();
+// Where a client connects, and with which token.
+struct ResolvedEndpoint {
+  std::string target;   // a gRPC target
+  std::string token;    // empty: none
+  std::string problem;  // why there is no usable target (e.g. no endpoint file), or empty
+};
+ResolvedEndpoint ResolveEndpoint(const ClientOptions& options);
 
 // A GPU target as "cuda:90" (backend:arch[:warp size]). INVALID_ARGUMENT
 // otherwise, naming the accepted form.
@@ -126,6 +140,8 @@ class Client {
 
   ClientOptions options_;
   std::string endpoint_;
+  std::string token_;
+  std::string endpoint_problem_;  // set when no endpoint could be resolved
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Kiln::Stub> stub_;
 };
