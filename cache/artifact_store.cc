@@ -401,12 +401,9 @@ absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
   const fs::path target = BlobPath(blob.digest);
   std::error_code error;
   fs::create_directories(target.parent_path(), error);
-  fs::rename(blob.temp_path, target, error);
-  if (error) {
-    return absl::InternalError(absl::StrFormat("cannot move blob into %s: %s",
-                                               target.string(), error.message()));
-  }
-  return absl::OkStatus();
+  // Blob files are named for their content: if a reader holds the target open
+  // (Windows refuses to replace it), the file there already has these bytes.
+  return platform::PublishContentAddressedFile(blob.temp_path, target);
 }
 
 absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,

@@ -3,8 +3,10 @@
 
 #include "compiler/windows_build.h"
 
+#include <algorithm>
 #include <fstream>
 
+#include "compiler/build_environment.h"
 #include "gtest/gtest.h"
 #include "tests/test_dir.h"
 
@@ -126,6 +128,64 @@ TEST(WindowsCommandTest, MsvcClangAndTinyCCCommandLines) {
   for (const auto* command : {&clang, &tcc}) {
     EXPECT_EQ(std::count(command->begin(), command->end(), "-fPIC"), 0);
   }
+}
+
+// What kilnd runs to build a launcher for ComfyUI's embedded Python: the
+// Python import library comes from Kiln's copy, cuda.lib from the toolkit.
+TEST(WindowsCommandTest, LauncherBuildForAnEmbeddedPythonLinksKilnsCopyOfItsLibrary) {
+  testing::TestDir dir;
+  const fs::path embedded = dir.path() / "ComfyUI" / "python_embeded";
+  Touch(embedded / "python.exe");
+  const fs::path kiln_python = dir.path() / "kiln" / "python";
+  BuildEnvironment environment;
+  environment.kiln_python_dir = kiln_python;
+  environment.cuda_include_dirs = {dir.path() / "CUDA" / "include"};
+  environment.cuda_library_dirs = {dir.path() / "CUDA" / "lib" / "x64"};
+  CCompiler cl;
+  cl.path = dir.path() / "VC" / "cl.exe";
+  cl.windows = WindowsCompiler::kMsvc;
+  LauncherRequest request;
+  request.module_name = "__triton_launcher";
+  request.abi.version = "3.12";
+  request.abi.ext_suffix = ".cp312-win_amd64.pyd";
+  request.abi.include_dir = (embedded / "Include").string();  // what sysconfig says; absent
+  request.libraries = {"cuda"};
+  const fs::path scratch = dir.path() / "scratch";
+
+  absl::StatusOr<std::vector<std::string>> missing =
+      LauncherCompileCommand(cl, environment, request, scratch);
+  EXPECT_TRUE(absl::IsFailedPrecondition(missing.status())) << missing.status();
+  EXPECT_NE(missing.status().message().find("deploy/windows"), absl::string_view::npos);
+
+  Touch(kiln_python / "3.12" / "include" / "Python.h");
+  Touch(kiln_python / "3.12" / "libs" / "python312.lib");
+  absl::StatusOr<std::vector<std::string>> command =
+      LauncherCompileCommand(cl, environment, request, scratch);
+  ASSERT_TRUE(command.ok()) << command.status();
+  auto has = [&](const std::string& argument) {
+    return std::find(command->begin(), command->end(), argument) != command->end();
+  };
+  EXPECT_EQ(command->front(), cl.path.string());
+  EXPECT_TRUE(has("/LD"));
+  EXPECT_TRUE(has((scratch / "__triton_launcher.c").string()));
+  EXPECT_TRUE(has("/Fe:" + (scratch / "__triton_launcher.cp312-win_amd64.pyd").string()));
+  EXPECT_TRUE(has("/I" + (kiln_python / "3.12" / "include").string()));
+  EXPECT_TRUE(has("/I" + (dir.path() / "CUDA" / "include").string()));
+  EXPECT_TRUE(has("/LIBPATH:" + (kiln_python / "3.12" / "libs").string()));
+  EXPECT_TRUE(has("/LIBPATH:" + (dir.path() / "CUDA" / "lib" / "x64").string()));
+  EXPECT_TRUE(has("cuda.lib"));
+  EXPECT_TRUE(has("python312.lib"));
+  EXPECT_FALSE(has("-fPIC"));
+
+  // The same request with gcc on Linux keeps Triton's own command line.
+  CCompiler gcc;
+  gcc.path = "/usr/bin/gcc";
+  request.abi.include_dir = "/usr/include/python3.12";
+  absl::StatusOr<std::vector<std::string>> linux_command =
+      LauncherCompileCommand(gcc, environment, request, scratch);
+  ASSERT_TRUE(linux_command.ok());
+  EXPECT_NE(std::find(linux_command->begin(), linux_command->end(), "-fPIC"), linux_command->end());
+  EXPECT_NE(std::find(linux_command->begin(), linux_command->end(), "-lcuda"), linux_command->end());
 }
 
 }  // namespace

@@ -1,0 +1,53 @@
+#include <cstdlib>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/subprocess.h"
+#include "compiler/build_environment.h"
+
+namespace kiln::compiler {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr absl::Duration kVersionTimeout = absl::Seconds(20);
+
+}  // namespace
+
+absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& configured_compiler,
+                                                          const fs::path& kiln_python_dir) {
+  std::vector<std::string> candidates;
+  if (const char* cc = std::getenv("CC"); cc != nullptr && cc[0] != '\0') candidates.push_back(cc);
+  if (!configured_compiler.empty()) candidates.push_back(configured_compiler);
+  candidates.insert(candidates.end(), {"tcc", "gcc", "clang", "cc"});
+  BuildEnvironment environment;
+  environment.kiln_python_dir = kiln_python_dir;
+  for (const std::string& candidate : candidates) {
+    const fs::path path = FindOnPath(candidate);
+    if (path.empty() || environment.compilers.size() == 2) continue;
+    CCompiler compiler;
+    compiler.path = path;
+    if (path.filename() == "tcc") compiler.flavor = CCompiler::Flavor::kTinyCC;
+    const bool tiny = compiler.flavor == CCompiler::Flavor::kTinyCC;
+    absl::StatusOr<CommandResult> version =
+        RunCommand({path.string(), tiny ? "-v" : "--version"}, kVersionTimeout);
+    if (!version.ok()) continue;
+    const std::string text = version->output.empty() ? version->errors : version->output;
+    compiler.version = text.substr(0, text.find('\n'));
+    environment.compilers.push_back(std::move(compiler));
+  }
+  if (environment.compilers.empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no C compiler found (tried %s) for launcher builds; install gcc or set CC",
+        absl::StrJoin(candidates, ", ")));
+  }
+  for (const char* variable : {"CUDA_PATH", "CUDA_HOME"}) {
+    if (const char* root = std::getenv(variable); root != nullptr && root[0] != '\0') {
+      environment.cuda_include_dirs.push_back(fs::path(root) / "include");
+    }
+  }
+  environment.cuda_include_dirs.push_back("/usr/local/cuda/include");
+  return environment;
+}
+
+}  // namespace kiln::compiler
