@@ -32,10 +32,6 @@ std::filesystem::path DefaultDataDir(Scope scope = Scope::kUser);
 // %ProgramData%\kiln\kilnd.conf.
 std::filesystem::path DefaultConfigPath(Scope scope = Scope::kUser);
 
-// Where kilnd's rotating log files go: the data directory's logs/, except
-// /var/log/kiln for a Linux machine service.
-std::filesystem::path DefaultLogDir(Scope scope = Scope::kUser);
-
 // The private directory of the local transport (socket or endpoint file).
 // User: $XDG_RUNTIME_DIR/kiln, else /tmp/kiln-<uid>; Windows
 // %LOCALAPPDATA%\kiln\run. Machine: /run/kiln, Windows %ProgramData%\kiln\run.

@@ -75,11 +75,6 @@ fs::path DefaultConfigPath(Scope scope) {
   return EnvPathOr("XDG_CONFIG_HOME", HomeDir() / ".config") / "kiln" / "kilnd.conf";
 }
 
-fs::path DefaultLogDir(Scope scope) {
-  if (scope == Scope::kMachine) return "/var/log/kiln";
-  return DefaultDataDir(scope) / "logs";
-}
-
 fs::path DefaultRuntimeDir(Scope scope) {
   if (scope == Scope::kMachine) return "/run/kiln";
   const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");

@@ -135,8 +135,6 @@ fs::path DefaultDataDir(Scope scope) {
 
 fs::path DefaultConfigPath(Scope scope) { return DefaultDataDir(scope) / "kilnd.conf"; }
 
-fs::path DefaultLogDir(Scope scope) { return DefaultDataDir(scope) / "logs"; }
-
 fs::path DefaultRuntimeDir(Scope scope) { return DefaultDataDir(scope) / "run"; }
 
 fs::path DefaultSocketPath(Scope) { return {}; }

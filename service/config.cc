@@ -71,7 +71,7 @@ const std::vector<Setting>& Settings() {
          config.data_dir = std::filesystem::path(std::string(value));
          return absl::OkStatus();
        }},
-      {"log_dir", "directory of the rotating log files",
+      {"log_dir", "directory of the rotating log files (default: DATA_DIR/logs)",
        [](absl::string_view value, Config& config) {
          config.log_dir = std::filesystem::path(std::string(value));
          return absl::OkStatus();
@@ -167,7 +167,6 @@ Config DefaultConfig(platform::Scope scope) {
   Config config;
   config.scope = scope;
   config.data_dir = platform::DefaultDataDir(scope);
-  config.log_dir = platform::DefaultLogDir(scope);
   const std::filesystem::path socket = platform::DefaultSocketPath(scope);
   config.local_socket = socket.empty() ? "none" : socket.string();
   const std::filesystem::path endpoint_file = platform::DefaultEndpointFile(scope);
@@ -320,6 +319,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
     }
     RETURN_IF_ERROR(ApplySetting(name, value, absl::StrCat("--", name), result.config));
   }
+  // Logs follow the data directory unless placed elsewhere (a system unit
+  // that moves the data keeps its logs writable).
+  if (result.config.log_dir.empty()) result.config.log_dir = result.config.data_dir / "logs";
   return result;
 }
 

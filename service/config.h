@@ -19,7 +19,7 @@ struct Config {
   // Whom this kilnd serves; picks the defaults of the paths below.
   platform::Scope scope = platform::Scope::kUser;
   std::filesystem::path data_dir;
-  std::filesystem::path log_dir;
+  std::filesystem::path log_dir;  // empty: data_dir/logs
   // The per-user local socket; "none" disables it (the default on Windows).
   std::string local_socket;
   // Where kilnd writes the loopback port and access token local clients use

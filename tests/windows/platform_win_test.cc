@@ -71,14 +71,11 @@ TEST(WindowsPathsTest, UserAndMachineDirectoriesFollowLocalAppDataAndProgramData
   ScopedEnv program_data(L"ProgramData", dir.path() / "ProgramData");
   using platform::Scope;
   EXPECT_EQ(platform::DefaultDataDir(Scope::kUser), dir.path() / "Local" / "kiln");
-  EXPECT_EQ(platform::DefaultLogDir(Scope::kUser), dir.path() / "Local" / "kiln" / "logs");
   EXPECT_EQ(platform::DefaultConfigPath(Scope::kUser),
             dir.path() / "Local" / "kiln" / "kilnd.conf");
   EXPECT_EQ(platform::DefaultEndpointFile(Scope::kUser),
             dir.path() / "Local" / "kiln" / "run" / "kilnd.endpoint");
   EXPECT_EQ(platform::DefaultDataDir(Scope::kMachine), dir.path() / "ProgramData" / "kiln");
-  EXPECT_EQ(platform::DefaultLogDir(Scope::kMachine),
-            dir.path() / "ProgramData" / "kiln" / "logs");
   EXPECT_EQ(platform::KilnPythonDir(Scope::kMachine),
             dir.path() / "ProgramData" / "kiln" / "python");
   // No Unix socket on Windows: clients read the endpoint file.
