@@ -49,7 +49,7 @@ configuration, cache, logs and the Python headers.
 
 .PARAMETER ClientWheel
 A kiln_triton-*.whl to install. Default: the newest one beside this script (or in
--KilnDir); without one, kiln-triton from PyPI.
+-KilnDir); without one the installer stops before changing the Python.
 
 .EXAMPLE
 .\install-kiln.ps1 -Python C:\ComfyUI_windows_portable\python_embeded\python.exe
@@ -442,6 +442,11 @@ function Install-Kiln {
     Write-Host "    Python $($info.FullVersion) ($($info.Platform)), triton $($info.Triton)"
     $files = @(Get-KilnFiles)
     $wheel = Find-ClientWheel
+    if (-not $wheel) {
+        # Never a package index: an unrelated package under that name must not land in this Python.
+        throw ("No kiln_triton-*.whl beside this script or in -KilnDir. Build one with " +
+            "'pip wheel --no-deps ./client/python' (or use a release zip) and pass -ClientWheel.")
+    }
     # Who may use a machine kilnd; a per-user kilnd serves only the user who runs it.
     $user = ''
     if (-not $PerUser) { $user = [Security.Principal.WindowsIdentity]::GetCurrent().Name }
@@ -490,14 +495,8 @@ function Install-Kiln {
         Invoke-Native $InstalledKilnd @('start')
     }
 
-    if ($wheel) {
-        Write-Step "Installing the client $wheel into $($info.Path)"
-        $spec = $wheel
-    } else {
-        Write-Warning "No kiln_triton-*.whl beside this script or in -KilnDir: installing kiln-triton from PyPI."
-        $spec = 'kiln-triton'
-    }
-    Invoke-Native $info.Path @('-m', 'pip', 'install', '--no-warn-script-location', '--upgrade', $spec)
+    Write-Step "Installing the client $wheel into $($info.Path)"
+    Invoke-Native $info.Path @('-m', 'pip', 'install', '--no-warn-script-location', '--upgrade', $wheel)
 
     if ($PerUser) {
         # Started here so that the status check below finds it; later, the client does this.
