@@ -46,7 +46,7 @@ class Subprocess {
   virtual absl::StatusOr<std::string> ReadSome(size_t max_size, absl::Time deadline) = 0;
   // Reads exactly `size` bytes of the child's stdout. DEADLINE_EXCEEDED at
   // `deadline`; UNAVAILABLE if the child closed stdout (usually: it died).
-  virtual absl::StatusOr<std::string> ReadExactly(size_t size, absl::Time deadline) = 0;
+  absl::StatusOr<std::string> ReadExactly(size_t size, absl::Time deadline);
   // The last bytes the child wrote to stderr so far.
   virtual std::string StderrTail() = 0;
   // Kills the child at once (SIGKILL / TerminateProcess).

@@ -5,6 +5,18 @@
 
 namespace kiln {
 
+absl::StatusOr<std::string> Subprocess::ReadExactly(size_t size, absl::Time deadline) {
+  std::string data;
+  data.reserve(size);
+  while (data.size() < size) {
+    absl::StatusOr<std::string> chunk = ReadSome(size - data.size(), deadline);
+    if (!chunk.ok()) return chunk.status();
+    if (chunk->empty()) return absl::UnavailableError("the process closed its output (it exited)");
+    data += *chunk;
+  }
+  return data;
+}
+
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
                                          absl::Duration timeout, const SpawnOptions& options) {
   absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(argv, options);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/subprocess.h"
+#include "common/tail_buffer.h"
 
 extern char** environ;
 
@@ -65,7 +66,7 @@ std::string DescribeStatus(int status) {
 class PosixSubprocess : public Subprocess {
  public:
   PosixSubprocess(pid_t pid, int stdin_fd, int stdout_fd, int stderr_fd, size_t tail_bytes)
-      : pid_(pid), stdin_fd_(stdin_fd), stdout_fd_(stdout_fd), tail_bytes_(tail_bytes) {
+      : pid_(pid), stdin_fd_(stdin_fd), stdout_fd_(stdout_fd), stderr_tail_(tail_bytes) {
     stderr_reader_ = std::thread([this, stderr_fd] { CollectStderr(stderr_fd); });
   }
 
@@ -112,21 +113,8 @@ class PosixSubprocess : public Subprocess {
     }
   }
 
-  absl::StatusOr<std::string> ReadExactly(size_t size, absl::Time deadline) override {
-    std::string data;
-    data.reserve(size);
-    while (data.size() < size) {
-      absl::StatusOr<std::string> chunk = ReadSome(size - data.size(), deadline);
-      if (!chunk.ok()) return chunk.status();
-      if (chunk->empty()) return absl::UnavailableError("the process closed its output (it exited)");
-      data += *chunk;
-    }
-    return data;
-  }
-
   std::string StderrTail() override {
-    std::lock_guard lock(stderr_mutex_);
-    return stderr_tail_;
+    return stderr_tail_.Get();
   }
 
   void Kill() override {
@@ -159,11 +147,7 @@ class PosixSubprocess : public Subprocess {
       const ssize_t n = read(fd, buffer, sizeof(buffer));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
-      std::lock_guard lock(stderr_mutex_);
-      stderr_tail_.append(buffer, static_cast<size_t>(n));
-      if (stderr_tail_.size() > tail_bytes_) {
-        stderr_tail_.erase(0, stderr_tail_.size() - tail_bytes_);
-      }
+      stderr_tail_.Append(buffer, static_cast<size_t>(n));
     }
     close(fd);
   }
@@ -171,9 +155,7 @@ class PosixSubprocess : public Subprocess {
   const pid_t pid_;
   int stdin_fd_;
   int stdout_fd_;
-  const size_t tail_bytes_;
-  std::mutex stderr_mutex_;
-  std::string stderr_tail_;  // guarded by stderr_mutex_
+  TailBuffer stderr_tail_;
   std::thread stderr_reader_;
   bool waited_ = false;
   bool succeeded_ = false;

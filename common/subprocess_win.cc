@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/subprocess.h"
+#include "common/tail_buffer.h"
 #include "common/windows_text.h"
 
 namespace kiln {
@@ -116,7 +117,7 @@ class WindowsSubprocess : public Subprocess {
         stdin_write_(stdin_write),
         stdout_read_(stdout_read),
         read_event_(CreateEventW(nullptr, TRUE, FALSE, nullptr)),
-        tail_bytes_(tail_bytes) {
+        stderr_tail_(tail_bytes) {
     CloseHandle(process.hThread);
     stderr_reader_ = std::thread([this, stderr_read] { CollectStderr(stderr_read); });
   }
@@ -186,21 +187,8 @@ class WindowsSubprocess : public Subprocess {
     return data;
   }
 
-  absl::StatusOr<std::string> ReadExactly(size_t size, absl::Time deadline) override {
-    std::string data;
-    data.reserve(size);
-    while (data.size() < size) {
-      absl::StatusOr<std::string> chunk = ReadSome(size - data.size(), deadline);
-      if (!chunk.ok()) return chunk.status();
-      if (chunk->empty()) return absl::UnavailableError("the process closed its output (it exited)");
-      data += *chunk;
-    }
-    return data;
-  }
-
   std::string StderrTail() override {
-    std::lock_guard lock(stderr_mutex_);
-    return stderr_tail_;
+    return stderr_tail_.Get();
   }
 
   void Kill() override {
@@ -237,11 +225,7 @@ class WindowsSubprocess : public Subprocess {
     char buffer[4096];
     DWORD n = 0;
     while (ReadFile(pipe, buffer, sizeof(buffer), &n, nullptr) && n > 0) {
-      std::lock_guard lock(stderr_mutex_);
-      stderr_tail_.append(buffer, n);
-      if (stderr_tail_.size() > tail_bytes_) {
-        stderr_tail_.erase(0, stderr_tail_.size() - tail_bytes_);
-      }
+      stderr_tail_.Append(buffer, static_cast<size_t>(n));
     }
     CloseHandle(pipe);
   }
@@ -252,9 +236,7 @@ class WindowsSubprocess : public Subprocess {
   HANDLE stdin_write_;
   HANDLE stdout_read_;
   HANDLE read_event_;
-  const size_t tail_bytes_;
-  std::mutex stderr_mutex_;
-  std::string stderr_tail_;  // guarded by stderr_mutex_
+  TailBuffer stderr_tail_;
   std::thread stderr_reader_;
   bool waited_ = false;
   bool killed_ = false;
