@@ -1,13 +1,6 @@
 // The platform layer on Windows (Win32, wide-character APIs throughout).
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
-// After windows.h:
-#include <aclapi.h>
-#include <sddl.h>
-#include <shlobj.h>
+#include "common/windows_api.h"
 
 #include <atomic>
 #include <cstdlib>

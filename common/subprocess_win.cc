@@ -3,10 +3,7 @@
 // child started (a worker's ptxas), and stdout on an overlapped named pipe so
 // reads can wait with a deadline.
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "common/windows_api.h"
 
 #include <atomic>
 #include <cstdlib>

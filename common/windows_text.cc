@@ -1,9 +1,6 @@
 #include "common/windows_text.h"
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "common/windows_api.h"
 
 #include <string>
 

@@ -2,10 +2,7 @@
 // environment and vswhere's answer, fed to the discovery functions of
 // windows_build.h.
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "common/windows_api.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"

@@ -1,11 +1,6 @@
 #include "service/windows_service.h"
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
-// After windows.h:
-#include <aclapi.h>
+#include "common/windows_api.h"
 
 #include <memory>
 #include <mutex>

@@ -2,10 +2,7 @@
 #define KILN_TESTS_TEST_DIR_H_
 
 #ifdef _WIN32
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "common/windows_api.h"
 #endif
 
 #include <filesystem>

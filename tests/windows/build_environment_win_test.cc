@@ -3,10 +3,7 @@
 // prompt and a CUDA toolkit, both in a fake tree built here. The compiler is
 // this executable copied to cl.exe: run under that name it prints cl's banner.
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "common/windows_api.h"
 
 #include <cstdio>
 #include <fstream>

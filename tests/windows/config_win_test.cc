@@ -1,10 +1,7 @@
 // kilnd's Windows defaults: where a per-user kilnd and the machine service
 // keep their files, and which transport they serve local clients on.
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "common/windows_api.h"
 
 #include <fstream>
 

@@ -3,12 +3,7 @@
 // processes. The executable is also the child: `--child=MODE` runs one of the
 // small programs below instead of the tests.
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
-// After windows.h:
-#include <aclapi.h>
+#include "common/windows_api.h"
 
 #include <fcntl.h>
 #include <io.h>

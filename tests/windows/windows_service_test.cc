@@ -2,13 +2,7 @@
 // CI): install, start, query, stop, uninstall; a service that fails to start;
 // the data-directory grant for the service account.
 
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
-// After windows.h:
-#include <aclapi.h>
-#include <sddl.h>
+#include "common/windows_api.h"
 
 #include <fstream>
 #include <random>
