@@ -40,14 +40,16 @@ int Install(const CommandLine& command_line) {
   spec.account = command_line.service_account.empty() ? kDefaultServiceAccount
                                                       : command_line.service_account;
   spec.password = command_line.service_password;
+  if (absl::Status installed = InstallWindowsService(spec); !installed.ok()) return Fail(installed);
   // The installer runs elevated; the service's low-privilege account must
-  // still write its cache, logs and endpoint file.
+  // still write its cache, logs and endpoint file. After the install: a
+  // virtual account (NT SERVICE\kilnd) exists only once its service does.
   for (const std::filesystem::path& dir : {config.data_dir, config.log_dir}) {
     if (absl::Status granted = GrantDirectoryAccess(dir, spec.account); !granted.ok()) {
+      (void)UninstallWindowsService(kServiceName, kControlTimeout);
       return Fail(granted);
     }
   }
-  if (absl::Status installed = InstallWindowsService(spec); !installed.ok()) return Fail(installed);
   std::cout << "installed service " << kServiceName << " (account " << spec.account
             << ", data " << PathText(config.data_dir) << ", logs " << PathText(config.log_dir)
             << "); start it with: kilnd start\n";

@@ -234,3 +234,36 @@ def test_endpoint_file_transport_serves_token_holders_only(base_env, tmp_path, s
     finally:
         assert server.stop() == 0, (server.root / "kilnd.out").read_text()
     assert not endpoint_file.exists(), "a stopped kilnd leaves no endpoint to try"
+
+
+def test_windows_clients_find_the_users_kilnd_then_the_machine_service(monkeypatch, tmp_path):
+    """The client's endpoint resolution on Windows (its rules are plain path logic, so they
+    run here with sys.platform set to win32): the user's own kilnd's endpoint file first,
+    then the machine service's; with neither, the user's, so a kilnd can be started."""
+    from kiln import _paths
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    for name in ("KILN_ENDPOINT", "KILN_ENDPOINT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "Local"))
+    monkeypatch.setenv("ProgramData", str(tmp_path / "ProgramData"))
+    user_file = tmp_path / "Local" / "kiln" / "run" / "kilnd.endpoint"
+    machine_file = tmp_path / "ProgramData" / "kiln" / "run" / "kilnd.endpoint"
+
+    nothing = _paths.default_endpoint()
+    assert nothing.target is None and nothing.is_user_default
+    assert nothing.endpoint_file == str(user_file)
+    assert str(user_file) in nothing.describe()
+
+    machine_file.parent.mkdir(parents=True)
+    machine_file.write_text("127.0.0.1:50001\n" + "a" * 64 + "\n")
+    service = _paths.default_endpoint()
+    assert (service.target, service.token, service.is_user_default) == ("127.0.0.1:50001", "a" * 64, False)
+
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text("127.0.0.1:50002\n" + "b" * 64 + "\n")
+    mine = _paths.default_endpoint()
+    assert (mine.target, mine.token, mine.is_user_default) == ("127.0.0.1:50002", "b" * 64, True)
+
+    monkeypatch.setenv("KILN_ENDPOINT", "127.0.0.1:7733")
+    assert _paths.default_endpoint().target == "127.0.0.1:7733"

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "service/config.h"
 #include "service/service_host.h"
+#include "service/windows_service.h"
 #include "tests/test_dir.h"
 
 namespace kiln::service {
@@ -66,10 +67,30 @@ TEST_F(WindowsConfigTest, TheServiceUsesProgramDataAndItsInstallOptions) {
   EXPECT_FALSE(misplaced.ok());
 }
 
-TEST_F(WindowsConfigTest, ServiceCommandsForAMissingServiceExitWithNotInstalled) {
-  CommandLine command_line;
-  command_line.command = Command::kStatus;
-  EXPECT_EQ(RunServiceCommand(command_line), 4);
+// `kilnd install`, `status` and `uninstall` as a user runs them, against the
+// real SCM. The executable registered is this test (the service is never
+// started here; windows_service_test starts and stops one).
+TEST_F(WindowsConfigTest, InstallStatusUninstallThroughTheCommandLine) {
+  auto run = [](std::vector<std::string> args) {
+    absl::StatusOr<CommandLine> command_line = ParseCommandLine(args);
+    EXPECT_TRUE(command_line.ok()) << command_line.status();
+    return command_line.ok() ? RunServiceCommand(*command_line) : -1;
+  };
+  (void)UninstallWindowsService(kServiceName, absl::Seconds(30));  // a leftover of an aborted run
+  EXPECT_EQ(run({"status"}), 4) << "not installed";
+  ASSERT_EQ(run({"install", "--user", "NT AUTHORITY\\LocalService"}), 0);
+  absl::StatusOr<WindowsServiceState> state = QueryWindowsService(kServiceName);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_NE(state->command_line.find("--windows-service --scope=machine"), std::string::npos)
+      << state->command_line;
+  EXPECT_EQ(state->account, "NT AUTHORITY\\LocalService");
+  EXPECT_TRUE(fs::is_directory(dir_.path() / "ProgramData" / "kiln" / "logs"))
+      << "install prepares the service's data and log directories";
+  EXPECT_EQ(run({"install"}), 1) << "a second install is refused";
+  EXPECT_EQ(run({"status"}), 3) << "installed, not running";
+  EXPECT_EQ(run({"uninstall"}), 0);
+  EXPECT_EQ(run({"status"}), 4);
+  EXPECT_EQ(run({"stop"}), 4);
 }
 
 }  // namespace

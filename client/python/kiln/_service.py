@@ -68,7 +68,19 @@ def _lock(path):
     if sys.platform == "win32":
         import msvcrt
 
-        msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
+        # Every process locks byte 0. LK_LOCK gives up after 10 s, less than
+        # another process may spend starting kilnd: poll without blocking instead.
+        handle.seek(0)
+        deadline = time.monotonic() + _AUTOSTART_DEADLINE + 5
+        while True:
+            try:
+                msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    handle.close()
+                    raise KilnUnavailable(f"another process holds {path} and has not started kilnd")
+                time.sleep(0.1)
     else:
         import fcntl
 
