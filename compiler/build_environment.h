@@ -61,8 +61,11 @@ struct BuildEnvironment {
   std::filesystem::path kiln_python_dir;
 };
 
+// `triton_dirs`: the triton packages of the toolchains registered at start;
+// on Windows the TinyCC that triton-windows bundles there is the last resort.
 absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(
-    const std::string& configured_compiler, const std::filesystem::path& kiln_python_dir);
+    const std::string& configured_compiler, const std::filesystem::path& kiln_python_dir,
+    const std::vector<std::filesystem::path>& triton_dirs = {});
 
 // The command that builds `request` (its source written to
 // scratch/<module>.c) into scratch/<module><ext_suffix> with `compiler`.

@@ -14,8 +14,10 @@ constexpr absl::Duration kVersionTimeout = absl::Seconds(20);
 
 }  // namespace
 
+// Triton for Linux bundles no C compiler, so `triton_dirs` adds nothing here.
 absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& configured_compiler,
-                                                          const fs::path& kiln_python_dir) {
+                                                          const fs::path& kiln_python_dir,
+                                                          const std::vector<fs::path>&) {
   std::vector<std::string> candidates;
   if (const char* cc = std::getenv("CC"); cc != nullptr && cc[0] != '\0') candidates.push_back(cc);
   if (!configured_compiler.empty()) candidates.push_back(configured_compiler);

@@ -56,7 +56,8 @@ std::string FirstLine(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& configured_compiler,
-                                                          const fs::path& kiln_python_dir) {
+                                                          const fs::path& kiln_python_dir,
+                                                          const std::vector<fs::path>& triton_dirs) {
   const WindowsEnvironment environment = EnvironmentSnapshot();
   BuildEnvironment build;
   build.kiln_python_dir = kiln_python_dir;
@@ -70,7 +71,12 @@ absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& con
                                                      : WindowsCompiler::kClang;
     found = FoundCompiler{kind, path};
   } else {
-    found = FindCompilerOnWindows(environment, VisualStudioDir(environment), fs::path());
+    const fs::path vs_dir = VisualStudioDir(environment);
+    found = FindCompilerOnWindows(environment, vs_dir, fs::path());
+    for (const fs::path& triton_dir : triton_dirs) {
+      if (found.ok()) break;
+      found = FindCompilerOnWindows(environment, vs_dir, triton_dir);
+    }
   }
   if (!found.ok()) return found.status();
   CCompiler compiler;

@@ -190,7 +190,8 @@ absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& python
   const worker::Reply& header = reply->header;
   ToolchainInfo info{header.triton_key(), header.triton_version(), python_executable.string(),
                      header.python_version(),
-                     std::vector<std::string>(header.backends().begin(), header.backends().end())};
+                     std::vector<std::string>(header.backends().begin(), header.backends().end()),
+                     header.triton_dir()};
   std::lock_guard lock(mutex_);
   key_by_python_[info.python_executable] = info.triton_key;
   auto [pool, inserted] = pools_.try_emplace(info.triton_key);

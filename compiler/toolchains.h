@@ -30,6 +30,7 @@ struct ToolchainInfo {
   std::string python_executable;
   std::string python_version;
   std::vector<std::string> backends;
+  std::string triton_dir;  // where the triton package is (triton-windows bundles TinyCC there)
 };
 
 struct PoolOptions {

@@ -44,6 +44,8 @@ struct Config {
   std::string launcher_cc;         // C compiler for launcher builds; empty = discover
   std::filesystem::path worker_script;  // empty = kiln_worker.py beside kilnd
   std::string log_level = "info";
+  // Not a setting: a Windows service has no console, only its log file.
+  bool log_to_console = true;
   uint64_t log_file_size = 10ull << 20;
   int log_files = 3;
 };

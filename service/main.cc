@@ -42,7 +42,7 @@ absl::Status ConfigureLogging(const Config& config) {
         "log_level must be one of trace, debug, info, warn, error, critical, off");
   }
   std::vector<spdlog::sink_ptr> sinks;
-  sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  if (config.log_to_console) sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
   const fs::path log_file = config.log_dir / "kilnd.log";
   try {
     sinks.push_back(std::make_shared<spdlog::sinks::rotating_file_sink_mt>(
@@ -82,17 +82,19 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
         " is missing; reinstall kilnd or set worker_script"));
   }
   kiln::compiler::ToolchainRegistry toolchains(pool_options);
+  std::vector<fs::path> triton_dirs;
   for (const std::string& python : config.toolchains) {
     absl::StatusOr<kiln::compiler::ToolchainInfo> info = toolchains.Register(python);
     if (info.ok()) {
       spdlog::info("toolchain: triton {} at {}", info->triton_version, python);
+      triton_dirs.emplace_back(info->triton_dir);
     } else {
       spdlog::error("toolchain {} not registered: {}", python, info.status().message());
     }
   }
   absl::StatusOr<kiln::compiler::BuildEnvironment> build_environment =
-      kiln::compiler::DiscoverBuildEnvironment(config.launcher_cc,
-                                                 kiln::platform::KilnPythonDir(config.scope));
+      kiln::compiler::DiscoverBuildEnvironment(
+          config.launcher_cc, kiln::platform::KilnPythonDir(config.scope), triton_dirs);
   std::unique_ptr<kiln::compiler::LauncherBuilder> launcher_builder;
   if (build_environment.ok()) {
     for (const kiln::compiler::CCompiler& compiler : build_environment->compilers) {
@@ -205,6 +207,7 @@ int main(int argc, char** argv) {
       break;
   }
   if (command_line->windows_service) {
+    command_line->config.log_to_console = false;
     return kiln::service::RunAsService(*command_line, signals, Serve);
   }
   if (absl::Status status = Serve(command_line->config, signals, [] {}); !status.ok()) {

@@ -113,6 +113,7 @@ def hello(_header, _parts):
         "python_executable": sys.executable,
         "python_version": "%d.%d" % sys.version_info[:2],
         "backends": sorted(backends),
+        "triton_dir": os.path.dirname(os.path.abspath(triton.__file__)),
     }, {}
 
 

@@ -1,7 +1,8 @@
 // kilnd's launcher-build discovery on Windows, in a real Windows process
 // (under Wine in CI): the process environment of a Visual Studio developer
 // prompt and a CUDA toolkit, both in a fake tree built here. The compiler is
-// this executable copied to cl.exe: run under that name it prints cl's banner.
+// this executable copied to cl.exe (or tcc.exe): run under that name it prints
+// that compiler's banner.
 
 #include "common/windows_api.h"
 
@@ -64,6 +65,36 @@ TEST(WindowsBuildEnvironmentTest, FindsMsvcFromTheDeveloperPromptAndTheCudaToolk
   EXPECT_NE(no_cuda.status().message().find("CUDA_PATH"), absl::string_view::npos);
 }
 
+// No Visual Studio, no clang: the TinyCC that triton-windows ships in its
+// package, found through the registered toolchain's triton directory.
+TEST(WindowsBuildEnvironmentTest, FallsBackToTheTinyCCInsideTriton) {
+  testing::TestDir dir;
+  const fs::path triton = dir.path() / "python_embeded" / "Lib" / "site-packages" / "triton";
+  const fs::path tcc = triton / "runtime" / "tcc" / "tcc.exe";
+  fs::create_directories(tcc.parent_path());
+  fs::copy_file(Self(), tcc);
+  const fs::path cuda = dir.path() / "CUDA";
+  Touch(cuda / "include" / "cuda.h");
+  Touch(cuda / "lib" / "x64" / "cuda.lib");
+  SetEnvironmentVariableW(L"VCToolsInstallDir", nullptr);
+  SetEnvironmentVariableW(L"CUDA_PATH", cuda.c_str());
+
+  absl::StatusOr<BuildEnvironment> without_triton = DiscoverBuildEnvironment("", fs::path());
+  EXPECT_TRUE(absl::IsFailedPrecondition(without_triton.status())) << without_triton.status();
+  EXPECT_NE(without_triton.status().message().find("Visual Studio Build Tools"),
+            absl::string_view::npos);
+
+  absl::StatusOr<BuildEnvironment> environment =
+      DiscoverBuildEnvironment("", fs::path(), {fs::path("C:\\no-triton-here"), triton});
+  ASSERT_TRUE(environment.ok()) << environment.status();
+  const CCompiler& compiler = environment->compilers.front();
+  EXPECT_EQ(compiler.windows, WindowsCompiler::kTinyCC);
+  EXPECT_EQ(compiler.flavor, CCompiler::Flavor::kTinyCC);
+  EXPECT_TRUE(fs::equivalent(compiler.path, tcc));
+  EXPECT_EQ(compiler.version, "tcc version 0.9.27 (x86_64 Windows)");
+  SetEnvironmentVariableW(L"CUDA_PATH", nullptr);
+}
+
 TEST(WindowsBuildEnvironmentTest, AConfiguredCompilerThatDoesNotRunIsNamed) {
   absl::StatusOr<BuildEnvironment> environment =
       DiscoverBuildEnvironment("C:\\no\\such\\clang.exe", fs::path());
@@ -80,6 +111,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\nCopyright (C) Microsoft Corporation.  All rights reserved.\n",
                  kiln::compiler::kBanner);
     std::printf("usage: cl [ option... ] filename... [ /link linkoption... ]\n");
+    return 0;
+  }
+  if (kiln::compiler::Self().filename() == "tcc.exe") {
+    std::printf("tcc version 0.9.27 (x86_64 Windows)\n");
     return 0;
   }
   testing::InitGoogleTest(&argc, argv);
