@@ -32,10 +32,17 @@ ResolvedEndpoint ReadEndpointFile(const std::filesystem::path& path) {
   if (!in || !std::getline(in, resolved.target) || !std::getline(in, resolved.token) ||
       resolved.target.empty()) {
     resolved.target.clear();
-    resolved.problem = absl::StrFormat(
-        "cannot read kilnd's endpoint file %s: is kilnd running? (start it with `kilnd`, or "
-        "`kilnd start` for the Windows service)",
-        path.string());
+    std::error_code error;
+    resolved.problem =
+        std::filesystem::exists(path, error) && !in
+            ? absl::StrFormat(
+                  "this account may not read kilnd's endpoint file %s: the machine's kilnd serves "
+                  "only the accounts its kilnd.conf names with allowed_user = DOMAIN\\user",
+                  path.string())
+            : absl::StrFormat(
+                  "no kilnd endpoint file at %s: is kilnd running? (start it with `kilnd`, or "
+                  "`kilnd start` for the Windows service)",
+                  path.string());
   }
   return resolved;
 }

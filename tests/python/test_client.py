@@ -255,7 +255,12 @@ def test_windows_clients_find_the_users_kilnd_then_the_machine_service(monkeypat
     assert nothing.endpoint_file == str(user_file)
     assert str(user_file) in nothing.describe()
 
+    # The machine service is installed but not running: its file is what to report.
     machine_file.parent.mkdir(parents=True)
+    stopped = _paths.default_endpoint()
+    assert stopped.target is None and not stopped.is_user_default, "never start a kilnd beside the service"
+    assert str(machine_file) in stopped.describe()
+
     machine_file.write_text("127.0.0.1:50001\n" + "a" * 64 + "\n")
     service = _paths.default_endpoint()
     assert (service.target, service.token, service.is_user_default) == ("127.0.0.1:50001", "a" * 64, False)

@@ -32,24 +32,30 @@ def machine_endpoint_file():
 class Endpoint:
     """Where to reach kilnd: a gRPC target, the access token to send (read
     from an endpoint file, Windows' transport), and whether it is the user's
-    own default kilnd (which the client may start)."""
+    own default kilnd (which the client may start). `problem` says why there
+    is no target."""
 
-    def __init__(self, target, token=None, endpoint_file=None, is_user_default=False):
+    def __init__(self, target, token=None, endpoint_file=None, is_user_default=False, problem=None):
         self.target = target
         self.token = token
         self.endpoint_file = endpoint_file
         self.is_user_default = is_user_default
+        self.problem = problem
 
     def describe(self):
-        return self.target or f"(no endpoint file at {self.endpoint_file})"
+        return self.target or self.problem
 
 
 def read_endpoint_file(path, is_user_default=False):
     """An Endpoint from kilnd's "127.0.0.1:PORT\\nTOKEN\\n" file; target None while it is missing."""
     try:
         target, token = Path(path).read_text().splitlines()[:2]
+    except PermissionError:
+        return Endpoint(None, None, str(path), is_user_default,
+                        f"{path} (this account may not read it: the machine's kilnd serves only the "
+                        "accounts its kilnd.conf names with allowed_user = DOMAIN\\user)")
     except (OSError, ValueError):
-        return Endpoint(None, None, str(path), is_user_default)
+        return Endpoint(None, None, str(path), is_user_default, f"(no endpoint file at {path})")
     return Endpoint(target, token, str(path), is_user_default)
 
 
@@ -65,8 +71,12 @@ def default_endpoint():
     if sys.platform != "win32":
         return Endpoint(f"unix:{runtime_dir() / 'kilnd.sock'}", is_user_default=True)
     user_file = runtime_dir() / "kilnd.endpoint"
-    if not user_file.exists() and machine_endpoint_file().exists():
-        return read_endpoint_file(machine_endpoint_file())
+    machine_file = machine_endpoint_file()
+    # os.path, not Path: they answer False, not raise, where an ACL denies a
+    # look inside. The service's run directory is visible even to accounts
+    # that may not read the file in it, which then get a reason, not "missing".
+    if not os.path.exists(user_file) and os.path.isdir(machine_file.parent):
+        return read_endpoint_file(machine_file)
     return read_endpoint_file(user_file, is_user_default=True)
 
 
