@@ -90,6 +90,9 @@ absl::StatusOr<Replaced> MoveFileOver(const std::filesystem::path& from,
 absl::Status PublishContentAddressedFile(const std::filesystem::path& temp,
                                          const std::filesystem::path& target);
 
+// True when standard output is an interactive terminal (a console on Windows).
+bool StdoutIsTerminal();
+
 // An exclusive advisory lock held for the object's lifetime; released by the
 // OS if the process dies.
 class ExclusiveLock {

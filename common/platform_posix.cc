@@ -169,6 +169,8 @@ absl::StatusOr<Replaced> MoveFileOver(const fs::path& from, const fs::path& to) 
   return Replaced::kYes;
 }
 
+bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) != 0; }
+
 absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
   FileDescriptor fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (fd.get() < 0) {

@@ -252,6 +252,11 @@ absl::StatusOr<Replaced> MoveFileOver(const fs::path& from, const fs::path& to) 
                                              PathText(to), ErrorText(error)));
 }
 
+bool StdoutIsTerminal() {
+  DWORD mode = 0;
+  return GetConsoleMode(GetStdHandle(STD_OUTPUT_HANDLE), &mode) != 0;
+}
+
 absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
   Handle file(CreateFileW(path.c_str(), GENERIC_READ | GENERIC_WRITE,
                           FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,

@@ -4,23 +4,22 @@
 //   0 success, 1 cache miss (get), 2 bad usage or input, 3 kilnd unreachable,
 //   4 any other error reported by kilnd, 5 a kernel failed to compile.
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <map>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
+#include "common/platform.h"
 #include "kiln/client.h"
 
 namespace {
@@ -240,7 +239,7 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
     input.target = target;
     futures.push_back(client.CompileFuture(input));
   }
-  const bool terminal = isatty(STDOUT_FILENO) != 0;
+  const bool terminal = kiln::platform::StdoutIsTerminal();
   int exit_code = kOk;
   for (size_t i = 0; i < futures.size(); ++i) {
     const kiln::v1::Target& target = parsed->targets[i];
