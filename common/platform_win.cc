@@ -11,6 +11,7 @@
 #include "common/platform.h"
 #include "common/platform_internal.h"
 #include "common/status_macros.h"
+#include "common/windows_accounts.h"
 #include "common/windows_text.h"
 
 namespace kiln::platform {
@@ -66,23 +67,6 @@ absl::StatusOr<std::vector<unsigned char>> CurrentUserSid() {
   std::vector<unsigned char> copy(GetLengthSid(sid));
   CopySid(static_cast<DWORD>(copy.size()), copy.data(), sid);
   return copy;
-}
-
-absl::StatusOr<std::vector<unsigned char>> AccountSid(const std::string& account) {
-  DWORD sid_size = 0;
-  DWORD domain_size = 0;
-  SID_NAME_USE use;
-  const std::wstring name = Widen(account);
-  LookupAccountNameW(nullptr, name.c_str(), nullptr, &sid_size, nullptr, &domain_size, &use);
-  std::vector<unsigned char> sid(sid_size);
-  std::wstring domain(domain_size, L'\0');
-  if (sid_size == 0 || !LookupAccountNameW(nullptr, name.c_str(), sid.data(), &sid_size,
-                                           domain.data(), &domain_size, &use)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "unknown account '%s' (%s); write it as DOMAIN\\user or COMPUTER\\user", account,
-        LastErrorText()));
-  }
-  return sid;
 }
 
 std::string SidText(const void* sid) {

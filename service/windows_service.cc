@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/windows_accounts.h"
 #include "common/windows_text.h"
 
 namespace kiln::service {
@@ -291,14 +292,15 @@ absl::Status GrantDirectoryAccess(const fs::path& dir, const std::string& accoun
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot create %s: %s", PathText(dir), error.message()));
   }
-  std::wstring trustee = Widen(account);
+  absl::StatusOr<std::vector<unsigned char>> sid = AccountSid(account);
+  if (!sid.ok()) return sid.status();
   EXPLICIT_ACCESSW entry{};
   entry.grfAccessPermissions = GENERIC_READ | GENERIC_WRITE | GENERIC_EXECUTE | DELETE;
   entry.grfAccessMode = GRANT_ACCESS;
   entry.grfInheritance = SUB_CONTAINERS_AND_OBJECTS_INHERIT;
-  entry.Trustee.TrusteeForm = TRUSTEE_IS_NAME;
+  entry.Trustee.TrusteeForm = TRUSTEE_IS_SID;
   entry.Trustee.TrusteeType = TRUSTEE_IS_UNKNOWN;
-  entry.Trustee.ptstrName = trustee.data();
+  entry.Trustee.ptstrName = reinterpret_cast<LPWSTR>(sid->data());
   PACL current = nullptr;
   PSECURITY_DESCRIPTOR descriptor = nullptr;
   DWORD result = GetNamedSecurityInfoW(dir.c_str(), SE_FILE_OBJECT, DACL_SECURITY_INFORMATION,

@@ -17,6 +17,7 @@
 
 #include "common/platform.h"
 #include "common/subprocess.h"
+#include "common/windows_accounts.h"
 #include "gtest/gtest.h"
 #include "tests/test_dir.h"
 
@@ -153,6 +154,25 @@ TEST(WindowsPrivateDirectoryTest, OnlyTheOwnerAndNamedReadersAreAllowed) {
 
   WriteText(dir.path() / "file", "x");
   EXPECT_TRUE(absl::IsFailedPrecondition(platform::EnsurePrivateDirectory(dir.path() / "file")));
+}
+
+TEST(WindowsAccountsTest, BuiltInServiceAccountsResolveWhateverTheSystemLanguage) {
+  auto text = [](const std::vector<unsigned char>& sid) {
+    LPWSTR string = nullptr;
+    ConvertSidToStringSidW(const_cast<unsigned char*>(sid.data()), &string);
+    std::wstring result(string);
+    LocalFree(string);
+    return result;
+  };
+  EXPECT_EQ(text(*AccountSid("NT AUTHORITY\\LocalService")), L"S-1-5-19");
+  EXPECT_EQ(text(*AccountSid("nt authority\\local service")), L"S-1-5-19");
+  EXPECT_EQ(text(*AccountSid("NT AUTHORITY\\NetworkService")), L"S-1-5-20");
+  EXPECT_EQ(text(*AccountSid("LocalSystem")), L"S-1-5-18");
+  EXPECT_EQ(text(*AccountSid("S-1-5-32-545")), L"S-1-5-32-545");
+  EXPECT_TRUE(absl::IsInvalidArgument(AccountSid("S-1-not-a-sid").status()));
+  absl::Status unknown = AccountSid("NOSUCHDOMAIN\\nobody").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(unknown)) << unknown;
+  EXPECT_NE(unknown.message().find("NOSUCHDOMAIN\\nobody"), absl::string_view::npos);
 }
 
 TEST(WindowsFilesTest, ReplacingAFileHeldOpenIsReportedAndTheExistingCopyKept) {
