@@ -3,6 +3,7 @@
 #include "common/windows_api.h"
 
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -188,10 +189,23 @@ absl::Status EnsurePrivateDirectory(const fs::path& dir, const std::vector<std::
   return absl::OkStatus();
 }
 
-bool LocalSocketAcceptsConnections(const fs::path&) {
-  // Windows kilnd serves local clients through the endpoint file, never a
-  // Unix socket, so there is no socket to probe.
-  return false;
+bool LocalSocketAcceptsConnections(const fs::path& path) {
+  // kilnd serves Windows clients through the endpoint file by default, but a
+  // configured local_socket is an AF_UNIX socket (Windows 10 1803 and later).
+  WSADATA wsa{};
+  if (WSAStartup(MAKEWORD(2, 2), &wsa) != 0) return false;
+  bool accepted = false;
+  const std::string text = PathText(path);
+  SOCKET probe = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (probe != INVALID_SOCKET && text.size() < sizeof(sockaddr_un::sun_path)) {
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path, text.c_str(), text.size() + 1);
+    accepted = connect(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  }
+  if (probe != INVALID_SOCKET) closesocket(probe);
+  WSACleanup();
+  return accepted;
 }
 
 absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {

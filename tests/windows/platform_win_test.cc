@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -224,6 +225,30 @@ TEST(WindowsFilesTest, DurableWritesRefuseToOverwriteAndLocksAreExclusive) {
   EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
   first->reset();
   EXPECT_TRUE(platform::TryLockFile(dir.path() / "kilnd.lock").ok());
+}
+
+// A local_socket configured on Windows is AF_UNIX: a live one must not be
+// mistaken for a stale file and deleted.
+TEST(WindowsSocketTest, OnlyALiveUnixSocketAcceptsConnections) {
+  testing::TestDir dir;
+  const fs::path path = dir.path() / "kilnd.sock";
+  EXPECT_FALSE(platform::LocalSocketAcceptsConnections(path));
+  WSADATA wsa{};
+  ASSERT_EQ(WSAStartup(MAKEWORD(2, 2), &wsa), 0);
+  SOCKET listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (listener == INVALID_SOCKET) {
+    WSACleanup();
+    GTEST_SKIP() << "no AF_UNIX sockets here (Windows before 10 1803, or Wine 8)";
+  }
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string text = path.string();
+  std::memcpy(address.sun_path, text.c_str(), text.size() + 1);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  EXPECT_TRUE(platform::LocalSocketAcceptsConnections(path));
+  closesocket(listener);
+  WSACleanup();
 }
 
 TEST(WindowsLibraryTest, LoadsSystemLibrariesAndNamesMissingOnes) {
