@@ -51,20 +51,23 @@ class Handle {
   HANDLE handle_;
 };
 
-// The SID of the account this process runs as, in a buffer that owns it.
-absl::StatusOr<std::vector<unsigned char>> CurrentUserSid() {
+// A SID of this process's token, copied into a buffer that owns it: the
+// account (TokenUser) or the default owner of what it creates (TokenOwner;
+// the Administrators group in an elevated process).
+absl::StatusOr<std::vector<unsigned char>> TokenSid(TOKEN_INFORMATION_CLASS which) {
   HANDLE raw_token = nullptr;
   if (!OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &raw_token)) {
     return absl::InternalError(absl::StrCat("cannot open the process token: ", LastErrorText()));
   }
   Handle token(raw_token);
   DWORD size = 0;
-  GetTokenInformation(token.get(), TokenUser, nullptr, 0, &size);
+  GetTokenInformation(token.get(), which, nullptr, 0, &size);
   std::vector<unsigned char> buffer(size);
-  if (size == 0 || !GetTokenInformation(token.get(), TokenUser, buffer.data(), size, &size)) {
+  if (size == 0 || !GetTokenInformation(token.get(), which, buffer.data(), size, &size)) {
     return absl::InternalError(absl::StrCat("cannot read the process user: ", LastErrorText()));
   }
-  const PSID sid = reinterpret_cast<TOKEN_USER*>(buffer.data())->User.Sid;
+  const PSID sid = which == TokenUser ? reinterpret_cast<TOKEN_USER*>(buffer.data())->User.Sid
+                                      : reinterpret_cast<TOKEN_OWNER*>(buffer.data())->Owner;
   std::vector<unsigned char> copy(GetLengthSid(sid));
   CopySid(static_cast<DWORD>(copy.size()), copy.data(), sid);
   return copy;
@@ -140,12 +143,16 @@ absl::Status EnsurePrivateDirectory(const fs::path& dir, const std::vector<std::
         "private one",
         PathText(dir)));
   }
-  ASSIGN_OR_RETURN(std::vector<unsigned char> self, CurrentUserSid());
+  ASSIGN_OR_RETURN(std::vector<unsigned char> self, TokenSid(TokenUser));
+  ASSIGN_OR_RETURN(std::vector<unsigned char> default_owner, TokenSid(TokenOwner));
   PSID owner = nullptr;
   PSECURITY_DESCRIPTOR descriptor = nullptr;
   if (GetNamedSecurityInfoW(dir.c_str(), SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION, &owner,
                             nullptr, nullptr, nullptr, &descriptor) == ERROR_SUCCESS) {
-    const bool mine = owner != nullptr && EqualSid(owner, self.data());
+    // What this process creates is owned by its default owner: itself, or
+    // Administrators when it runs elevated.
+    const bool mine = owner != nullptr &&
+                      (EqualSid(owner, self.data()) || EqualSid(owner, default_owner.data()));
     const std::string owner_text = owner != nullptr ? SidText(owner) : "nobody";
     LocalFree(descriptor);
     if (!mine) {
