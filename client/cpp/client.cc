@@ -63,14 +63,20 @@ ResolvedEndpoint ResolveEndpoint(const ClientOptions& options) {
   if (std::string file = EnvOrEmpty("KILN_ENDPOINT_FILE"); !file.empty()) {
     return ReadEndpointFile(file);
   }
+  std::error_code error;
   if (std::string local = platform::DefaultLocalEndpoint(); !local.empty()) {
+    // The system unit's socket, when this account may reach it (group kiln).
+    const std::filesystem::path machine = platform::DefaultSocketPath(platform::Scope::kMachine);
+    if (!std::filesystem::exists(platform::DefaultSocketPath(), error) &&
+        std::filesystem::exists(machine, error)) {
+      return {"unix:" + machine.string(), options.token, ""};
+    }
     return {local, options.token, ""};
   }
   // No Unix socket here (Windows): the user's own kilnd, else the machine's service.
   const std::filesystem::path user_file = platform::DefaultEndpointFile(platform::Scope::kUser);
   const std::filesystem::path machine_file =
       platform::DefaultEndpointFile(platform::Scope::kMachine);
-  std::error_code error;
   if (!std::filesystem::exists(user_file, error) && std::filesystem::exists(machine_file, error)) {
     return ReadEndpointFile(machine_file);
   }

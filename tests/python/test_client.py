@@ -272,3 +272,27 @@ def test_windows_clients_find_the_users_kilnd_then_the_machine_service(monkeypat
 
     monkeypatch.setenv("KILN_ENDPOINT", "127.0.0.1:7733")
     assert _paths.default_endpoint().target == "127.0.0.1:7733"
+
+
+def test_linux_clients_fall_back_to_the_system_units_socket(monkeypatch, tmp_path):
+    """With no per-user kilnd, a client uses the system unit's socket when it can see it,
+    and then never starts a kilnd of its own beside it."""
+    from kiln import _paths
+
+    for name in ("KILN_ENDPOINT", "KILN_ENDPOINT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "user-run"))
+    machine = tmp_path / "run-kiln" / "kilnd.sock"
+    monkeypatch.setattr(_paths, "machine_socket", lambda: machine)
+
+    mine = _paths.default_endpoint()
+    assert mine.target == f"unix:{tmp_path / 'user-run' / 'kiln' / 'kilnd.sock'}" and mine.is_user_default
+
+    machine.parent.mkdir()
+    machine.touch()
+    service = _paths.default_endpoint()
+    assert service.target == f"unix:{machine}" and not service.is_user_default
+
+    (tmp_path / "user-run" / "kiln").mkdir(parents=True)
+    (tmp_path / "user-run" / "kiln" / "kilnd.sock").touch()
+    assert _paths.default_endpoint().is_user_default, "the user's own kilnd comes first"

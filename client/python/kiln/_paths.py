@@ -23,6 +23,11 @@ def runtime_dir():
     return Path(f"/tmp/kiln-{os.getuid()}")
 
 
+def machine_socket():
+    """The socket of the machine's kilnd (deploy/linux/kilnd.system.service)."""
+    return Path("/run/kiln/kilnd.sock")
+
+
 def machine_endpoint_file():
     """The endpoint file of the machine's kilnd service (Windows)."""
     program_data = os.environ.get("ProgramData") or r"C:\ProgramData"
@@ -61,7 +66,7 @@ def read_endpoint_file(path, is_user_default=False):
 
 def default_endpoint():
     """$KILN_ENDPOINT, else $KILN_ENDPOINT_FILE, else the user's kilnd: its Unix socket
-    (POSIX) or its endpoint file, falling back to the machine service's (Windows)."""
+    (POSIX) or its endpoint file (Windows), falling back to the machine service's."""
     configured = os.environ.get("KILN_ENDPOINT")
     if configured:
         return Endpoint(configured)
@@ -69,7 +74,11 @@ def default_endpoint():
     if configured_file:
         return read_endpoint_file(configured_file)
     if sys.platform != "win32":
-        return Endpoint(f"unix:{runtime_dir() / 'kilnd.sock'}", is_user_default=True)
+        user_socket = runtime_dir() / "kilnd.sock"
+        # The system unit's socket, when this account may reach it (group kiln).
+        if not os.path.exists(user_socket) and os.path.exists(machine_socket()):
+            return Endpoint(f"unix:{machine_socket()}")
+        return Endpoint(f"unix:{user_socket}", is_user_default=True)
     user_file = runtime_dir() / "kilnd.endpoint"
     machine_file = machine_endpoint_file()
     # os.path, not Path: they answer False, not raise, where an ACL denies a

@@ -34,8 +34,8 @@ namespace kiln {
 
 struct ClientOptions {
   // A gRPC target; empty means `endpoint_file`, else $KILN_ENDPOINT, else
-  // $KILN_ENDPOINT_FILE, else the per-user local socket (POSIX) or kilnd's
-  // endpoint file, the user's then the machine service's (Windows).
+  // $KILN_ENDPOINT_FILE, else the user's kilnd: its local socket (POSIX) or
+  // its endpoint file (Windows), falling back to the machine service's.
   std::string endpoint;
   // A kilnd endpoint file ("127.0.0.1:PORT\nTOKEN\n"): the target and the
   // access token to send are read from it.
