@@ -104,12 +104,8 @@ Caller KilnService::IdentifyCaller(const grpc::CallbackServerContext& context) c
 }
 
 absl::Status KilnService::Admit(const grpc::CallbackServerContext& context) const {
-  if (absl::StartsWith(context.peer(), "unix:")) return absl::OkStatus();
-  const std::optional<absl::string_view> token = SentToken(context);
-  if (token.has_value()) {
-    if (!tcp_access_.token.empty() && SameSecret(*token, tcp_access_.token)) {
-      return absl::OkStatus();
-    }
+  if (IdentifyCaller(context).same_local_user) return absl::OkStatus();
+  if (SentToken(context).has_value()) {
     return absl::UnauthenticatedError(absl::StrFormat(
         "the access token does not match this kilnd's (it writes a new one each start); read "
         "it again from %s",

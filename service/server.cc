@@ -3,8 +3,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <limits>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

@@ -109,12 +109,12 @@ def _spawn_detached(kilnd):
     env = {name: value for name, value in os.environ.items()
            if not name.startswith("KILN") and name != "TRITON_CACHE_MANAGER"}
     if sys.platform == "win32":
-        flags = subprocess.DETACHED_PROCESS | subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
-        subprocess.Popen([kilnd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, creationflags=flags, close_fds=True, env=env)
+        detach = {"creationflags": subprocess.DETACHED_PROCESS | subprocess.CREATE_NEW_PROCESS_GROUP
+                  | subprocess.CREATE_NO_WINDOW}
     else:
-        subprocess.Popen([kilnd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
+        detach = {"start_new_session": True}
+    subprocess.Popen([kilnd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     close_fds=True, env=env, **detach)
 
 
 def _autostart():
