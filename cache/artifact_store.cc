@@ -408,20 +408,24 @@ absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
 
 absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
                                                            absl::string_view key,
-                                                           std::vector<BlobInput> blobs) {
+                                                           std::vector<BlobInput> blobs,
+                                                           const NamedDigests& stored) {
   if (ns.empty() || key.empty()) {
     return absl::InvalidArgumentError("a cache entry needs a non-empty namespace and key");
   }
-  if (blobs.empty()) {
+  if (blobs.empty() && stored.empty()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("entry %s/%s has no blobs; send at least one artifact", ns, key));
   }
   absl::flat_hash_set<std::string> names;
-  for (const BlobInput& blob : blobs) {
-    if (blob.name.empty() || !names.insert(blob.name).second) {
+  std::vector<absl::string_view> all_names;
+  for (const BlobInput& blob : blobs) all_names.push_back(blob.name);
+  for (const auto& [name, digest] : stored) all_names.push_back(name);
+  for (absl::string_view name : all_names) {
+    if (name.empty() || !names.insert(std::string(name)).second) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "entry %s/%s: blob name '%s' is empty or repeated; every blob needs a unique name", ns,
-          key, blob.name));
+          key, name));
     }
   }
   std::vector<PreparedBlob> prepared;
@@ -437,7 +441,7 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
   }
   if (status.ok()) {
     std::lock_guard lock(writer_mutex_);
-    status = PutLocked(ns, key, prepared);
+    status = PutLocked(ns, key, prepared, stored);
   }
   std::error_code ignored;
   for (const PreparedBlob& blob : prepared) {
@@ -450,7 +454,7 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
   }
   std::sort(manifest.begin(), manifest.end(),
             [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
-  puts_.fetch_add(1, std::memory_order_relaxed);
+  if (!prepared.empty()) puts_.fetch_add(1, std::memory_order_relaxed);
   if (stored_bytes_.load() > options_.max_size_bytes) {
     {
       std::lock_guard lock(maintenance_mutex_);
@@ -462,7 +466,8 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
 }
 
 absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view key,
-                                      const std::vector<PreparedBlob>& prepared) {
+                                      const std::vector<PreparedBlob>& prepared,
+                                      const NamedDigests& stored) {
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
   std::vector<int64_t> replaced_blob_ids;
@@ -491,6 +496,18 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
     }
     RETURN_IF_ERROR(
         w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
+  }
+  for (const auto& [name, digest] : stored) {
+    w.find_blob.BindBlob(1, digest);
+    ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
+    const int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;
+    w.find_blob.Reset();
+    if (!known) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("blob %s of '%s' is no longer stored", DigestHex(digest), name));
+    }
+    RETURN_IF_ERROR(
+        w.insert_entry_blob.Bind(1, entry_id).BindText(2, name).Bind(3, blob_id).Run());
   }
   ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
   RETURN_IF_ERROR(txn.Commit());
@@ -530,35 +547,6 @@ absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
                       .Bind(4, ++use_clock_)
                       .Run());
   return w.db->LastInsertId();
-}
-
-absl::Status ArtifactStore::PutManifest(
-    absl::string_view ns, absl::string_view key,
-    const std::vector<std::pair<std::string, std::string>>& named_digests) {
-  if (ns.empty() || key.empty() || named_digests.empty()) {
-    return absl::InvalidArgumentError("a manifest needs a namespace, a key and blobs");
-  }
-  std::lock_guard lock(writer_mutex_);
-  Writer& w = *writer_;
-  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  std::vector<int64_t> replaced_blob_ids;
-  ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(ns, key, replaced_blob_ids));
-  for (const auto& [name, digest] : named_digests) {
-    w.find_blob.BindBlob(1, digest);
-    ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
-    const int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;
-    w.find_blob.Reset();
-    if (!known) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("blob %s of '%s' is no longer stored", DigestHex(digest), name));
-    }
-    RETURN_IF_ERROR(
-        w.insert_entry_blob.Bind(1, entry_id).BindText(2, name).Bind(3, blob_id).Run());
-  }
-  ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
-  RETURN_IF_ERROR(txn.Commit());
-  ReleaseFreedBlobs(freed);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked(

@@ -106,18 +106,18 @@ class ArtifactStore {
   absl::StatusOr<CacheEntry> Lookup(absl::string_view ns, absl::string_view key,
                                     const absl::flat_hash_set<std::string>& digests_to_skip = {});
 
-  // Stores (or replaces) the entry for (ns, key). INVALID_ARGUMENT for no
-  // blobs, duplicate or empty names, or data that does not match its
-  // expected digest; RESOURCE_EXHAUSTED when the disk is full.
-  // Returns the stored manifest: each blob's name, digest and size, no data.
+  // Stores (or replaces) the entry for (ns, key): `blobs` with their data, and
+  // `stored` (name -> raw digest) naming blobs already in the store, which
+  // cost no blob I/O (an alias of another entry is only `stored`).
+  // INVALID_ARGUMENT for no blobs, duplicate or empty names, or data that does
+  // not match its expected digest; FAILED_PRECONDITION if a `stored` digest is
+  // not stored (e.g. evicted meanwhile); RESOURCE_EXHAUSTED when the disk is
+  // full. Returns the manifest of `blobs`: each one's name, digest and size,
+  // no data.
+  using NamedDigests = std::vector<std::pair<std::string, std::string>>;
   absl::StatusOr<std::vector<StoredBlob>> Put(absl::string_view ns, absl::string_view key,
-                                              std::vector<BlobInput> blobs);
-
-  // Stores an entry for (ns, key) made of blobs already in the store, named
-  // as given (name -> raw digest): an alias costs no blob I/O.
-  // FAILED_PRECONDITION if a digest is not stored (e.g. evicted meanwhile).
-  absl::Status PutManifest(absl::string_view ns, absl::string_view key,
-                           const std::vector<std::pair<std::string, std::string>>& named_digests);
+                                              std::vector<BlobInput> blobs,
+                                              const NamedDigests& stored = {});
 
   absl::StatusOr<StoreStats> Stats();
 
@@ -152,7 +152,7 @@ class ArtifactStore {
                                               absl::string_view digest, uint64_t size);
   // Methods named *Locked run with writer_mutex_ held.
   absl::Status PutLocked(absl::string_view ns, absl::string_view key,
-                         const std::vector<PreparedBlob>& prepared);
+                         const std::vector<PreparedBlob>& prepared, const NamedDigests& stored);
   // Deletes an entry; appends the ids of the blobs it used (candidates for
   // orphan deletion before commit).
   absl::Status DeleteEntryLocked(int64_t entry_id, std::vector<int64_t>& freed_candidates);

@@ -125,6 +125,7 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   request.set_options_json(job.options_json);
   request.mutable_env()->insert(job.env.begin(), job.env.end());
   request.set_hash(job.hash);
+  request.set_metadata_json(job.metadata_json);
   absl::StatusOr<WorkerReply> reply = absl::AbortedError("no worker tried");
   // An idle worker may have died (killed, OOM) since its last job; the job
   // then never ran, so it moves on to another worker.

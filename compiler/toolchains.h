@@ -52,6 +52,9 @@ struct CompileJob {
   std::string options_json;
   std::map<std::string, std::string> env;
   std::string hash;  // the client's Triton cache key, recorded in metadata
+  // Triton's metadata as the client's earlier stages left it; empty: start
+  // from the options (see kiln.v1.CompileRequest.metadata_json).
+  std::string metadata_json;
 };
 
 // Artifacts named as Triton's cache names them: "<kernel>.ttgir", "<kernel>.json", ...

@@ -1,6 +1,7 @@
 #include "service/compile_claims.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,10 @@ namespace {
 
 std::string ClaimId(const std::string& ns, const std::string& key) {
   return absl::StrCat(ns, std::string(1, '\0'), key);
+}
+
+void RunAll(std::vector<std::function<void()>>& callbacks) {
+  for (auto& callback : callbacks) callback();
 }
 
 }  // namespace
@@ -28,30 +33,62 @@ CompileClaims::~CompileClaims() {
   ReleaseAll();
 }
 
+std::vector<std::function<void()>> CompileClaims::EndLocked(
+    absl::flat_hash_map<std::string, Claim>::iterator claim, bool tell_holder) {
+  std::vector<std::function<void()>> callbacks;
+  if (tell_holder && claim->second.ended) callbacks.push_back(std::move(claim->second.ended));
+  for (Wake& wake : claim->second.waiters) {
+    if (wake) callbacks.push_back(std::move(wake));
+  }
+  claims_.erase(claim);
+  return callbacks;
+}
+
 void CompileClaims::ReleaseAll() {
-  std::vector<Wake> waiters;
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard lock(mutex_);
     closed_ = true;
-    for (auto& [id, claim] : claims_) {
-      for (Wake& wake : claim.waiters) waiters.push_back(std::move(wake));
+    while (!claims_.empty()) {
+      std::vector<std::function<void()>> ended = EndLocked(claims_.begin(), true);
+      std::move(ended.begin(), ended.end(), std::back_inserter(callbacks));
     }
-    claims_.clear();
   }
-  for (Wake& wake : waiters) wake();
+  RunAll(callbacks);
 }
 
-bool CompileClaims::ClaimOrWait(const std::string& ns, const std::string& key, Wake wake) {
-  std::lock_guard lock(mutex_);
-  if (closed_) return true;  // shutting down: nobody waits any more
-  auto [claim, created] = claims_.try_emplace(ClaimId(ns, key));
-  if (created) {
-    claim->second.lapses_at = absl::Now() + claim_timeout_;
-    changed_.notify_all();
-    return true;
+CompileClaims::Ticket CompileClaims::ClaimOrWait(const std::string& ns, const std::string& key,
+                                                 const std::string& claimant, bool may_claim,
+                                                 Ended ended, Wake wake) {
+  std::vector<std::function<void()>> callbacks;
+  Ticket ticket{Answer::kNoClaim};
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) return ticket;  // shutting down: nobody claims or waits any more
+    auto claim = claims_.find(ClaimId(ns, key));
+    if (claim != claims_.end() && !claimant.empty() && claim->second.claimant == claimant) {
+      // The holder's own process asks again (its earlier attempt ended in a
+      // way we were not told of): it takes the claim over, never waits on it.
+      claim->second.ended.swap(ended);
+      if (ended) callbacks.push_back(std::move(ended));
+      claim->second.id = next_claim_id_++;
+      claim->second.lapses_at = std::min(claim->second.lapses_at, absl::Now() + claim_timeout_);
+      ticket = {Answer::kClaimed, claim->second.id};
+    } else if (claim != claims_.end()) {
+      claim->second.waiters.push_back(std::move(wake));
+      ticket = {Answer::kWaiting};
+    } else if (may_claim) {
+      Claim& created = claims_[ClaimId(ns, key)];
+      created.id = next_claim_id_++;
+      created.claimant = claimant;
+      created.lapses_at = absl::Now() + claim_timeout_;
+      created.ended = std::move(ended);
+      ticket = {Answer::kClaimed, created.id};
+      changed_.notify_all();
+    }
   }
-  claim->second.waiters.push_back(std::move(wake));
-  return false;
+  RunAll(callbacks);
+  return ticket;
 }
 
 void CompileClaims::MarkCompiling(const std::string& ns, const std::string& key) {
@@ -62,15 +99,28 @@ void CompileClaims::MarkCompiling(const std::string& ns, const std::string& key)
 }
 
 void CompileClaims::Release(const std::string& ns, const std::string& key) {
-  std::vector<Wake> waiters;
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard lock(mutex_);
     auto claim = claims_.find(ClaimId(ns, key));
     if (claim == claims_.end()) return;
-    waiters = std::move(claim->second.waiters);
-    claims_.erase(claim);
+    callbacks = EndLocked(claim, true);
   }
-  for (Wake& wake : waiters) wake();
+  RunAll(callbacks);
+}
+
+void CompileClaims::Abandon(const std::string& ns, const std::string& key, uint64_t claim_id) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard lock(mutex_);
+    auto claim = claims_.find(ClaimId(ns, key));
+    if (claim == claims_.end() || claim->second.id != claim_id ||
+        claim->second.lapses_at == absl::InfiniteFuture()) {
+      return;
+    }
+    callbacks = EndLocked(claim, false);
+  }
+  RunAll(callbacks);
 }
 
 void CompileClaims::ExpireLoop() {
@@ -83,18 +133,17 @@ void CompileClaims::ExpireLoop() {
     } else {
       changed_.wait_until(lock, absl::ToChronoTime(next));
     }
-    std::vector<Wake> lapsed;
+    std::vector<std::function<void()>> lapsed;
     const absl::Time now = absl::Now();
     for (auto it = claims_.begin(); it != claims_.end();) {
-      if (it->second.lapses_at <= now) {
-        for (Wake& wake : it->second.waiters) lapsed.push_back(std::move(wake));
-        claims_.erase(it++);
-      } else {
-        ++it;
+      auto current = it++;
+      if (current->second.lapses_at <= now) {
+        std::vector<std::function<void()>> ended = EndLocked(current, true);
+        std::move(ended.begin(), ended.end(), std::back_inserter(lapsed));
       }
     }
     lock.unlock();
-    for (Wake& wake : lapsed) wake();
+    RunAll(lapsed);
     lock.lock();
   }
 }

@@ -5,8 +5,18 @@
 // once: the first miss claims the key and compiles; later misses wait for the
 // claimant's result instead of compiling too. Claims are per trust-domain
 // namespace and key.
+//
+// One lifetime rule: a claim lasts while its holder is alive and working on
+// it. It ends when the key's result is stored or its compile fails (Release),
+// when the holder goes away before its compile started (Abandon: its call
+// ended, its connection dropped, its process died), when the same claimant
+// asks again (it is not made to wait on itself), and, as the last resort for
+// a holder that is alive but stuck, `claim_timeout` after it was taken if no
+// compile has started. Whenever a claim ends, every waiter is woken to look
+// again: it then finds the result or compiles itself.
 
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -20,24 +30,40 @@ namespace kiln::service {
 
 class CompileClaims {
  public:
-  // A claim whose holder has not started compiling within `claim_timeout`
-  // (it crashed, or gave up) lapses, and its waiters are released.
   explicit CompileClaims(absl::Duration claim_timeout);
   ~CompileClaims();  // releases all
   CompileClaims(const CompileClaims&) = delete;
   CompileClaims& operator=(const CompileClaims&) = delete;
 
-  using Wake = std::function<void()>;
+  // Callbacks run once, never under the claims' lock, on the thread that
+  // ended the claim.
+  using Wake = std::function<void()>;   // a waiter: the claim it waited on ended
+  using Ended = std::function<void()>;  // the holder: its claim ended without it
 
-  // True: the caller now holds the claim and should compile. False: another
-  // caller holds it; `wake` runs once when that claim is released or lapses.
-  bool ClaimOrWait(const std::string& ns, const std::string& key, Wake wake);
+  enum class Answer { kClaimed, kWaiting, kNoClaim };
+  struct Ticket {
+    Answer answer;
+    uint64_t claim_id = 0;  // identifies a kClaimed claim for Abandon
+  };
 
-  // The holder's compile has started: the claim no longer lapses on its own.
+  // kClaimed: the caller now holds the claim and should compile; `ended` runs
+  // if the claim ends other than by the caller's own Abandon. kWaiting: another
+  // caller holds it; `wake` runs once when that claim ends. A `claimant` that
+  // already holds the key (the same process asking again) takes the claim
+  // over; an empty claimant never matches another. With `may_claim` false a
+  // free key answers kNoClaim instead of being claimed.
+  Ticket ClaimOrWait(const std::string& ns, const std::string& key, const std::string& claimant,
+                     bool may_claim, Ended ended, Wake wake);
+
+  // The holder's compile has started: from now on only Release ends the claim.
   void MarkCompiling(const std::string& ns, const std::string& key);
 
   // The key's result is stored, or its compile failed: wakes every waiter.
   void Release(const std::string& ns, const std::string& key);
+
+  // The holder of `claim_id` went away. Ends the claim unless its compile has
+  // started (that compile's Release ends it) or the claim is no longer its.
+  void Abandon(const std::string& ns, const std::string& key, uint64_t claim_id);
 
   // Ends every claim and wakes every waiter; from then on nobody waits (at
   // shutdown, so that no call is left waiting).
@@ -45,15 +71,22 @@ class CompileClaims {
 
  private:
   struct Claim {
+    uint64_t id = 0;
+    std::string claimant;
     absl::Time lapses_at;  // InfiniteFuture once compiling
+    Ended ended;
     std::vector<Wake> waiters;
   };
+  // Removes the claim and returns what must run outside the lock.
+  std::vector<std::function<void()>> EndLocked(
+      absl::flat_hash_map<std::string, Claim>::iterator claim, bool tell_holder);
   void ExpireLoop();
 
   const absl::Duration claim_timeout_;
   std::mutex mutex_;
   std::condition_variable changed_;
   absl::flat_hash_map<std::string, Claim> claims_;  // guarded; by ns + '\0' + key
+  uint64_t next_claim_id_ = 1;                      // guarded
   bool stopping_ = false;                           // guarded
   bool closed_ = false;                             // guarded; set by ReleaseAll
   std::thread expirer_;

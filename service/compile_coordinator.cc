@@ -28,7 +28,7 @@ std::string CompileKey(const v1::CompileRequest& request) {
   const std::string material = absl::StrJoin(
       {request.triton_key(), v1::Stage_Name(request.stage()), request.target().backend(),
        request.target().arch(), absl::StrCat(request.target().warp_size()), request.options_json(),
-       request.cache_key(), absl::StrJoin(env, "\n"), request.ir()},
+       request.cache_key(), absl::StrJoin(env, "\n"), request.metadata_json(), request.ir()},
       std::string(1, '\0'));
   return DigestHex(DigestBytes(Sha256(material)));
 }
@@ -111,25 +111,24 @@ absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(
   return pool;
 }
 
-void CompileCoordinator::Alias(const cache::CacheEntry& entry, const std::string& alias_ns,
-                               const std::string& alias_key) {
-  if (alias_key.empty()) return;
-  std::vector<std::pair<std::string, std::string>> manifest;
-  for (const cache::StoredBlob& blob : entry.blobs) manifest.emplace_back(blob.name, blob.digest);
+void CompileCoordinator::RecordAlias(const cache::CacheEntry& entry, const Alias& alias) {
+  if (alias.key.empty()) return;
+  cache::ArtifactStore::NamedDigests shared;
+  for (const cache::StoredBlob& blob : entry.blobs) shared.emplace_back(blob.name, blob.digest);
   // A lost alias only costs the client a later Compile; the result stands.
-  if (absl::Status status = store_.PutManifest(alias_ns, alias_key, manifest); !status.ok()) {
-    spdlog::warn("cannot record {}/{}: {}", alias_ns, alias_key, status.message());
+  if (absl::Status status = store_.Put(alias.ns, alias.key, alias.client_artifacts, shared).status();
+      !status.ok()) {
+    spdlog::warn("cannot record {}/{}: {}", alias.ns, alias.key, status.message());
   }
 }
 
 absl::StatusOr<std::optional<cache::CacheEntry>> CompileCoordinator::LookupShared(
     absl::string_view shared_ns, const std::string& shared_key,
-    const absl::flat_hash_set<std::string>& have, const std::string& alias_ns,
-    const std::string& alias_key) {
+    const absl::flat_hash_set<std::string>& have, const Alias& alias) {
   absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(shared_ns, shared_key, have);
   if (absl::IsNotFound(entry.status())) return std::nullopt;
   RETURN_IF_ERROR(entry.status());
-  Alias(*entry, alias_ns, alias_key);
+  RecordAlias(*entry, alias);
   return *std::move(entry);
 }
 
@@ -154,9 +153,8 @@ absl::StatusOr<cache::CacheEntry> CompileCoordinator::StoreShared(absl::string_v
 
 cache::CacheEntry CompileCoordinator::ForCaller(const cache::CacheEntry& entry,
                                                 const absl::flat_hash_set<std::string>& have,
-                                                const std::string& alias_ns,
-                                                const std::string& alias_key) {
-  Alias(entry, alias_ns, alias_key);
+                                                const Alias& alias) {
+  RecordAlias(entry, alias);
   cache::CacheEntry copy = entry;
   for (cache::StoredBlob& blob : copy.blobs) {
     if (have.contains(blob.digest)) blob.data.reset();
@@ -193,24 +191,26 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   const std::string shared_key = CompileKey(request);
   const absl::flat_hash_set<std::string> have(request.have_sha256().begin(),
                                               request.have_sha256().end());
-  const std::string alias_ns = CompileAliasNamespace(caller, request);
-  const std::string& alias_key = request.cache_key();
+  Alias alias{CompileAliasNamespace(caller, request), request.cache_key(), {}};
+  for (const v1::Blob& blob : request.client_artifacts()) {
+    alias.client_artifacts.push_back({blob.name(), blob.data(), blob.sha256()});
+  }
 
   absl::StatusOr<std::optional<cache::CacheEntry>> hit =
-      LookupShared(kCompileNamespace, shared_key, have, alias_ns, alias_key);
+      LookupShared(kCompileNamespace, shared_key, have, alias);
   if (!hit.ok()) return done(hit.status());
   if (hit->has_value()) {
     compile_cache_hits_.fetch_add(1);
     return done(CompileOutcome{**std::move(hit), true, "", {}});
   }
 
-  auto finish = [this, shared_key, have, alias_ns, alias_key,
+  auto finish = [this, shared_key, have, alias = std::move(alias),
                  done](const absl::StatusOr<Produced>& produced) {
     if (!produced.ok()) return done(produced.status());
     if (produced->failure.has_value()) {
       return done(CompileOutcome{*produced->failure, false, "", {}});
     }
-    done(CompileOutcome{ForCaller(produced->entry, have, alias_ns, alias_key), false,
+    done(CompileOutcome{ForCaller(produced->entry, have, alias), false,
                         produced->ptxas_log, produced->stage_seconds});
   };
   compiler::CompileJob job;
@@ -223,6 +223,7 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   job.options_json = request.options_json();
   job.env.insert(request.env().begin(), request.env().end());
   job.hash = request.cache_key();
+  job.metadata_json = request.metadata_json();
   bool joined = false;
   RunOnce(shared_key, std::move(finish), &joined, [&]() -> absl::StatusOr<Produced> {
     compiles_.fetch_add(1);
@@ -257,10 +258,8 @@ void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& r
   }
   const compiler::LauncherRequest launcher = ToLauncherRequest(request);
   const std::string shared_key = launcher_builder_->CacheKey(launcher);
-  const std::string alias_ns =
-      ScopedNamespace(caller, request.namespace_().empty() ? "launcher" : request.namespace_());
   absl::StatusOr<std::optional<cache::CacheEntry>> hit =
-      LookupShared(kLauncherNamespace, shared_key, {}, alias_ns, "");
+      LookupShared(kLauncherNamespace, shared_key, {}, Alias{});
   if (!hit.ok()) return done(hit.status());
   if (hit->has_value()) {
     launcher_cache_hits_.fetch_add(1);

@@ -95,6 +95,13 @@ class CompileCoordinator {
   // `finish` joins it. Runs on the caller's thread; waiters return at once.
   void RunOnce(const std::string& shared_key, Finish finish, bool* joined,
                const std::function<absl::StatusOr<Produced>()>& produce);
+  // Where a result is also recorded for the caller: its own key in its trust
+  // domain, with the artifacts it produced itself (its earlier stages).
+  struct Alias {
+    std::string ns;
+    std::string key;  // empty: no alias
+    std::vector<cache::BlobInput> client_artifacts;
+  };
   void CompileOnThread(const v1::CompileRequest& request, const Caller& caller, Done done);
   void BuildLauncherOnThread(const v1::BuildLauncherRequest& request, const Caller& caller,
                              Done done);
@@ -105,18 +112,15 @@ class CompileCoordinator {
   // The caller's copy of a stored entry: blobs it has lose their data, and the
   // entry is aliased under the caller's key when it has one.
   cache::CacheEntry ForCaller(const cache::CacheEntry& entry,
-                              const absl::flat_hash_set<std::string>& have,
-                              const std::string& alias_ns, const std::string& alias_key);
+                              const absl::flat_hash_set<std::string>& have, const Alias& alias);
   absl::StatusOr<compiler::WorkerPool*> ResolveToolchain(const v1::CompileRequest& request,
                                                          const Caller& caller);
   // Records `entry` under the caller's own key too, if it sent one.
-  void Alias(const cache::CacheEntry& entry, const std::string& alias_ns,
-             const std::string& alias_key);
+  void RecordAlias(const cache::CacheEntry& entry, const Alias& alias);
   // A hit for `shared_key`, aliased under the caller's key when it has one.
   absl::StatusOr<std::optional<cache::CacheEntry>> LookupShared(
       absl::string_view shared_ns, const std::string& shared_key,
-      const absl::flat_hash_set<std::string>& have, const std::string& alias_ns,
-      const std::string& alias_key);
+      const absl::flat_hash_set<std::string>& have, const Alias& alias);
 
   cache::ArtifactStore& store_;
   compiler::ToolchainRegistry& toolchains_;

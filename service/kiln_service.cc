@@ -16,13 +16,6 @@
 namespace kiln::service {
 namespace {
 
-// absl and gRPC share google.rpc.Code numbering, so the cast is exact.
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
-
 // Errors caused by the client are its to handle; only these are our problem.
 bool IsServerSideError(const absl::Status& status) {
   return absl::IsInternal(status) || absl::IsDataLoss(status) || absl::IsUnknown(status);
@@ -81,6 +74,13 @@ void FillError(const compiler::CompileFailure& failure, v1::CompileError& out) {
 }
 
 }  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  // absl and gRPC share google.rpc.Code numbering, so the cast is exact.
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
 
 KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
                          CompileCoordinator& coordinator, std::string data_dir,
@@ -191,16 +191,17 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
       return finish(status);
     }
     auto wake = [this, ns, request, response, finish] {
-      // Runs when the claimant's result is stored or its claim ends; looks
-      // again on our own pool, never on the releasing thread.
+      // Runs when the claim ends; looks again on our own pool, never on the
+      // thread that ended it.
       blocking_pool_.Schedule([this, ns, request, response, finish] {
         finish(LookupInto(ns, *request, *response));
       });
     };
-    if (claims_.ClaimOrWait(ns, request->key(), std::move(wake))) {
-      response->set_claimed(true);
-      return finish(absl::OkStatus());
-    }
+    // A unary call cannot hold a claim (nothing would end it if its caller
+    // went away): it only waits on one (LookupOrClaim claims).
+    const CompileClaims::Ticket ticket =
+        claims_.ClaimOrWait(ns, request->key(), "", /*may_claim=*/false, nullptr, std::move(wake));
+    if (ticket.answer != CompileClaims::Answer::kWaiting) return finish(absl::OkStatus());
     lookups_waited_.fetch_add(1);
   });
 }

@@ -30,6 +30,9 @@ struct TcpAccess {
   std::string endpoint_file;  // named in refusals
 };
 
+// absl::Status as the gRPC status a call finishes with.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
 class KilnService final : public v1::Kiln::CallbackService {
  public:
   KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
@@ -43,6 +46,8 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const v1::LookupRequest* request,
                                    v1::LookupResponse* response) override;
+  grpc::ServerWriteReactor<v1::LookupResponse>* LookupOrClaim(
+      grpc::CallbackServerContext* context, const v1::LookupRequest* request) override;
   grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context,
                                 const v1::PutRequest* request,
                                 v1::PutResponse* response) override;
@@ -67,6 +72,7 @@ class KilnService final : public v1::Kiln::CallbackService {
 
  private:
   enum class Where { kInline, kBlockingPool };
+  class LookupOrClaimCall;  // lookup_or_claim_call.cc
 
   // The caller's trust domain (see TcpAccess).
   Caller IdentifyCaller(const grpc::CallbackServerContext& context) const;

@@ -90,16 +90,16 @@ absl::Status ValidateLookup(const v1::LookupRequest& request) {
   for (const std::string& digest : request.have_sha256()) {
     RETURN_IF_ERROR(ValidateDigest(digest, "have_sha256"));
   }
+  if (request.claimant().size() > 128) {
+    return absl::InvalidArgumentError(
+        "claimant is longer than 128 characters; send a short per-process identity");
+  }
   return absl::OkStatus();
 }
 
-absl::Status ValidatePut(const v1::PutRequest& request) {
-  RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
-  RETURN_IF_ERROR(ValidateKey(request.key()));
-  if (request.blobs().empty()) {
-    return absl::InvalidArgumentError("put has no blobs; send at least one artifact");
-  }
-  for (const v1::Blob& blob : request.blobs()) {
+// Blobs a client sends with their data (a Put, a compile's own artifacts).
+absl::Status ValidateSentBlobs(const google::protobuf::RepeatedPtrField<v1::Blob>& blobs) {
+  for (const v1::Blob& blob : blobs) {
     RETURN_IF_ERROR(ValidateBlobName(blob.name()));
     if (!blob.sha256().empty()) RETURN_IF_ERROR(ValidateDigest(blob.sha256(), "blob sha256"));
     if (blob.data_omitted()) {
@@ -113,6 +113,15 @@ absl::Status ValidatePut(const v1::PutRequest& request) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidatePut(const v1::PutRequest& request) {
+  RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  RETURN_IF_ERROR(ValidateKey(request.key()));
+  if (request.blobs().empty()) {
+    return absl::InvalidArgumentError("put has no blobs; send at least one artifact");
+  }
+  return ValidateSentBlobs(request.blobs());
 }
 
 absl::Status ValidateCompile(const v1::CompileRequest& request) {
@@ -144,7 +153,17 @@ absl::Status ValidateCompile(const v1::CompileRequest& request) {
   for (const std::string& digest : request.have_sha256()) {
     RETURN_IF_ERROR(ValidateDigest(digest, "have_sha256"));
   }
-  return absl::OkStatus();
+  if (!request.metadata_json().empty() &&
+      !google::protobuf::util::JsonStringToMessage(request.metadata_json(), &options).ok()) {
+    return absl::InvalidArgumentError(
+        "metadata_json is not a JSON object; send Triton's metadata dict as triton.compile "
+        "writes it, or leave it empty");
+  }
+  if (!request.client_artifacts().empty() && request.cache_key().empty()) {
+    return absl::InvalidArgumentError(
+        "client_artifacts need a cache_key to be recorded under; send the Triton cache key");
+  }
+  return ValidateSentBlobs(request.client_artifacts());
 }
 
 absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request) {

@@ -14,6 +14,7 @@ namespace kiln::service {
 
 enum class Rpc {
   kLookup,
+  kLookupOrClaim,
   kPut,
   kCompile,
   kBuildLauncher,

@@ -9,16 +9,19 @@ jobs never share a process concurrently). Requests and replies are messages:
 
 Jobs:
   hello    -> the toolchain's identity: triton_key, versions, backends.
-  compile  -> header {target, options_json, env, hash, stage}, parts {"ir"}:
-              IR of `stage` (frontend TTIR, TTGIR, LLIR or PTX); runs the
-              backend's stages from there to make_cubin exactly as
-              triton.compile does for that target, options and env, and replies
-              with parts {"<name>.<ext>" for each stage run, "<name>.json"}.
+  compile  -> header {target, options_json, env, hash, stage, metadata_json},
+              parts {"ir"}: IR of `stage` (frontend TTIR, TTGIR, LLIR or PTX);
+              runs the backend's stages from there to make_cubin exactly as
+              triton.compile does for that target, options and env (going on
+              from the client's metadata when it ran the earlier stages), and
+              replies with parts {"<name>.<ext>" for each stage run,
+              "<name>.json"}.
 Failures reply {"ok": false, "kind": ..., "message": ...}; kind is one of
 compilation_error, ptxas_error, out_of_resources, invalid_request.
 """
 
 import contextlib
+import faulthandler
 import io
 import json
 import os
@@ -35,9 +38,12 @@ _PROTOCOL_OUT = os.fdopen(os.dup(1), "wb")
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 _PROTOCOL_IN = sys.stdin.buffer
+# A crash in LLVM or ptxas handling leaves its Python stack in the stderr tail
+# kilnd reports with the failure.
+faulthandler.enable()
 
 import triton  # noqa: E402  (after the fd shuffle, so import-time prints are safe)
-from triton._C.libtriton import get_cache_invalidating_env_vars, ir  # noqa: E402
+from triton._C.libtriton import get_cache_invalidating_env_vars, ir, llvm  # noqa: E402
 from triton.backends.compiler import GPUTarget, Language  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
@@ -168,6 +174,18 @@ def _load_input(stage, ir_text, context):
     return ir_text, match.group(1)
 
 
+def _settings_of_make_llir():
+    """make_llir leaves process-wide LLVM settings that make_ptx's code depends
+    on (stock Triton runs it first in every compile): LLVM's targets, and
+    32-bit pointers to shared memory (nvptx-short-ptr). A compile from LLIR or
+    PTX skips make_llir, so it applies them itself."""
+    from triton._C.libtriton import nvidia
+
+    llvm.init_targets()
+    if hasattr(nvidia, "set_short_ptr"):
+        nvidia.set_short_ptr()
+
+
 def _run_stages(header, ir_text):
     target = _parse_target(header["target"])
     backend = make_backend(target)
@@ -177,16 +195,23 @@ def _run_stages(header, ir_text):
     ir.load_dialects(context)
     backend.load_dialects(context)
     module, name = _load_input(stage, ir_text, context)
-    if stage == "ttgir":
-        # A TTGIR module fixes its warps and CTAs; Triton's IRSource reads them too.
-        raw_options["num_warps"] = module.get_int_attr("ttg.num-warps")
-        if (num_ctas := module.get_int_attr("ttg.num-ctas")) is not None:
-            raw_options["num_ctas"] = num_ctas
-    options = backend.parse_options(raw_options)
-    env = header.get("env", {})
-    # The metadata dict triton.compile starts from, in the same key order.
-    metadata = {"hash": header["hash"], "target": target, **options.__dict__, **env}
-    metadata["triton_version"] = triton.__version__
+    if _FIRST_STAGE_AFTER[stage] in ("ptx", "cubin"):
+        _settings_of_make_llir()
+    if header.get("metadata_json"):
+        # The client ran the stages before `stage` itself: go on from its metadata.
+        options = backend.parse_options(raw_options)
+        metadata = json.loads(header["metadata_json"])
+        metadata["target"] = target  # triton.compile keeps the GPUTarget object here
+    else:
+        if stage == "ttgir":
+            # A TTGIR module fixes its warps and CTAs; Triton's IRSource reads them too.
+            raw_options["num_warps"] = module.get_int_attr("ttg.num-warps")
+            if (num_ctas := module.get_int_attr("ttg.num-ctas")) is not None:
+                raw_options["num_ctas"] = num_ctas
+        options = backend.parse_options(raw_options)
+        # The metadata dict triton.compile starts from, in the same key order.
+        metadata = {"hash": header["hash"], "target": target, **options.__dict__, **header.get("env", {})}
+        metadata["triton_version"] = triton.__version__
     if stage == "ptx":
         metadata["name"] = name  # make_ptx would have set it
     name = name[:_MAX_FILE_NAME]

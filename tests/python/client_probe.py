@@ -1,13 +1,16 @@
 """A process that uses Triton the way an application does, for the client tests.
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
-usage: client_probe.py suite|ptxas-error|launcher LIBCUDA_DIR|spawn-child [--enable]
+usage: client_probe.py suite|ptxas-error|launcher LIBCUDA_DIR|spawn-child|frontend-error|
+                       where-warning|override FILE [--enable]
 Prints one JSON object on stdout."""
 
 import hashlib
 import json
 import subprocess
 import sys
+import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,7 +47,7 @@ def suite(cases=None, arches=(80, 90)):
             metadata = kernel.metadata._asdict()
             metadata["target"] = list(metadata["target"].__dict__.values())
             kernels[f"{case.name}-sm{arch}"] = {
-                "asm": {ext: digest(kernel.asm[ext]) for ext in ("ttgir", "llir", "ptx", "cubin")},
+                "asm": {ext: digest(kernel.asm[ext]) for ext in ("ttir", "ttgir", "llir", "ptx", "cubin")},
                 "metadata": metadata,
             }
     return {"kernels": kernels}
@@ -71,6 +74,46 @@ def launcher(libcuda_dir):
     return {"launch": callable(module.launch), "path": module.__file__}
 
 
+def frontend_error():
+    """Compiles a kernel whose frontend fails, twice; reports each attempt's time
+    (the key computation, which stock pays too, is done first)."""
+    from triton.runtime.cache import triton_key
+
+    triton_key()
+    source = triton_compiler.ASTSource(kernel_suite.frontend_error_kernel, {"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                                       {"BLOCK": 64})
+    attempts = []
+    for _ in range(2):
+        start = time.perf_counter()
+        try:
+            triton.compile(source, target=GPUTarget("cuda", 90, 32))
+            raised = None
+        except Exception as error:  # the test checks the type by name
+            raised = type(error).__name__
+        attempts.append({"raised": raised, "seconds": time.perf_counter() - start})
+    return {"attempts": attempts}
+
+
+def where_warning():
+    source = triton_compiler.ASTSource(kernel_suite.where_warning_kernel, {"out_ptr": "*fp32", "BLOCK": "constexpr"},
+                                       {"BLOCK": 64})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    return {"warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+            "ptx": digest(kernel.asm["ptx"])}
+
+
+def override(path):
+    """The first suite kernel compiled with Triton's ir_override option: the
+    stages after the override's start from the file."""
+    case = kernel_suite.SUITE[0]
+    kernel = triton.compile(triton_compiler.ASTSource(case.fn, case.signature, case.constexprs),
+                            target=GPUTarget("cuda", 90, 32), options=dict(case.options, ir_override=path))
+    return {"asm": {ext: digest(kernel.asm[ext]) for ext in ("ttir", "ttgir", "llir", "ptx", "cubin")},
+            "ptx_text": kernel.asm["ptx"]}
+
+
 def spawn_child():
     """Like inductor's compile workers: a new interpreter from sys.executable."""
     child = subprocess.run([sys.executable, __file__, "suite"], capture_output=True, text=True, check=True)
@@ -85,7 +128,9 @@ def main():
     mode = sys.argv[1]
     result = {"suite": suite, "ptxas-error": ptxas_error, "spawn-child": spawn_child,
               "launcher": lambda: launcher(sys.argv[2]),
-              "first": lambda: suite(kernel_suite.SUITE[:1], (90,))}[mode]()
+              "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
+              "frontend-error": frontend_error, "where-warning": where_warning,
+              "override": lambda: override(sys.argv[2])}[mode]()
     result["frontend_runs"] = frontend_runs
     import os
 

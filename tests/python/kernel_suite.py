@@ -122,6 +122,19 @@ def huge_shared_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + rows[:, None] * BLOCK + rows[None, :], tl.trans(x))
 
 
+@triton.jit
+def frontend_error_kernel(x_ptr, BLOCK: tl.constexpr):
+    """Fails in Triton's frontend (a CompilationError): the name is undefined."""
+    tl.store(x_ptr + tl.arange(0, BLOCK), undefined_name)  # noqa: F821
+
+
+@triton.jit
+def where_warning_kernel(out_ptr, BLOCK: tl.constexpr):
+    """Compiles, but the frontend warns: tl.where with a non-boolean condition."""
+    a = tl.full((BLOCK, ), 0, tl.uint32)
+    tl.store(out_ptr + tl.arange(0, BLOCK), tl.where(a, 1.0, 2.0))
+
+
 @dataclass
 class Case:
     name: str

@@ -88,6 +88,50 @@ def test_ptxas_failure_raises_tritons_ptxas_error(kiln_env):
     assert "ptxas" in result["message"]
 
 
+def test_a_kernel_whose_frontend_fails_never_makes_anyone_wait(kilnd, kiln_env):
+    # The claimant fails in the frontend: it must release its claim at once, so
+    # its own second attempt and the next process get their error promptly,
+    # instead of waiting out the claim's last-resort timeout.
+    for _ in range(2):
+        attempts = probe_json(run_probe(kiln_env, "frontend-error"))["attempts"]
+        assert [attempt["raised"] for attempt in attempts] == ["CompilationError"] * 2
+        assert max(attempt["seconds"] for attempt in attempts) < 1.0, attempts
+
+
+def test_frontend_warnings_are_replayed_when_kilnd_serves_the_kernel(kilnd, base_env, kiln_env):
+    stock = probe_json(run_probe(base_env, "where-warning"))
+    assert any("UserWarning" in warning for warning in stock["warnings"]), stock
+    compiled = probe_json(run_probe(kiln_env, "where-warning"))
+    served = probe_json(run_probe(kiln_env, "where-warning"))
+    assert served["frontend_runs"] == 0
+    assert compiled["warnings"] == served["warnings"] == stock["warnings"]
+    assert compiled["ptx"] == served["ptx"] == stock["ptx"]
+
+
+@pytest.mark.parametrize("stage", ["ttgir", "ptx"])
+def test_ir_override_compiles_exactly_as_stock(kilnd, base_env, kiln_env, tmp_path, monkeypatch, stage):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import compiler as triton_compiler
+
+    import kernel_suite
+
+    # Stock's own IR for the kernel, changed so that the override shows.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "stock-ir"))
+    case = kernel_suite.SUITE[0]
+    plain = triton.compile(triton_compiler.ASTSource(case.fn, case.signature, case.constexprs),
+                           target=GPUTarget("cuda", 90, 32), options=case.options)
+    text = plain.asm[stage]
+    changed = text.replace("arith.addf", "arith.subf") if stage == "ttgir" else text + "\n// kiln-override\n"
+    assert changed != text
+    override = tmp_path / f"override.{stage}"
+    override.write_text(changed)
+    stock = probe_json(run_probe(base_env, "override", str(override)))
+    through_kilnd = probe_json(run_probe(kiln_env, "override", str(override)))
+    assert through_kilnd["asm"] == stock["asm"]
+    assert stock["ptx_text"] != plain.asm["ptx"], "the override must change the kernel"
+
+
 def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # noqa: F811
     before = kilnd.stats()
     env = dict(kiln_env, LD_LIBRARY_PATH=str(libcuda_dir))

@@ -197,51 +197,6 @@ def test_remote_client_interpreter_path_is_never_run(fresh_kilnd, tmp_path):
     assert not marker.exists()
 
 
-def _lookup_in_thread(kilnd, key):
-    result = {}
-    request = kiln_pb2.LookupRequest(namespace="triton", key=key, wait_for_compile=True)
-    thread = threading.Thread(target=lambda: result.update(r=kilnd.stub.Lookup(request, timeout=120)))
-    thread.start()
-    return thread, result
-
-
-def _wait_for_waiters(kilnd, count, before):
-    deadline = time.time() + 30
-    while kilnd.stats().lookups_waited - before < count and time.time() < deadline:
-        time.sleep(0.01)
-
-
-def test_clients_missing_the_same_key_wait_for_the_first_ones_compile(kilnd):
-    case = kernel_suite.Case("claimed", kernel_suite.softmax_kernel, kernel_suite.SUITE[6].signature,
-                             {"BLOCK": 512})
-    frontend = triton_frontend.run_frontend(case, TARGETS[0])
-    first = kilnd.stub.Lookup(kiln_pb2.LookupRequest(namespace="triton", key=frontend.hash, wait_for_compile=True))
-    assert not first.found and first.claimed
-    before = kilnd.stats().lookups_waited
-    waiters = [_lookup_in_thread(kilnd, frontend.hash) for _ in range(3)]
-    _wait_for_waiters(kilnd, 3, before)
-    assert all(thread.is_alive() for thread, _ in waiters), "waiters must wait for the claimant"
-    compiled = kilnd.stub.Compile(compile_request(frontend))
-    for thread, result in waiters:
-        thread.join(60)
-        assert result["r"].found and not result["r"].claimed
-        assert blobs_by_name(result["r"].entry) == blobs_by_name(compiled.entry)
-
-
-def test_waiters_are_released_to_compile_themselves_when_the_claimants_compile_fails(kilnd):
-    case = kernel_suite.Case("claim_fails", kernel_suite.add_kernel, kernel_suite.SUITE[0].signature,
-                             {"BLOCK": 64}, {"ptx_options": "--no-such-ptxas-flag"})
-    frontend = triton_frontend.run_frontend(case, TARGETS[0])
-    assert kilnd.stub.Lookup(kiln_pb2.LookupRequest(namespace="triton", key=frontend.hash,
-                                                    wait_for_compile=True)).claimed
-    before = kilnd.stats().lookups_waited
-    thread, result = _lookup_in_thread(kilnd, frontend.hash)
-    _wait_for_waiters(kilnd, 1, before)
-    assert kilnd.stub.Compile(compile_request(frontend)).error.kind == kiln_pb2.CompileError.KIND_PTXAS_ERROR
-    thread.join(60)
-    assert not result["r"].found and not result["r"].claimed
-
-
 def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
     server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=1", "--compile-timeout-seconds=2")
     (worker,) = server.worker_pids()  # the one registration started

@@ -33,10 +33,15 @@ def status():
     print(f"compiles:  {stats.compiles} run, {stats.compile_cache_hits} served from cache, "
           f"{stats.single_flight_joins + stats.lookups_waited} shared with another process, "
           f"{stats.compile_failures} failed")
+    # A kernel hit is a compile this process did not run, like a compile served
+    # from the cache or shared with another process's compile.
+    kernel_hits = sum(n.hits for n in stats.lookups_by_namespace if n.namespace.endswith("/triton"))
+    avoided = kernel_hits + stats.compile_cache_hits + stats.single_flight_joins
     if stats.compiles:
         mean = stats.compile_seconds / stats.compiles
-        saved = mean * (stats.compile_cache_hits + stats.single_flight_joins + stats.lookups_waited)
-        print(f"saved:     about {saved:.1f} s of compiling (mean compile {mean * 1e3:.0f} ms)")
+        print(f"saved:     {avoided} compiles, about {mean * avoided:.1f} s (mean compile {mean * 1e3:.0f} ms)")
+    else:
+        print(f"saved:     {avoided} compiles")
     return 0
 
 

@@ -63,6 +63,10 @@ _METHODS = {
     "Evict": (EvictRequest, EvictResponse),
     "Verify": (VerifyRequest, VerifyResponse),
 }
+# Methods that answer with a stream.
+_STREAMING_METHODS = {
+    "LookupOrClaim": (LookupRequest, LookupResponse),
+}
 
 
 class KilnStub:
@@ -73,3 +77,7 @@ class KilnStub:
             setattr(self, method, channel.unary_unary(f"/kiln.v1.Kiln/{method}",
                                                       request_serializer=request.SerializeToString,
                                                       response_deserializer=response.FromString))
+        for method, (request, response) in _STREAMING_METHODS.items():
+            setattr(self, method, channel.unary_stream(f"/kiln.v1.Kiln/{method}",
+                                                       request_serializer=request.SerializeToString,
+                                                       response_deserializer=response.FromString))

@@ -25,15 +25,20 @@ def strict():
     return os.environ.get("KILN_STRICT", "") not in ("", "0")
 
 
-class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     """Sends the access token from kilnd's endpoint file with every call."""
 
     def __init__(self, token):
         self._metadata = (("x-kiln-token", token),)
 
+    def _with_token(self, details):
+        return details._replace(metadata=tuple(details.metadata or ()) + self._metadata)
+
     def intercept_unary_unary(self, continuation, details, request):
-        metadata = tuple(details.metadata or ()) + self._metadata
-        return continuation(details._replace(metadata=metadata), request)
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
 
 
 class Connection:

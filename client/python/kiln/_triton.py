@@ -25,7 +25,7 @@ import threading
 
 import grpc
 
-from . import _api, _files, _service
+from . import _api, _files, _frontend, _service
 
 log = logging.getLogger("kiln")
 
@@ -37,9 +37,6 @@ MANAGER = "kiln._triton:KilnCacheManager"
 _VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 SUPPORTED = _VERSION >= (3, 5)
 
-# Blob digests kilnd produced in this process: Triton hands them back to put()
-# after the stages run, and they need no upload.
-_from_kilnd = set()
 _install_lock = threading.Lock()
 _installed = None  # None: not tried; True: hooks in place; False: stock Triton
 
@@ -88,6 +85,7 @@ def uninstall():
             if getattr(knobs.build, "impl", None) is build_module:
                 knobs.build.impl = None
             _unwrap_add_stages()
+            _frontend.unguard_frontends()
         _installed = None
         _service.forget()
 
@@ -114,6 +112,7 @@ class KilnCacheManager(CacheManager):
         self.key = key
         self._hex = _hex_key(key)
         self._files = {}  # filename -> path, from a group lookup
+        self._group = None  # the compile this manager serves, from get_group to put_group
         self._stock = None
         if override or dump or not active():
             self._stock = FileCacheManager(key, override=override, dump=dump)
@@ -124,20 +123,44 @@ class KilnCacheManager(CacheManager):
         except grpc.RpcError as error:
             if not _service.is_unavailable(error):
                 raise
-            _go_stock(error)
-            self._stock = FileCacheManager(self.key)
+            self._go_stock(error)
             return None
+
+    def _go_stock(self, error):
+        _go_stock(error)
+        self._stock = FileCacheManager(self.key)
+
+    def _lookup_or_claim(self):
+        """kilnd's answer for this key; on a miss this process may get the claim
+        (it compiles, others wait), held for as long as the call stays open."""
+        call = _stub().LookupOrClaim(_api.LookupRequest(namespace="triton", key=self._hex,
+                                                        claimant=_frontend.CLAIMANT))
+        try:
+            response = next(call)
+        except StopIteration:
+            return _api.LookupResponse()
+        if response.claimed:
+            self._group.claim = call
+        return response
 
     def get_group(self, filename):
         if self._stock:
             return self._stock.get_group(filename)
-        response = self._call("Lookup", _api.LookupRequest(namespace="triton", key=self._hex,
-                                                           wait_for_compile=True))
-        if response is None:
+        # triton.compile looks its key up first: the compile starts here.
+        self._group = _frontend.begin(self._hex)
+        try:
+            response = self._lookup_or_claim()
+        except grpc.RpcError as error:
+            if not _service.is_unavailable(error):
+                raise
+            self._go_stock(error)
             return self._stock.get_group(filename)
         if not response.found:
-            return None  # claimed (compile it) or released: the stages hook sends it to kilnd
+            return None  # the stages hook sends the compile to kilnd
         for blob in response.entry.blobs:
+            if blob.name == _frontend.WARNINGS_BLOB:
+                _frontend.replay(blob.data)
+                continue
             self._files[blob.name] = _files.materialize(blob.name, blob.data, blob.sha256)
             self._mirror_cubin(blob.name)
         return dict(self._files) if filename in self._files else None
@@ -173,26 +196,42 @@ class KilnCacheManager(CacheManager):
         path = _files.materialize(filename, data, digest)
         self._files[filename] = path
         self._mirror_cubin(filename)
-        # The frontend's TTIR (.source) is a debugging aid kilnd does not need.
-        if digest not in _from_kilnd and not filename.endswith(".source"):
-            # Something Triton made itself (autotuner timings, a module built
-            # without kilnd): share it with other processes.
-            self._call("Put", _api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
-                                              blobs=[_api.Blob(name=filename, data=data, sha256=digest,
-                                                               size=len(data))]))
+        if self._group is not None:
+            # A compile's file: it reaches kilnd with the compile, or with put_group.
+            self._group.made[filename] = data
+            return path
+        # Something Triton made outside a compile (autotuner timings, a module
+        # built without kilnd): share it with other processes.
+        self._call("Put", _api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
+                                          blobs=[_api.Blob(name=filename, data=data, sha256=digest,
+                                                           size=len(data))]))
         return path
 
     def put_group(self, filename, group):
         if self._stock:
             return self._stock.put_group(filename, group)
-        blobs = []
-        for name, path in group.items():
-            data = _files.read(path)
-            blobs.append(_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data)))
-        if not any(blob.sha256 in _from_kilnd for blob in blobs):
-            # kilnd recorded the groups it compiled itself; only others are sent.
+        compile_group, self._group = self._group, None
+        try:
+            if compile_group is not None and compile_group.recorded_by_kilnd:
+                return None  # kilnd stored the group when it compiled
+            # Triton compiled in this process (a flow Kiln leaves stock): share it.
+            made = compile_group.made if compile_group is not None else {}
+            blobs = []
+            for name, path in group.items():
+                data = made.get(name) or _files.read(path)
+                blobs.append(_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data)))
+            if compile_group is not None and compile_group.warnings:
+                blobs.append(_warnings_blob(compile_group.warnings))
             self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
+        finally:
+            if compile_group is not None:
+                _frontend.finish(compile_group)
         return None
+
+
+def _warnings_blob(described):
+    data = _frontend.encode(described)
+    return _api.Blob(name=_frontend.WARNINGS_BLOB, data=data, sha256=hashlib.sha256(data).digest(), size=len(data))
 
 
 # --- the stages hook ---------------------------------------------------------
@@ -208,23 +247,49 @@ def _raise_compile_error(error):
     raise RuntimeError(f"{error.message}\n{error.log}".rstrip())
 
 
+# The stages that run in this process, as in stock Triton: up to the LLVM IR,
+# Triton's stages hand each other in-memory MLIR modules whose text form loses
+# the locations of loop-carried values (and those reach the LLVM debug info),
+# so TTIR, TTGIR and LLIR must be made here to equal stock's. make_llir returns
+# text and make_ptx parses it: there Triton itself serializes, and kilnd takes
+# over (PTX and ptxas, about half of a compile) with nothing lost.
+_LOCAL_STAGES = ("ttir", "ttgir", "llir")
+_INPUT_STAGE = {"ttgir": "STAGE_TTGIR", "llir": "STAGE_LLIR", "ptx": "STAGE_PTX"}
+
+
 class _RemoteCompile:
-    """One kernel's stages: the first sends the frontend TTIR to kilnd; each
-    returns kilnd's artifact. If kilnd goes away, the stock stages run."""
+    """One kernel's stages: TTIR, TTGIR and LLIR run here; the first later stage
+    sends the LLIR to kilnd and each returns kilnd's artifact. A stage whose input is
+    not what kilnd returned for the stage before (an ir_override or
+    TRITON_KERNEL_OVERRIDE replaced it) compiles again from that input. If kilnd
+    goes away, the stock stages run."""
 
     def __init__(self, backend, options, original):
         self.backend = backend
         self.options = options
         self.original = original
-        self.artifacts = None
+        self.order = list(original)
+        self.group = _frontend.current()
+        self.artifacts = None  # ext -> what kilnd returned
         self.stock = False
 
     def stage(self, ext, module, metadata):
-        if self.stock:
+        try:
+            return self._run(ext, module, metadata)
+        except BaseException:
+            if self.group is not None:
+                self.group.end_claim()  # nobody waits on a compile that failed
+            raise
+
+    def _run(self, ext, module, metadata):
+        if self.stock or ext in _LOCAL_STAGES:
             return self.original[ext](module, metadata)
-        if self.artifacts is None:
+        if self.group is not None and self.group.hex != metadata["hash"]:
+            self.group = None  # not the compile this thread looked up last
+        input_ext = self.order[self.order.index(ext) - 1]
+        if self.artifacts is None or self.artifacts.get(input_ext) is not module:
             try:
-                self._compile(module, metadata)
+                self._compile(input_ext, module, metadata)
             except grpc.RpcError as error:
                 if not _service.is_unavailable(error):
                     raise
@@ -233,22 +298,42 @@ class _RemoteCompile:
                 return self.original[ext](module, metadata)
         return self.artifacts[ext]
 
-    def _compile(self, module, metadata):
+    def _input_text(self, input_ext, module):
+        """The IR text Triton stored for the input stage (printed once, by put)."""
+        if isinstance(module, (str, bytes)):
+            return module.decode() if isinstance(module, bytes) else module
+        made = self.group.made if self.group is not None else {}
+        text = next((data for name, data in made.items() if name.endswith("." + input_ext)), None)
+        return text.decode() if text is not None else str(module)
+
+    def _client_artifacts(self):
+        if self.group is None:
+            return []
+        blobs = [_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data))
+                 for name, data in self.group.made.items() if not name.endswith(".json")]
+        if self.group.warnings:
+            blobs.append(_warnings_blob(self.group.warnings))
+        return blobs
+
+    def _compile(self, input_ext, module, metadata):
         from triton._C.libtriton import get_cache_invalidating_env_vars
         from triton.runtime.cache import triton_key
 
         target = self.backend.target
         request = _api.CompileRequest(
-            triton_key=triton_key(), stage=_api.STAGE["STAGE_TTIR"], ir=str(module),
+            triton_key=triton_key(), stage=_api.STAGE[_INPUT_STAGE[input_ext]],
+            ir=self._input_text(input_ext, module),
             target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
             options_json=json.dumps(self.options.__dict__), env=get_cache_invalidating_env_vars(),
-            namespace="triton", cache_key=metadata["hash"], local_python_executable=sys.executable)
+            namespace="triton", cache_key=metadata["hash"], local_python_executable=sys.executable,
+            metadata_json=json.dumps(metadata, default=vars), client_artifacts=self._client_artifacts())
         response = _stub().Compile(request)
+        if self.group is not None:
+            self.group.end_claim()  # kilnd ended it with the compile; this closes our side
         if response.WhichOneof("result") == "error":
             _raise_compile_error(response.error)
         self.artifacts = {}
         for blob in response.entry.blobs:
-            _from_kilnd.add(blob.sha256)
             ext = blob.name.rsplit(".", 1)[-1]
             if ext == "json":
                 compiled = json.loads(blob.data)
@@ -258,15 +343,14 @@ class _RemoteCompile:
                 self.artifacts[ext] = blob.data
             elif ext in self.original:
                 self.artifacts[ext] = blob.data.decode()
+        if self.group is not None:
+            self.group.recorded_by_kilnd = True
 
 
 def _usable(backend, language):
     from triton.backends.compiler import Language
 
-    compilation = knobs.compilation
-    # Dumps, overrides and IR-location rewrites need the stock in-process flow.
-    return (_installed and language == Language.TRITON and backend.target.backend == "cuda"
-            and not compilation.dump_ir and not compilation.override and not compilation.use_ir_loc)
+    return _installed and language == Language.TRITON and backend.target.backend == "cuda"
 
 
 def stages_hook(*args):
@@ -274,9 +358,12 @@ def stages_hook(*args):
         # Newer Triton asks the hook for a key that enters its cache key.
         return "kiln", hashlib.sha256(b"kiln-stages-v1").hexdigest()
     backend, stages, options, language = args[:4]
-    if not _usable(backend, language):
+    if not _installed:
         return None
+    _frontend.guard_frontends()  # before this compile's make_ir runs
     remote = _RemoteCompile(backend, options, dict(stages))
+    if not _usable(backend, language):
+        remote.stock = True  # still ends the claim if a stage fails
     for ext in list(stages):
         stages[ext] = functools.partial(remote.stage, ext)
     return None

@@ -1,0 +1,157 @@
+"""One triton.compile() call as Kiln follows it, and Triton's frontend inside it.
+
+A compile runs on one thread from its cache lookup (get_group) to put_group;
+`CompileGroup` is what the cache manager, the frontend guard and the stages
+hook share about it: the claim kilnd gave this process on the miss, the files
+Triton made, the frontend's warnings.
+
+The frontend (`make_ir` of Triton's sources) is guarded so that:
+- a frontend that fails (a CompilationError) ends this thread's claim at once,
+  so no other process waits on a compile that will never come;
+- the warnings it raises (deprecations, `tl.where` on a non-boolean) are kept
+  with the kernel and replayed on every later hit served by kilnd: a process
+  that gets a kernel from kilnd sees what the compile it was spared would
+  have shown, as stock Triton's cold compile does.
+"""
+
+import functools
+import importlib
+import json
+import threading
+import uuid
+import warnings
+
+# This process, for kilnd's claims: asking again for a key it holds takes the
+# claim over instead of waiting on itself.
+CLAIMANT = uuid.uuid4().hex
+# The name under which a kernel's frontend warnings are stored with it; never
+# part of the group of files Triton sees.
+WARNINGS_BLOB = "kiln.frontend-warnings.json"
+
+_current = threading.local()
+# catch_warnings swaps process-wide state: frontends that record run one at a
+# time (re-entrant, as a frontend may compile nothing but could recurse).
+_recording = threading.RLock()
+
+
+class CompileGroup:
+    def __init__(self, hex_key):
+        self.hex = hex_key
+        self.claim = None  # the open LookupOrClaim call while this process holds the key
+        self.made = {}  # file name -> bytes, as Triton put them during the compile
+        self.warnings = []  # the frontend's warnings, as plain dicts
+        self.recorded_by_kilnd = False  # kilnd stored the result: put_group sends nothing
+
+    def end_claim(self):
+        """Ends the claim (if held): waiters in other processes stop waiting now."""
+        claim, self.claim = self.claim, None
+        if claim is not None:
+            claim.cancel()
+
+
+def begin(hex_key):
+    group = CompileGroup(hex_key)
+    _current.group = group
+    return group
+
+
+def current(hex_key=None):
+    """This thread's compile, if it is the one for `hex_key` (when given)."""
+    group = getattr(_current, "group", None)
+    if group is None or (hex_key is not None and group.hex != hex_key):
+        return None
+    return group
+
+
+def finish(group):
+    group.end_claim()
+    if getattr(_current, "group", None) is group:
+        _current.group = None
+
+
+# --- the guard around make_ir ------------------------------------------------
+
+def _guarded(make_ir):
+    @functools.wraps(make_ir)
+    def guarded_make_ir(self, *args, **kwargs):
+        group = current()
+        if group is None:
+            return make_ir(self, *args, **kwargs)
+        caught = []
+        try:
+            with _recording, warnings.catch_warnings(record=True) as caught:
+                return make_ir(self, *args, **kwargs)
+        except BaseException:
+            group.end_claim()
+            raise
+        finally:
+            group.warnings = [_describe(warning) for warning in caught]
+            emit(group.warnings)
+
+    guarded_make_ir.kiln_guarded = True
+    return guarded_make_ir
+
+
+def guard_frontends():
+    """Guards make_ir of Triton's sources and of every subclass defined so far
+    (Gluon's); called again before each compile, so later subclasses are too."""
+    from triton.compiler.compiler import ASTSource, IRSource
+
+    pending = [ASTSource, IRSource]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        make_ir = cls.__dict__.get("make_ir")
+        if make_ir is not None and not getattr(make_ir, "kiln_guarded", False):
+            cls.make_ir = _guarded(make_ir)
+
+
+def unguard_frontends():
+    from triton.compiler.compiler import ASTSource, IRSource
+
+    pending = [ASTSource, IRSource]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        make_ir = cls.__dict__.get("make_ir")
+        if getattr(make_ir, "kiln_guarded", False):
+            cls.make_ir = make_ir.__wrapped__
+
+
+# --- warnings ----------------------------------------------------------------
+
+def _describe(warning):
+    category = warning.category
+    return {"message": str(warning.message), "category": f"{category.__module__}:{category.__qualname__}",
+            "filename": warning.filename, "lineno": warning.lineno}
+
+
+def _category(name):
+    module, _, qualname = name.partition(":")
+    try:
+        value = importlib.import_module(module)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError):
+        return UserWarning
+    return value if isinstance(value, type) and issubclass(value, Warning) else UserWarning
+
+
+def emit(described):
+    """Raises the warnings again, where the frontend raised them; the process's
+    warning filters decide as they did for the original."""
+    for warning in described:
+        warnings.warn_explicit(warning["message"], _category(warning["category"]), warning["filename"],
+                               warning["lineno"])
+
+
+def encode(described):
+    return json.dumps(described).encode()
+
+
+def replay(data):
+    try:
+        described = json.loads(data)
+    except ValueError:
+        return
+    emit(described)
