@@ -5,7 +5,9 @@ usage: client_probe.py suite|ptxas-error|launcher LIBCUDA_DIR|spawn-child|fronte
                        where-warning|override FILE [--enable]
 Prints one JSON object on stdout."""
 
+import contextlib
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -97,10 +99,11 @@ def frontend_error():
 def where_warning():
     source = triton_compiler.ASTSource(kernel_suite.where_warning_kernel, {"out_ptr": "*fp32", "BLOCK": "constexpr"},
                                        {"BLOCK": 64})
-    with warnings.catch_warnings(record=True) as caught:
+    printed = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(printed):
         warnings.simplefilter("always")
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    return {"warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+    return {"warnings": [f"{w.category.__name__}: {w.message}" for w in caught], "printed": printed.getvalue(),
             "ptx": digest(kernel.asm["ptx"])}
 
 

@@ -130,7 +130,9 @@ def frontend_error_kernel(x_ptr, BLOCK: tl.constexpr):
 
 @triton.jit
 def where_warning_kernel(out_ptr, BLOCK: tl.constexpr):
-    """Compiles, but the frontend warns: tl.where with a non-boolean condition."""
+    """Compiles, but the frontend warns (tl.where with a non-boolean condition)
+    and prints (tl.static_print)."""
+    tl.static_print("compiling where_warning_kernel")
     a = tl.full((BLOCK, ), 0, tl.uint32)
     tl.store(out_ptr + tl.arange(0, BLOCK), tl.where(a, 1.0, 2.0))
 

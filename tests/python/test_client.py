@@ -98,14 +98,21 @@ def test_a_kernel_whose_frontend_fails_never_makes_anyone_wait(kilnd, kiln_env):
         assert max(attempt["seconds"] for attempt in attempts) < 1.0, attempts
 
 
-def test_frontend_warnings_are_replayed_when_kilnd_serves_the_kernel(kilnd, base_env, kiln_env):
+def test_what_the_frontend_showed_is_shown_where_stock_would_have_compiled(kilnd, base_env, kiln_env, tmp_path):
     stock = probe_json(run_probe(base_env, "where-warning"))
     assert any("UserWarning" in warning for warning in stock["warnings"]), stock
+    assert "compiling where_warning_kernel" in stock["printed"]
     compiled = probe_json(run_probe(kiln_env, "where-warning"))
-    served = probe_json(run_probe(kiln_env, "where-warning"))
+    # A new Triton cache dir: stock would compile, and warn and print again.
+    served = probe_json(run_probe(dict(kiln_env, TRITON_CACHE_DIR=str(tmp_path / "another")), "where-warning"))
     assert served["frontend_runs"] == 0
-    assert compiled["warnings"] == served["warnings"] == stock["warnings"]
-    assert compiled["ptx"] == served["ptx"] == stock["ptx"]
+    for result in (compiled, served):
+        assert (result["warnings"], result["printed"], result["ptx"]) == (stock["warnings"], stock["printed"],
+                                                                          stock["ptx"])
+    # The same cache dir again: a hit there, silent as stock's.
+    again = probe_json(run_probe(kiln_env, "where-warning"))
+    assert again["frontend_runs"] == 0
+    assert (again["warnings"], again["printed"]) == ([], "")
 
 
 @pytest.mark.parametrize("stage", ["ttgir", "ptx"])

@@ -55,10 +55,11 @@ def read(path):
 
 
 def link(source, target):
-    """Makes `target` a hard link to (or, across file systems, a copy of) `source`."""
+    """Makes `target` a hard link to (or, across file systems, a copy of) `source`.
+    False when `target` was there already."""
     target = Path(target)
     if target.exists():
-        return
+        return False
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{uuid.uuid4().hex[:12]}.tmp")
     try:
@@ -69,3 +70,4 @@ def link(source, target):
         os.replace(temp, target)
     except OSError:
         temp.unlink(missing_ok=True)
+    return True

@@ -8,15 +8,22 @@ Triton made, the frontend's warnings.
 The frontend (`make_ir` of Triton's sources) is guarded so that:
 - a frontend that fails (a CompilationError) ends this thread's claim at once,
   so no other process waits on a compile that will never come;
-- the warnings it raises (deprecations, `tl.where` on a non-boolean) are kept
-  with the kernel and replayed on every later hit served by kilnd: a process
-  that gets a kernel from kilnd sees what the compile it was spared would
-  have shown, as stock Triton's cold compile does.
+- what it shows the user (warnings: deprecations, `tl.where` on a
+  non-boolean; `tl.static_print` output) is kept with the kernel and shown
+  again when kilnd serves the kernel to a Triton cache directory that has not
+  seen it: there stock Triton would have compiled, and shown it. A cache
+  directory that has the kernel already stays silent, as stock's does.
+  Recording swaps process-wide state (warnings' hooks, sys.stdout) for the
+  frontend's duration, under one lock: another thread's output in that window
+  is shown when the frontend ends, not lost.
 """
 
+import contextlib
 import functools
 import importlib
+import io
 import json
+import sys
 import threading
 import uuid
 import warnings
@@ -24,9 +31,9 @@ import warnings
 # This process, for kilnd's claims: asking again for a key it holds takes the
 # claim over instead of waiting on itself.
 CLAIMANT = uuid.uuid4().hex
-# The name under which a kernel's frontend warnings are stored with it; never
+# The name under which what a kernel's frontend showed is stored with it; never
 # part of the group of files Triton sees.
-WARNINGS_BLOB = "kiln.frontend-warnings.json"
+OUTPUT_BLOB = "kiln.frontend-output.json"
 
 _current = threading.local()
 # catch_warnings swaps process-wide state: frontends that record run one at a
@@ -39,7 +46,7 @@ class CompileGroup:
         self.hex = hex_key
         self.claim = None  # the open LookupOrClaim call while this process holds the key
         self.made = {}  # file name -> bytes, as Triton put them during the compile
-        self.warnings = []  # the frontend's warnings, as plain dicts
+        self.output = None  # what the frontend showed: {"stdout": str, "warnings": [dict]}
         self.recorded_by_kilnd = False  # kilnd stored the result: put_group sends nothing
 
     def end_claim(self):
@@ -77,16 +84,16 @@ def _guarded(make_ir):
         group = current()
         if group is None:
             return make_ir(self, *args, **kwargs)
-        caught = []
+        caught, printed = [], io.StringIO()
         try:
-            with _recording, warnings.catch_warnings(record=True) as caught:
+            with _recording, warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(printed):
                 return make_ir(self, *args, **kwargs)
         except BaseException:
             group.end_claim()
             raise
         finally:
-            group.warnings = [_describe(warning) for warning in caught]
-            emit(group.warnings)
+            group.output = {"stdout": printed.getvalue(), "warnings": [_describe(warning) for warning in caught]}
+            show(group.output)
 
     guarded_make_ir.kiln_guarded = True
     return guarded_make_ir
@@ -118,7 +125,7 @@ def unguard_frontends():
             cls.make_ir = make_ir.__wrapped__
 
 
-# --- warnings ----------------------------------------------------------------
+# --- what the frontend showed ------------------------------------------------
 
 def _describe(warning):
     category = warning.category
@@ -137,21 +144,28 @@ def _category(name):
     return value if isinstance(value, type) and issubclass(value, Warning) else UserWarning
 
 
-def emit(described):
-    """Raises the warnings again, where the frontend raised them; the process's
-    warning filters decide as they did for the original."""
-    for warning in described:
+def show(output):
+    """Prints and warns again; the process's warning filters decide as they
+    did for the original warnings."""
+    if output["stdout"]:
+        sys.stdout.write(output["stdout"])
+    for warning in output["warnings"]:
         warnings.warn_explicit(warning["message"], _category(warning["category"]), warning["filename"],
                                warning["lineno"])
 
 
-def encode(described):
-    return json.dumps(described).encode()
+def worth_keeping(output):
+    return output is not None and (output["stdout"] or output["warnings"])
+
+
+def encode(output):
+    return json.dumps(output).encode()
 
 
 def replay(data):
     try:
-        described = json.loads(data)
-    except ValueError:
+        output = json.loads(data)
+        output["stdout"], output["warnings"]  # noqa: B018  (both must be there)
+    except (ValueError, KeyError, TypeError):
         return
-    emit(described)
+    show(output)

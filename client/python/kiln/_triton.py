@@ -157,23 +157,28 @@ class KilnCacheManager(CacheManager):
             return self._stock.get_group(filename)
         if not response.found:
             return None  # the stages hook sends the compile to kilnd
+        new_to_cache_dir, frontend_output = False, None
         for blob in response.entry.blobs:
-            if blob.name == _frontend.WARNINGS_BLOB:
-                _frontend.replay(blob.data)
+            if blob.name == _frontend.OUTPUT_BLOB:
+                frontend_output = blob.data
                 continue
             self._files[blob.name] = _files.materialize(blob.name, blob.data, blob.sha256)
-            self._mirror_cubin(blob.name)
+            new_to_cache_dir |= self._mirror_cubin(blob.name)
+        if frontend_output is not None and new_to_cache_dir:
+            _frontend.replay(frontend_output)  # stock would have compiled here, and shown it
         return dict(self._files) if filename in self._files else None
 
     def _mirror_cubin(self, filename):
         """Inductor's static CUDA launcher reads <triton cache dir>/<key>/<kernel>.cubin
-        (and falls back to Triton's launcher without it): give it a copy there."""
+        (and falls back to Triton's launcher without it): give it a copy there.
+        True when Triton's cache dir did not have it yet."""
         if not filename.endswith(".cubin"):
-            return
+            return False
         try:
-            _files.link(self._files[filename], os.path.join(knobs.cache.dir, self.key, filename))
+            return _files.link(self._files[filename], os.path.join(knobs.cache.dir, self.key, filename))
         except OSError as error:
             log.debug("no cubin copy in Triton's cache dir: %s", error)
+            return True
 
     def get_file(self, filename):
         if self._stock:
@@ -220,8 +225,8 @@ class KilnCacheManager(CacheManager):
             for name, path in group.items():
                 data = made.get(name) or _files.read(path)
                 blobs.append(_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data)))
-            if compile_group is not None and compile_group.warnings:
-                blobs.append(_warnings_blob(compile_group.warnings))
+            if compile_group is not None and _frontend.worth_keeping(compile_group.output):
+                blobs.append(_output_blob(compile_group.output))
             self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
         finally:
             if compile_group is not None:
@@ -229,9 +234,9 @@ class KilnCacheManager(CacheManager):
         return None
 
 
-def _warnings_blob(described):
-    data = _frontend.encode(described)
-    return _api.Blob(name=_frontend.WARNINGS_BLOB, data=data, sha256=hashlib.sha256(data).digest(), size=len(data))
+def _output_blob(output):
+    data = _frontend.encode(output)
+    return _api.Blob(name=_frontend.OUTPUT_BLOB, data=data, sha256=hashlib.sha256(data).digest(), size=len(data))
 
 
 # --- the stages hook ---------------------------------------------------------
@@ -311,8 +316,8 @@ class _RemoteCompile:
             return []
         blobs = [_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data))
                  for name, data in self.group.made.items() if not name.endswith(".json")]
-        if self.group.warnings:
-            blobs.append(_warnings_blob(self.group.warnings))
+        if _frontend.worth_keeping(self.group.output):
+            blobs.append(_output_blob(self.group.output))
         return blobs
 
     def _compile(self, input_ext, module, metadata):
