@@ -87,6 +87,7 @@ struct ArtifactStore::FreedBlobs {
 struct ArtifactStore::ReaderConnection {
   std::unique_ptr<sqlite::Database> db;
   sqlite::Statement lookup;
+  sqlite::Statement find_entry;
 };
 
 struct ArtifactStore::Writer {
@@ -243,6 +244,8 @@ absl::StatusOr<std::unique_ptr<ArtifactStore::ReaderConnection>> ArtifactStore::
                        "JOIN entry_blobs eb ON eb.entry_id = e.id "
                        "JOIN blobs b ON b.id = eb.blob_id "
                        "WHERE e.namespace = ?1 AND e.key = ?2 ORDER BY eb.name"));
+  ASSIGN_OR_RETURN(reader->find_entry,
+                   reader->db->Prepare("SELECT id FROM entries WHERE namespace = ?1 AND key = ?2"));
   return reader;
 }
 
@@ -349,6 +352,26 @@ absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
   CountLookup(ns, true);
   hits_.fetch_add(1, std::memory_order_relaxed);
   return entry;
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::RecordHits(absl::string_view ns,
+                                                   const std::vector<std::string>& keys) {
+  uint64_t recorded = 0;
+  ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
+  sqlite::Statement& find = reader->find_entry;
+  for (const std::string& key : keys) {
+    find.BindText(1, ns).BindText(2, key);
+    absl::StatusOr<bool> row = find.Step();
+    const int64_t entry_id = row.ok() && *row ? find.ColumnInt(0) : -1;
+    find.Reset();
+    RETURN_IF_ERROR(row.status());
+    if (entry_id < 0) continue;  // evicted meanwhile: the client's copy still served it
+    RecordTouch(entry_id);
+    CountLookup(ns, true);
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    ++recorded;
+  }
+  return recorded;
 }
 
 void ArtifactStore::CountLookup(absl::string_view ns, bool hit) {

@@ -115,6 +115,11 @@ class ArtifactStore {
   // full. Returns the manifest of `blobs`: each one's name, digest and size,
   // no data.
   using NamedDigests = std::vector<std::pair<std::string, std::string>>;
+
+  // Hits a client served from its own copies of entries it got earlier:
+  // counted in the stats and kept fresh for the LRU as lookups are. Keys no
+  // longer stored are skipped. Returns how many were recorded.
+  absl::StatusOr<uint64_t> RecordHits(absl::string_view ns, const std::vector<std::string>& keys);
   absl::StatusOr<std::vector<StoredBlob>> Put(absl::string_view ns, absl::string_view key,
                                               std::vector<BlobInput> blobs,
                                               const NamedDigests& stored = {});

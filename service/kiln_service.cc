@@ -226,6 +226,20 @@ grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
   });
 }
 
+grpc::ServerUnaryReactor* KilnService::RecordHits(grpc::CallbackServerContext* context,
+                                                  const v1::RecordHitsRequest* request,
+                                                  v1::RecordHitsResponse* response) {
+  return Serve(context, Rpc::kRecordHits, Where::kBlockingPool,
+               [this, ns = ScopedNamespace(IdentifyCaller(*context), request->namespace_()),
+                request, response] {
+    RETURN_IF_ERROR(ValidateRecordHits(*request));
+    ASSIGN_OR_RETURN(uint64_t recorded,
+                     store_.RecordHits(ns, {request->keys().begin(), request->keys().end()}));
+    response->set_recorded(recorded);
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* context,
                                                const v1::CompileRequest* request,
                                                v1::CompileResponse* response) {

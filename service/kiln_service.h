@@ -48,6 +48,9 @@ class KilnService final : public v1::Kiln::CallbackService {
                                    v1::LookupResponse* response) override;
   grpc::ServerWriteReactor<v1::LookupResponse>* LookupOrClaim(
       grpc::CallbackServerContext* context, const v1::LookupRequest* request) override;
+  grpc::ServerUnaryReactor* RecordHits(grpc::CallbackServerContext* context,
+                                       const v1::RecordHitsRequest* request,
+                                       v1::RecordHitsResponse* response) override;
   grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context,
                                 const v1::PutRequest* request,
                                 v1::PutResponse* response) override;

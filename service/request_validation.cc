@@ -115,6 +115,15 @@ absl::Status ValidateSentBlobs(const google::protobuf::RepeatedPtrField<v1::Blob
   return absl::OkStatus();
 }
 
+absl::Status ValidateRecordHits(const v1::RecordHitsRequest& request) {
+  RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  if (request.keys_size() > 10000) {
+    return absl::InvalidArgumentError("record at most 10,000 hits per call; send them in batches");
+  }
+  for (const std::string& key : request.keys()) RETURN_IF_ERROR(ValidateKey(key));
+  return absl::OkStatus();
+}
+
 absl::Status ValidatePut(const v1::PutRequest& request) {
   RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
   RETURN_IF_ERROR(ValidateKey(request.key()));

@@ -10,6 +10,7 @@
 namespace kiln::service {
 
 absl::Status ValidateLookup(const v1::LookupRequest& request);
+absl::Status ValidateRecordHits(const v1::RecordHitsRequest& request);
 absl::Status ValidatePut(const v1::PutRequest& request);
 absl::Status ValidateCompile(const v1::CompileRequest& request);
 absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request);

@@ -16,6 +16,7 @@ enum class Rpc {
   kLookup,
   kLookupOrClaim,
   kPut,
+  kRecordHits,
   kCompile,
   kBuildLauncher,
   kGetStats,

@@ -113,6 +113,35 @@ TEST_F(ArtifactStoreTest, StoresAndReturnsEveryBlob) {
   EXPECT_EQ(stats->blobs, 3u);
 }
 
+TEST_F(ArtifactStoreTest, HitsServedByAClientsOwnCopiesAreCountedForStoredKeysOnly) {
+  auto store = OpenStore(Options());
+  ASSERT_TRUE(store->Put("triton", "key1", KernelBlobs(1)).ok());
+  absl::StatusOr<uint64_t> recorded = store->RecordHits("triton", {"key1", "gone", "key1"});
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(*recorded, 2u);
+  absl::StatusOr<StoreStats> stats = store->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->hits, 2u);
+  EXPECT_EQ(stats->misses, 0u);
+  EXPECT_EQ(stats->lookups_by_namespace.at("triton").first, 2u);
+}
+
+TEST_F(ArtifactStoreTest, ManifestReferencesStoredBlobsBesideNewOnes) {
+  auto store = OpenStore(Options());
+  absl::StatusOr<std::vector<StoredBlob>> stored = store->Put("shared", "result", KernelBlobs(1));
+  ASSERT_TRUE(stored.ok());
+  ArtifactStore::NamedDigests references;
+  for (const StoredBlob& blob : *stored) references.emplace_back(blob.name, blob.digest);
+  ASSERT_TRUE(store->Put("triton", "alias", {{"k.ttir", "client ttir", ""}}, references).ok());
+  absl::StatusOr<CacheEntry> alias = store->Lookup("triton", "alias");
+  ASSERT_TRUE(alias.ok()) << alias.status();
+  EXPECT_EQ(alias->blobs.size(), stored->size() + 1);
+  // A reference to a blob the store does not hold is refused, and nothing is stored.
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      store->Put("triton", "bad", {}, {{"k.cubin", std::string(32, 'x')}}).status()));
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "bad").status()));
+}
+
 TEST_F(ArtifactStoreTest, LargeBlobsLiveInShortNamedFilesAndSmallOnesInline) {
   StoreOptions options = Options();
   options.zstd_level = 0;

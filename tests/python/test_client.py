@@ -49,7 +49,7 @@ def stock_suite(tmp_path_factory):
 def test_pth_activation_reaches_a_subprocess(kiln_env):
     result = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('TRITON_CACHE_MANAGER'))"],
                             capture_output=True, text=True, env=kiln_env, check=True)
-    assert result.stdout.strip() == "kiln._triton:KilnCacheManager"
+    assert result.stdout.strip() == "kiln._cache:KilnCacheManager"
 
 
 def test_pth_does_nothing_without_the_variable(base_env):
@@ -77,7 +77,7 @@ def test_enable_in_code_reaches_an_inductor_style_worker(kilnd, base_env, stock_
     env = dict(base_env, KILN_ENDPOINT=f"unix:{kilnd.socket}")
     before = kilnd.stats().hits
     child = probe_json(run_probe(env, "spawn-child", "--enable"))
-    assert child["cache_manager"] == "kiln._triton:KilnCacheManager"
+    assert child["cache_manager"] == "kiln._cache:KilnCacheManager"
     assert child["kernels"] == stock_suite
     assert kilnd.stats().hits - before >= 30
 

@@ -18,7 +18,7 @@ import os
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "is_enabled", "KilnUnavailable"]
 
-_MANAGER = "kiln._triton:KilnCacheManager"
+_MANAGER = "kiln._cache:KilnCacheManager"
 _ENV_SET_BY_US = False
 
 

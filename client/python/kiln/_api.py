@@ -34,6 +34,8 @@ LookupRequest = _message("LookupRequest")
 LookupResponse = _message("LookupResponse")
 PutRequest = _message("PutRequest")
 PutResponse = _message("PutResponse")
+RecordHitsRequest = _message("RecordHitsRequest")
+RecordHitsResponse = _message("RecordHitsResponse")
 Target = _message("Target")
 CompileRequest = _message("CompileRequest")
 CompileResponse = _message("CompileResponse")
@@ -56,6 +58,7 @@ PRIORITY = _enum_values("Priority")
 _METHODS = {
     "Lookup": (LookupRequest, LookupResponse),
     "Put": (PutRequest, PutResponse),
+    "RecordHits": (RecordHitsRequest, RecordHitsResponse),
     "Compile": (CompileRequest, CompileResponse),
     "BuildLauncher": (BuildLauncherRequest, BuildLauncherResponse),
     "GetStats": (GetStatsRequest, GetStatsResponse),

@@ -71,3 +71,17 @@ def link(source, target):
     except OSError:
         temp.unlink(missing_ok=True)
     return True
+
+
+def mirror_cubin(path, cache_key, filename):
+    """Inductor's static CUDA launcher reads <triton cache dir>/<key>/<kernel>.cubin
+    (and falls back to Triton's launcher without it): gives it a copy there. True
+    when Triton's cache dir did not have it yet (not a cubin: False)."""
+    if not filename.endswith(".cubin"):
+        return False
+    from triton import knobs
+
+    try:
+        return link(path, os.path.join(knobs.cache.dir, cache_key, filename))
+    except OSError:
+        return True

@@ -1,18 +1,19 @@
 """Triton integration through its own extension points:
 
-- KilnCacheManager (TRITON_CACHE_MANAGER): lookups go to kilnd; a hit returns
-  Triton's group of files without running the frontend.
+- RemoteCacheManager, behind _cache.KilnCacheManager (TRITON_CACHE_MANAGER):
+  lookups go to kilnd; a hit returns Triton's group of files without running
+  the frontend; a miss may claim the kernel (others wait for this compile).
 - The stages hook (knobs.runtime.add_stages_inspection_hook; on 3.5 a wrapper
-  of CUDABackend.add_stages): after the frontend, the TTIR goes to kilnd and
-  every stage returns kilnd's result.
+  of CUDABackend.add_stages): TTIR, TTGIR and LLIR run here as in stock; the
+  LLIR goes to kilnd, and the later stages return kilnd's results.
 - knobs.build.impl: launcher and cuda_utils modules are built by kilnd.
 
-Installed once per process, on the first use of the cache manager (which the
-environment variable carries into subprocesses), so importing kiln costs an
-interpreter nothing until Triton compiles.
+Installed once per process, on the first use of the cache manager that needs
+kilnd (which the environment variable carries into subprocesses), so importing
+kiln costs an interpreter nothing until Triton compiles or misses its local
+index.
 """
 
-import base64
 import functools
 import hashlib
 import inspect
@@ -25,7 +26,7 @@ import threading
 
 import grpc
 
-from . import _api, _files, _frontend, _service
+from . import _api, _cache, _files, _frontend, _index, _service
 
 log = logging.getLogger("kiln")
 
@@ -33,20 +34,12 @@ import triton  # noqa: E402
 from triton import knobs  # noqa: E402
 from triton.runtime.cache import CacheManager, FileCacheManager  # noqa: E402
 
-MANAGER = "kiln._triton:KilnCacheManager"
+MANAGER = "kiln._cache:KilnCacheManager"
 _VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 SUPPORTED = _VERSION >= (3, 5)
 
 _install_lock = threading.Lock()
 _installed = None  # None: not tried; True: hooks in place; False: stock Triton
-
-
-def _hex_key(key):
-    """Triton names cache managers by base32 of a hex SHA-256; kilnd keys by the hex."""
-    try:
-        return base64.b32decode(key + "=" * (-len(key) % 8)).hex()
-    except (ValueError, TypeError):
-        return key
 
 
 def active():
@@ -104,13 +97,14 @@ def _go_stock(error):
 
 # --- the cache manager -------------------------------------------------------
 
-class KilnCacheManager(CacheManager):
-    """Triton's cache API over kilnd. Dump and override directories, and any use
-    while kilnd is unreachable, go to Triton's own FileCacheManager."""
+class RemoteCacheManager(CacheManager):
+    """Triton's cache API over kilnd, behind _cache.KilnCacheManager. Dump and
+    override directories, and any use while kilnd is unreachable, go to Triton's
+    own FileCacheManager. What it materializes goes into the local index."""
 
     def __init__(self, key, override=False, dump=False):
         self.key = key
-        self._hex = _hex_key(key)
+        self._hex = _cache.hex_key(key)
         self._files = {}  # filename -> path, from a group lookup
         self._group = None  # the compile this manager serves, from get_group to put_group
         self._stock = None
@@ -132,7 +126,11 @@ class KilnCacheManager(CacheManager):
 
     def _lookup_or_claim(self):
         """kilnd's answer for this key; on a miss this process may get the claim
-        (it compiles, others wait), held for as long as the call stays open."""
+        (it compiles, others wait), held for as long as the call stays open. A
+        plain lookup first: a hit, the common case, costs half a streaming call."""
+        response = _stub().Lookup(_api.LookupRequest(namespace="triton", key=self._hex))
+        if response.found:
+            return response
         call = _stub().LookupOrClaim(_api.LookupRequest(namespace="triton", key=self._hex,
                                                         claimant=_frontend.CLAIMANT))
         try:
@@ -157,28 +155,20 @@ class KilnCacheManager(CacheManager):
             return self._stock.get_group(filename)
         if not response.found:
             return None  # the stages hook sends the compile to kilnd
-        new_to_cache_dir, frontend_output = False, None
+        new_to_cache_dir, output = False, None
         for blob in response.entry.blobs:
+            path = _files.materialize(blob.name, blob.data, blob.sha256)
             if blob.name == _frontend.OUTPUT_BLOB:
-                frontend_output = blob.data
+                output = path
                 continue
-            self._files[blob.name] = _files.materialize(blob.name, blob.data, blob.sha256)
-            new_to_cache_dir |= self._mirror_cubin(blob.name)
-        if frontend_output is not None and new_to_cache_dir:
-            _frontend.replay(frontend_output)  # stock would have compiled here, and shown it
-        return dict(self._files) if filename in self._files else None
-
-    def _mirror_cubin(self, filename):
-        """Inductor's static CUDA launcher reads <triton cache dir>/<key>/<kernel>.cubin
-        (and falls back to Triton's launcher without it): give it a copy there.
-        True when Triton's cache dir did not have it yet."""
-        if not filename.endswith(".cubin"):
-            return False
-        try:
-            return _files.link(self._files[filename], os.path.join(knobs.cache.dir, self.key, filename))
-        except OSError as error:
-            log.debug("no cubin copy in Triton's cache dir: %s", error)
-            return True
+            self._files[blob.name] = path
+            new_to_cache_dir |= _files.mirror_cubin(path, self.key, blob.name)
+        if output is not None and new_to_cache_dir:
+            _frontend.replay(_files.read(output))  # stock would have compiled here, and shown it
+        if filename not in self._files:
+            return None
+        _index.record("triton", self._hex, filename, self._files, output)
+        return dict(self._files)
 
     def get_file(self, filename):
         if self._stock:
@@ -191,7 +181,9 @@ class KilnCacheManager(CacheManager):
         if not response.found:
             return None
         blob = response.entry.blobs[0]
-        return _files.materialize(blob.name, blob.data, blob.sha256)
+        path = _files.materialize(blob.name, blob.data, blob.sha256)
+        _index.record("triton-files", self._hex, filename, {filename: path})
+        return path
 
     def put(self, data, filename, binary=True):
         if self._stock:
@@ -200,7 +192,7 @@ class KilnCacheManager(CacheManager):
         digest = hashlib.sha256(data).digest()
         path = _files.materialize(filename, data, digest)
         self._files[filename] = path
-        self._mirror_cubin(filename)
+        _files.mirror_cubin(path, self.key, filename)
         if self._group is not None:
             # A compile's file: it reaches kilnd with the compile, or with put_group.
             self._group.made[filename] = data
@@ -210,24 +202,30 @@ class KilnCacheManager(CacheManager):
         self._call("Put", _api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
                                           blobs=[_api.Blob(name=filename, data=data, sha256=digest,
                                                            size=len(data))]))
+        _index.record("triton-files", self._hex, filename, {filename: path})
         return path
 
     def put_group(self, filename, group):
         if self._stock:
             return self._stock.put_group(filename, group)
         compile_group, self._group = self._group, None
+        output = None
         try:
-            if compile_group is not None and compile_group.recorded_by_kilnd:
-                return None  # kilnd stored the group when it compiled
-            # Triton compiled in this process (a flow Kiln leaves stock): share it.
-            made = compile_group.made if compile_group is not None else {}
-            blobs = []
-            for name, path in group.items():
-                data = made.get(name) or _files.read(path)
-                blobs.append(_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data)))
             if compile_group is not None and _frontend.worth_keeping(compile_group.output):
-                blobs.append(_output_blob(compile_group.output))
-            self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
+                data = _frontend.encode(compile_group.output)
+                output = _files.materialize(_frontend.OUTPUT_BLOB, data)
+            if compile_group is None or not compile_group.recorded_by_kilnd:
+                # Triton compiled in this process (a flow Kiln leaves stock): share it.
+                made = compile_group.made if compile_group is not None else {}
+                blobs = []
+                for name, path in group.items():
+                    data = made.get(name) or _files.read(path)
+                    blobs.append(_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(),
+                                           size=len(data)))
+                if output is not None:
+                    blobs.append(_output_blob(compile_group.output))
+                self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
+            _index.record("triton", self._hex, filename, group, output)
         finally:
             if compile_group is not None:
                 _frontend.finish(compile_group)

@@ -1,0 +1,105 @@
+"""The warm path on the CPU: per-kernel time of triton.compile for the 15-kernel
+suite at sm80 and sm90, each phase in a fresh process, stock Triton and through
+kilnd measured in one run on one machine (no GPU needed).
+
+  stock cold     empty Triton cache dir
+  stock warm     the same cache dir again (stock's file cache)
+  kiln cold      kilnd and the client's files empty (kilnd's worker already up)
+  kiln warm, files absent   kilnd warm; a new Triton cache dir and Kiln files dir
+                            (a new venv, container or user session)
+  kiln warm, files present  the same dirs again (the next run of the same program)
+
+usage: python bench/warm_bench.py [--build-dir build] [--repeat 3]
+Prints per-phase totals (the median of --repeat runs) and ratios against stock.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CLIENT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+from triton.runtime.cache import triton_key
+import kernel_suite
+triton_key()  # every Triton process pays this first, stock or not
+times = {}
+for case in kernel_suite.SUITE:
+    for arch in (80, 90):
+        start = time.perf_counter()
+        triton.compile(ASTSource(case.fn, case.signature, case.constexprs), target=GPUTarget("cuda", arch, 32),
+                       options=case.options)
+        times[f"{case.name}-sm{arch}"] = (time.perf_counter() - start) * 1e3
+print(json.dumps(times))
+"""
+
+
+def run(env):
+    result = subprocess.run([sys.executable, "-c", CLIENT, str(ROOT / "tests" / "python")], capture_output=True,
+                            text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(result.stderr[-3000:])
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def start_kilnd(build_dir, work):
+    socket = work / "kilnd.sock"
+    process = subprocess.Popen([str(build_dir / "service" / "kilnd"), f"--data-dir={work / 'data'}",
+                                f"--local-socket={socket}", f"--toolchain={sys.executable}", "--log-level=warn"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([str(build_dir / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{socket}", "health", "--wait",
+                    "60"], check=True, stdout=subprocess.DEVNULL)
+    return process, socket
+
+
+def one_round(build_dir, base):
+    work = Path(tempfile.mkdtemp(prefix="kiln-warm-bench-"))
+    stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
+    phases = {"stock cold": run(stock_env), "stock warm": run(stock_env)}
+    kilnd, socket = start_kilnd(build_dir, work)
+    kiln = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}")
+    try:
+        phases["kiln cold"] = run(dict(kiln, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")))
+        fresh = dict(kiln, TRITON_CACHE_DIR=str(work / "k2"), KILN_FILES_DIR=str(work / "f2"))
+        phases["kiln warm, files absent"] = run(fresh)
+        phases["kiln warm, files present"] = run(fresh)
+    finally:
+        kilnd.terminate()
+        kilnd.wait()
+    return phases
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build-dir", type=Path, default=ROOT / "build")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    rounds = [one_round(args.build_dir.resolve(), base) for _ in range(args.repeat)]
+    totals = {phase: statistics.median(sum(r[phase].values()) for r in rounds) for phase in rounds[0]}
+    kernels = len(rounds[0]["stock cold"])
+    print(f"{kernels} kernels, median of {args.repeat} rounds; ms for the whole suite (per kernel)")
+    against = {"kiln cold": "stock cold", "kiln warm, files absent": "stock warm",
+               "kiln warm, files present": "stock warm"}
+    for phase, total in totals.items():
+        ratio = f"  {total / totals[against[phase]]:.2f}x {against[phase]}" if phase in against else ""
+        print(f"  {phase:26} {total:9.1f} ms ({total / kernels:6.2f}){ratio}")
+    worst = {phase: max(statistics.median(r[phase][k] for r in rounds) /
+                        statistics.median(r[against[phase]][k] for r in rounds) for k in rounds[0][phase])
+             for phase in against if phase != "kiln cold"}
+    for phase, ratio in worst.items():
+        print(f"  worst kernel, {phase}: {ratio:.2f}x stock warm")
+
+
+if __name__ == "__main__":
+    main()
