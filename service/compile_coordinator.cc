@@ -68,11 +68,11 @@ CompileCoordinator::CompileCoordinator(cache::ArtifactStore& store,
       launcher_unavailable_(std::move(launcher_unavailable)),
       threads_(threads) {}
 
-void CompileCoordinator::Compile(v1::CompileRequest request, Caller caller, Done done) {
+void CompileCoordinator::Compile(v1::CompileRequest request, Caller caller, Done done,
+                                 std::function<void()> recorded) {
   threads_.Schedule(
-      [this, request = std::move(request), caller = std::move(caller), done = std::move(done)] {
-        CompileOnThread(request, caller, done);
-      },
+      [this, request = std::move(request), caller = std::move(caller), done = std::move(done),
+       recorded = std::move(recorded)] { CompileOnThread(request, caller, done, recorded); },
       request.priority() == v1::PRIORITY_BACKGROUND ? ThreadPool::kBackground
                                                      : ThreadPool::kInteractive);
 }
@@ -151,6 +151,20 @@ absl::StatusOr<cache::CacheEntry> CompileCoordinator::StoreShared(absl::string_v
   return entry;
 }
 
+cache::CacheEntry CompileCoordinator::UnstoredEntry(const compiler::Parts& artifacts,
+                                                    const absl::flat_hash_set<std::string>& have) {
+  cache::CacheEntry entry;
+  entry.created = absl::Now();
+  for (const auto& [name, data] : artifacts) {
+    cache::StoredBlob blob{name, DigestBytes(Sha256(data)), data.size(), std::nullopt};
+    if (!have.contains(blob.digest)) blob.data = data;
+    entry.blobs.push_back(std::move(blob));
+  }
+  std::sort(entry.blobs.begin(), entry.blobs.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return entry;
+}
+
 cache::CacheEntry CompileCoordinator::ForCaller(const cache::CacheEntry& entry,
                                                 const absl::flat_hash_set<std::string>& have,
                                                 const Alias& alias) {
@@ -185,9 +199,12 @@ void CompileCoordinator::RunOnce(const std::string& shared_key, Finish finish, b
 }
 
 void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, const Caller& caller,
-                                         Done done) {
+                                         Done done, const std::function<void()>& recorded) {
   absl::StatusOr<compiler::WorkerPool*> pool = ResolveToolchain(request, caller);
-  if (!pool.ok()) return done(pool.status());
+  if (!pool.ok()) {
+    done(pool.status());
+    return recorded();
+  }
   const std::string shared_key = CompileKey(request);
   const absl::flat_hash_set<std::string> have(request.have_sha256().begin(),
                                               request.have_sha256().end());
@@ -198,20 +215,30 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
 
   absl::StatusOr<std::optional<cache::CacheEntry>> hit =
       LookupShared(kCompileNamespace, shared_key, have, alias);
-  if (!hit.ok()) return done(hit.status());
-  if (hit->has_value()) {
-    compile_cache_hits_.fetch_add(1);
-    return done(CompileOutcome{**std::move(hit), true, "", {}});
+  if (!hit.ok() || hit->has_value()) {
+    if (hit.ok()) compile_cache_hits_.fetch_add(1);
+    done(hit.ok() ? absl::StatusOr<CompileOutcome>(CompileOutcome{**std::move(hit), true, "", {}})
+                  : absl::StatusOr<CompileOutcome>(hit.status()));
+    return recorded();
   }
 
-  auto finish = [this, shared_key, have, alias = std::move(alias),
-                 done](const absl::StatusOr<Produced>& produced) {
-    if (!produced.ok()) return done(produced.status());
-    if (produced->failure.has_value()) {
-      return done(CompileOutcome{*produced->failure, false, "", {}});
+  // The caller that starts the job is answered from the worker's output before
+  // anything is stored; callers that join it are answered once it is stored.
+  auto answered = std::make_shared<std::atomic<bool>>(false);
+  auto answer = [answered, done](absl::StatusOr<CompileOutcome> outcome) {
+    if (!answered->exchange(true)) done(std::move(outcome));
+  };
+  auto finish = [this, have, alias = std::move(alias), answer,
+                 recorded](const absl::StatusOr<Produced>& produced) {
+    if (!produced.ok()) {
+      answer(produced.status());
+    } else if (produced->failure.has_value()) {
+      answer(CompileOutcome{*produced->failure, false, "", {}});
+    } else {
+      answer(CompileOutcome{ForCaller(produced->entry, have, alias), false, produced->ptxas_log,
+                            produced->stage_seconds});
     }
-    done(CompileOutcome{ForCaller(produced->entry, have, alias), false,
-                        produced->ptxas_log, produced->stage_seconds});
+    recorded();
   };
   compiler::CompileJob job;
   job.priority = PriorityOf(request.priority());
@@ -240,6 +267,8 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     auto& output = std::get<compiler::CompileOutput>(result);
     produced.ptxas_log = output.ptxas_log;
     produced.stage_seconds = output.stage_seconds;
+    answer(CompileOutcome{UnstoredEntry(output.artifacts, have), false, produced.ptxas_log,
+                          produced.stage_seconds});
     ASSIGN_OR_RETURN(produced.entry,
                      StoreShared(kCompileNamespace, shared_key, std::move(output.artifacts)));
     return produced;

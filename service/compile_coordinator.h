@@ -67,11 +67,16 @@ class CompileCoordinator {
                      std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
                      absl::Status launcher_unavailable, int threads);
 
-  // Calls `done` exactly once, on one of the coordinator's threads. Errors:
-  // INVALID_ARGUMENT (bad request or target), FAILED_PRECONDITION (no such
-  // toolchain, listing the registered ones). A kernel that fails to compile is
-  // an OK outcome holding a CompileFailure.
-  void Compile(v1::CompileRequest request, Caller caller, Done done);
+  // Calls `done` exactly once, on one of the coordinator's threads, then
+  // `recorded` once the result is also stored under the caller's key (or the
+  // compile failed): callers waiting on that key may look from then on. A
+  // fresh compile answers `done` as soon as the worker returns; storing it is
+  // off the caller's critical path. Errors: INVALID_ARGUMENT (bad request or
+  // target), FAILED_PRECONDITION (no such toolchain, listing the registered
+  // ones). A kernel that fails to compile is an OK outcome holding a
+  // CompileFailure.
+  void Compile(v1::CompileRequest request, Caller caller, Done done,
+               std::function<void()> recorded);
   void BuildLauncher(v1::BuildLauncherRequest request, Caller caller, Done done);
 
   CoordinatorStats Stats() const;
@@ -102,13 +107,18 @@ class CompileCoordinator {
     std::string key;  // empty: no alias
     std::vector<cache::BlobInput> client_artifacts;
   };
-  void CompileOnThread(const v1::CompileRequest& request, const Caller& caller, Done done);
+  void CompileOnThread(const v1::CompileRequest& request, const Caller& caller, Done done,
+                       const std::function<void()>& recorded);
   void BuildLauncherOnThread(const v1::BuildLauncherRequest& request, const Caller& caller,
                              Done done);
   // Stores `artifacts` under the shared key; the entry holds their data.
   absl::StatusOr<cache::CacheEntry> StoreShared(absl::string_view shared_ns,
                                                 const std::string& shared_key,
                                                 compiler::Parts artifacts);
+  // The worker's artifacts as an entry, before they are stored: blobs the
+  // caller has lose their data.
+  static cache::CacheEntry UnstoredEntry(const compiler::Parts& artifacts,
+                                         const absl::flat_hash_set<std::string>& have);
   // The caller's copy of a stored entry: blobs it has lose their data, and the
   // entry is aliased under the caller's key when it has one.
   cache::CacheEntry ForCaller(const cache::CacheEntry& entry,

@@ -248,24 +248,24 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
     const Caller caller = IdentifyCaller(*context);
     const std::string alias_ns = CompileAliasNamespace(caller, *request);
     claims_.MarkCompiling(alias_ns, request->cache_key());
-    coordinator_.Compile(*request, caller,
-                         [this, alias_ns, request, response,
-                          finish](absl::StatusOr<CompileOutcome> outcome) {
-                           // Stored or failed: clients waiting on the key look again.
-                           claims_.Release(alias_ns, request->cache_key());
-                           if (!outcome.ok()) return finish(outcome.status());
-                           response->set_cache_hit(outcome->cache_hit);
-                           response->set_ptxas_log(outcome->ptxas_log);
-                           response->mutable_stage_seconds()->insert(
-                               outcome->stage_seconds.begin(), outcome->stage_seconds.end());
-                           if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
-                             FillEntry(std::move(*entry), *response->mutable_entry());
-                           } else {
-                             FillError(std::get<compiler::CompileFailure>(outcome->result),
-                                       *response->mutable_error());
-                           }
-                           finish(absl::OkStatus());
-                         });
+    coordinator_.Compile(
+        *request, caller,
+        [request, response, finish](absl::StatusOr<CompileOutcome> outcome) {
+          if (!outcome.ok()) return finish(outcome.status());
+          response->set_cache_hit(outcome->cache_hit);
+          response->set_ptxas_log(outcome->ptxas_log);
+          response->mutable_stage_seconds()->insert(outcome->stage_seconds.begin(),
+                                                    outcome->stage_seconds.end());
+          if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
+            FillEntry(std::move(*entry), *response->mutable_entry());
+          } else {
+            FillError(std::get<compiler::CompileFailure>(outcome->result),
+                      *response->mutable_error());
+          }
+          finish(absl::OkStatus());
+        },
+        // Stored under the caller's key, or failed: clients waiting on it look again.
+        [this, alias_ns, key = request->cache_key()] { claims_.Release(alias_ns, key); });
   });
 }
 

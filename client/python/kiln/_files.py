@@ -5,6 +5,7 @@ unique temporary name and renamed into place; an existing file with the right
 content is reused, never rewritten, so a file another process holds open
 (a loaded launcher module on Windows) is never replaced."""
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -22,32 +23,47 @@ def extension(name):
 
 def _has_content(path, data, digest):
     try:
-        if path.stat().st_size != len(data):
+        if os.stat(path).st_size != len(data):
             return False
-        return hashlib.sha256(path.read_bytes()).digest() == digest
+        with open(path, "rb") as existing:
+            return hashlib.sha256(existing.read()).digest() == digest
     except OSError:
         return False
+
+
+_made_dirs = set()  # directories this process knows exist: one mkdir each, not one per file
 
 
 def materialize(name, data, digest=None):
     """The path of a file holding `data`, named for its content and `name`'s extension."""
     digest = digest or hashlib.sha256(data).digest()
     hex_digest = digest.hex()
-    path = _paths.files_dir() / hex_digest[:2] / (hex_digest[2:40] + extension(name))
+    directory = os.path.join(_paths.files_dir(), hex_digest[:2])
+    path = os.path.join(directory, hex_digest[2:40] + extension(name))
     if _has_content(path, data, digest):
-        return str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{uuid.uuid4().hex[:12]}.tmp")
-    temp.write_bytes(data)
+        return path
+    if directory not in _made_dirs:
+        os.makedirs(directory, exist_ok=True)
+        _made_dirs.add(directory)
+    temp = os.path.join(directory, f".{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(temp, "wb") as out:
+            out.write(data)
+    except FileNotFoundError:  # the directory went away under us: once more
+        _made_dirs.discard(directory)
+        os.makedirs(directory, exist_ok=True)
+        with open(temp, "wb") as out:
+            out.write(data)
     try:
         os.replace(temp, path)
     except OSError:
         # The target is held open (Windows) or was just written by another
         # process: either way, one with the right content is as good as ours.
-        temp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
         if not _has_content(path, data, digest):
             raise
-    return str(path)
+    return path
 
 
 def read(path):
