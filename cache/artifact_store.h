@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/platform.h"
 
 namespace kiln::sqlite {
 class Database;
@@ -74,6 +75,11 @@ struct StoreOptions {
   int zstd_level = 1;  // 0 stores blobs uncompressed
   absl::Duration busy_timeout = absl::Seconds(10);
   // How often recorded lookups are written to the LRU column.
+  // A blob file that last changed at least this long before a lookup checked
+  // its content is trusted from then on while its stamp is unchanged (no
+  // hashing on read); younger files are hashed on every read, because a
+  // change within the file system's time tick could keep their stamp.
+  absl::Duration trust_files_changed_before = absl::Seconds(2);
   absl::Duration lru_flush_interval = absl::Seconds(2);
 };
 
@@ -152,9 +158,18 @@ class ArtifactStore {
   void ReleaseReader(std::unique_ptr<ReaderConnection> reader);
 
   absl::StatusOr<PreparedBlob> PrepareBlob(BlobInput input);
+  // How much a blob read checks: lookups trust a blob file that is unchanged
+  // since its content last matched its digest; verify hashes everything.
+  enum class IntegrityCheck { kTrustUnchangedFiles, kHashEverything };
+  // True when a blob file with `digest` had this stamp when its content last
+  // matched the digest: it has not changed since.
+  bool IsVerified(absl::string_view digest, const platform::FileStamp& stamp);
+  static absl::StatusOr<std::string> DecodeVerified(int64_t codec, std::string stored,
+                                                    uint64_t size);
   absl::StatusOr<std::string> ReadBlobContent(int64_t codec, int64_t location,
                                               absl::string_view inline_data,
-                                              absl::string_view digest, uint64_t size);
+                                              absl::string_view digest, uint64_t size,
+                                              IntegrityCheck check);
   // Methods named *Locked run with writer_mutex_ held.
   absl::Status PutLocked(absl::string_view ns, absl::string_view key,
                          const std::vector<PreparedBlob>& prepared, const NamedDigests& stored);
@@ -194,6 +209,10 @@ class ArtifactStore {
 
   std::mutex namespace_stats_mutex_;
   absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> lookups_by_namespace_;
+  std::mutex verified_mutex_;
+  // Blob files whose content matched their digest, with the stamp they had
+  // then: reading one whose stamp is unchanged needs no hashing.
+  absl::flat_hash_map<std::string, platform::FileStamp> verified_files_;  // guarded
 
   std::atomic<uint64_t> stored_bytes_{0};
   std::atomic<uint64_t> hits_{0};

@@ -5,6 +5,7 @@
 // behind these declarations. platform_posix.cc implements them for Linux;
 // a Windows port adds platform_win.cc, not #ifdefs in callers.
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace kiln::platform {
 
@@ -72,6 +74,26 @@ bool LocalSocketAcceptsConnections(const std::filesystem::path& path);
 // Writes `data` to a new file at `path` and flushes it to stable storage
 // before returning, so a later rename publishes complete content only.
 absl::Status WriteFileDurably(const std::filesystem::path& path, absl::string_view data);
+
+// One version of a file's content, identified without reading it: writing
+// the file through any handle changes a field (POSIX: size, modification and
+// status-change times, inode; Windows: size, last-write and change times, file
+// index). Setting the modification time back changes the change time.
+struct FileStamp {
+  uint64_t size = 0;
+  int64_t modified = 0;  // opaque ticks: compared, never converted
+  int64_t changed = 0;
+  uint64_t file_id = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+// The stamp of the file at `path`; NOT_FOUND when there is none.
+absl::StatusOr<FileStamp> StampOf(const std::filesystem::path& path);
+
+// When the file last changed, as the stamp says. File systems keep times in
+// coarse ticks, so a second change within the same tick can keep the stamp:
+// trust a stamp only for a file that last changed well before it was taken.
+absl::Time ChangeTime(const FileStamp& stamp);
 
 // What MoveFileOver did.
 enum class Replaced { kYes, kTargetInUse };

@@ -135,6 +135,21 @@ bool LocalSocketAcceptsConnections(const fs::path& path) {
   return connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
 }
 
+absl::StatusOr<FileStamp> StampOf(const fs::path& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0) {
+    const std::string message = absl::StrFormat("cannot stat %s: %s", path.string(), ErrnoText());
+    return errno == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+  }
+  auto nanos = [](const timespec& time) {
+    return static_cast<int64_t>(time.tv_sec) * 1000000000 + time.tv_nsec;
+  };
+  return FileStamp{static_cast<uint64_t>(info.st_size), nanos(info.st_mtim), nanos(info.st_ctim),
+                   static_cast<uint64_t>(info.st_ino)};
+}
+
+absl::Time ChangeTime(const FileStamp& stamp) { return absl::FromUnixNanos(stamp.changed); }
+
 absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
   FileDescriptor fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (fd.get() < 0) {

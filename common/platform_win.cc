@@ -257,6 +257,36 @@ absl::StatusOr<Replaced> MoveFileOver(const fs::path& from, const fs::path& to) 
                                              PathText(to), ErrorText(error)));
 }
 
+absl::StatusOr<FileStamp> StampOf(const fs::path& path) {
+  Handle file(CreateFileW(path.c_str(), FILE_READ_ATTRIBUTES,
+                          FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                          OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, nullptr));
+  if (!file.valid()) {
+    const DWORD error = GetLastError();
+    const std::string message =
+        absl::StrFormat("cannot open %s: %s", PathText(path), LastErrorText());
+    return error == ERROR_FILE_NOT_FOUND || error == ERROR_PATH_NOT_FOUND
+               ? absl::NotFoundError(message)
+               : absl::InternalError(message);
+  }
+  BY_HANDLE_FILE_INFORMATION info{};
+  FILE_BASIC_INFO basic{};
+  if (!GetFileInformationByHandle(file.get(), &info) ||
+      !GetFileInformationByHandleEx(file.get(), FileBasicInfo, &basic, sizeof(basic))) {
+    return absl::InternalError(
+        absl::StrFormat("cannot read the attributes of %s: %s", PathText(path), LastErrorText()));
+  }
+  auto join = [](DWORD high, DWORD low) { return (static_cast<uint64_t>(high) << 32) | low; };
+  return FileStamp{join(info.nFileSizeHigh, info.nFileSizeLow), basic.LastWriteTime.QuadPart,
+                   basic.ChangeTime.QuadPart, join(info.nFileIndexHigh, info.nFileIndexLow)};
+}
+
+absl::Time ChangeTime(const FileStamp& stamp) {
+  // FILETIME ticks: 100 ns since 1601-01-01.
+  constexpr int64_t kUnixEpochTicks = 116444736000000000;
+  return absl::FromUnixNanos((stamp.changed - kUnixEpochTicks) * 100);
+}
+
 bool StdoutIsTerminal() {
   DWORD mode = 0;
   return GetConsoleMode(GetStdHandle(STD_OUTPUT_HANDLE), &mode) != 0;

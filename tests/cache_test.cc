@@ -343,6 +343,33 @@ TEST_F(ArtifactStoreTest, CorruptBlobFileIsNeverServed) {
   EXPECT_FALSE(fs::exists(file));
 }
 
+TEST_F(ArtifactStoreTest, ABlobFileChangedAfterItWasServedIsNeverServed) {
+  // Served once, its content is checked and its file's stamp trusted; a later
+  // change, even one that keeps its size and modification time, is caught.
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  options.trust_files_changed_before = absl::Milliseconds(100);
+  auto store = OpenStore(options);
+  ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(6)).ok());
+  // Old enough to be trusted once checked (file times tick coarsely: a file
+  // changed again within its tick could keep its stamp).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(store->Lookup("triton", "a").ok());
+  ASSERT_TRUE(store->Lookup("triton", "a").ok());  // trusted now: served without hashing
+  const fs::path file = BlobFiles().front();
+  const fs::file_time_type modified = fs::last_write_time(file);
+  {
+    std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekg(1000);
+    const char original = static_cast<char>(stream.get());
+    stream.seekp(1000);
+    stream.put(static_cast<char>(~original));
+  }
+  fs::last_write_time(file, modified);
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "a").status()));
+  EXPECT_EQ(store->Stats()->corrupt_entries_dropped, 1u);
+}
+
 TEST_F(ArtifactStoreTest, VerifyFindsAndDropsEveryCorruptBlob) {
   StoreOptions options = Options();
   options.zstd_level = 0;

@@ -1,6 +1,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "common/byte_size.h"
@@ -83,6 +84,25 @@ TEST(PlatformTest, SecondLockOnAFileFails) {
   EXPECT_TRUE(absl::IsFailedPrecondition(second.status()));
   first->reset();
   EXPECT_TRUE(platform::TryLockFile(dir.path() / "lock").ok());
+}
+
+TEST(FileStampTest, ChangesWithTheContentEvenWhenTheModificationTimeIsPutBack) {
+  testing::TestDir dir;
+  const std::filesystem::path file = dir.path() / "blob";
+  std::ofstream(file) << "version 1";
+  absl::StatusOr<platform::FileStamp> first = platform::StampOf(file);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*platform::StampOf(file), *first);
+  EXPECT_LT(absl::AbsDuration(platform::ChangeTime(*first) - absl::Now()), absl::Minutes(5));
+  // File times tick coarsely; the change must fall in a later tick to show.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto modified = std::filesystem::last_write_time(file);
+  std::ofstream(file) << "version 2";  // the same size
+  std::filesystem::last_write_time(file, modified);
+  absl::StatusOr<platform::FileStamp> second = platform::StampOf(file);
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(*second, *first);
+  EXPECT_TRUE(absl::IsNotFound(platform::StampOf(dir.path() / "missing").status()));
 }
 
 }  // namespace

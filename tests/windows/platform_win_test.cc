@@ -176,6 +176,25 @@ TEST(WindowsAccountsTest, BuiltInServiceAccountsResolveWhateverTheSystemLanguage
   EXPECT_NE(unknown.message().find("NOSUCHDOMAIN\\nobody"), absl::string_view::npos);
 }
 
+TEST(WindowsFilesTest, StampsChangeWithTheContentEvenWhenTheWriteTimeIsPutBack) {
+  testing::TestDir dir;
+  const fs::path file = dir.path() / "blob";
+  WriteText(file, "version 1");
+  absl::StatusOr<platform::FileStamp> first = platform::StampOf(file);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*platform::StampOf(file), *first);
+  EXPECT_LT(absl::AbsDuration(platform::ChangeTime(*first) - absl::Now()), absl::Minutes(5));
+  // File times tick coarsely; the change must fall in a later tick to show.
+  Sleep(50);
+  const auto written = fs::last_write_time(file);
+  WriteText(file, "version 2");  // the same size
+  fs::last_write_time(file, written);
+  absl::StatusOr<platform::FileStamp> second = platform::StampOf(file);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(*second, *first);
+  EXPECT_TRUE(absl::IsNotFound(platform::StampOf(dir.path() / "missing").status()));
+}
+
 TEST(WindowsFilesTest, ReplacingAFileHeldOpenIsReportedAndTheExistingCopyKept) {
   testing::TestDir dir;
   const fs::path target = dir.path() / "ab" / "0123456789abcdef.so";
