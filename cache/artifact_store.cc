@@ -284,31 +284,21 @@ absl::StatusOr<std::string> ArtifactStore::ReadBlobContent(int64_t codec, int64_
   if (location == kFile) {
     const fs::path path = BlobPath(digest);
     ASSIGN_OR_RETURN(const FileStamp before, StampOf(path));
-    if (check == IntegrityCheck::kTrustUnchangedFiles && IsVerified(digest, before)) {
-      // Unchanged since its content was checked: no need to hash it again.
-      ASSIGN_OR_RETURN(stored, ReadWholeFile(path));
-      ASSIGN_OR_RETURN(const FileStamp after, StampOf(path));
-      if (after == before) return DecodeVerified(codec, std::move(stored), size);
-    }
     ASSIGN_OR_RETURN(stored, ReadWholeFile(path));
     ASSIGN_OR_RETURN(const FileStamp after, StampOf(path));
-    if (after == before &&
-        platform::ChangeTime(before) < absl::Now() - options_.trust_files_changed_before) {
-      stamp = before;
+    if (after == before) {
+      if (check == IntegrityCheck::kTrustUnchangedFiles && IsVerified(digest, before)) {
+        // Unchanged since its content was checked: no need to hash it again.
+        return Decode(codec, std::move(stored), size);
+      }
+      if (platform::ChangeTime(before) < absl::Now() - options_.trust_files_changed_before) {
+        stamp = before;
+      }
     }
   } else {
     stored.assign(inline_data.data(), inline_data.size());
   }
-  std::string content;
-  if (codec == kZstd) {
-    content.resize(size);
-    const size_t produced = ZSTD_decompress(content.data(), size, stored.data(), stored.size());
-    if (ZSTD_isError(produced) || produced != size) {
-      return absl::DataLossError(absl::StrCat("zstd frame does not decode to ", size, " bytes"));
-    }
-  } else {
-    content = std::move(stored);
-  }
+  ASSIGN_OR_RETURN(std::string content, Decode(codec, std::move(stored), size));
   if (content.size() != size || DigestBytes(Sha256(content)) != digest) {
     return absl::DataLossError("content does not match its SHA-256");
   }
@@ -325,8 +315,8 @@ bool ArtifactStore::IsVerified(absl::string_view digest, const FileStamp& stamp)
   return found != verified_files_.end() && found->second == stamp;
 }
 
-absl::StatusOr<std::string> ArtifactStore::DecodeVerified(int64_t codec, std::string stored,
-                                                          uint64_t size) {
+absl::StatusOr<std::string> ArtifactStore::Decode(int64_t codec, std::string stored,
+                                                  uint64_t size) {
   if (codec != kZstd) return stored;
   std::string content(size, '\0');
   const size_t produced = ZSTD_decompress(content.data(), size, stored.data(), stored.size());

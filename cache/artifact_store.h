@@ -164,8 +164,8 @@ class ArtifactStore {
   // True when a blob file with `digest` had this stamp when its content last
   // matched the digest: it has not changed since.
   bool IsVerified(absl::string_view digest, const platform::FileStamp& stamp);
-  static absl::StatusOr<std::string> DecodeVerified(int64_t codec, std::string stored,
-                                                    uint64_t size);
+  // A blob's stored bytes as its content (decompressed when stored with zstd).
+  static absl::StatusOr<std::string> Decode(int64_t codec, std::string stored, uint64_t size);
   absl::StatusOr<std::string> ReadBlobContent(int64_t codec, int64_t location,
                                               absl::string_view inline_data,
                                               absl::string_view digest, uint64_t size,

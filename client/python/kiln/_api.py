@@ -7,6 +7,7 @@ protobuf runtime to the generator's version; this works with any protobuf from
 3.20 on, whatever else the client's environment (ComfyUI, torch) has installed.
 """
 
+import hashlib
 from importlib import resources
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -53,6 +54,12 @@ VerifyRequest = _message("VerifyRequest")
 VerifyResponse = _message("VerifyResponse")
 
 STAGE = _enum_values("Stage")
+
+
+def blob(name, data, digest=None):
+    """A Blob carrying `data`, with its SHA-256 (computed unless given) and size."""
+    return Blob(name=name, data=data, sha256=digest or hashlib.sha256(data).digest(), size=len(data))
+
 PRIORITY = _enum_values("Priority")
 
 _METHODS = {

@@ -6,6 +6,8 @@ importing gRPC. Everything else goes to the manager over kilnd (_triton), which
 is imported, and connects, on first need.
 """
 
+import base64
+
 from triton.runtime.cache import CacheManager
 
 from . import _files, _frontend, _index
@@ -13,8 +15,6 @@ from . import _files, _frontend, _index
 
 def hex_key(key):
     """Triton names cache managers by base32 of a hex SHA-256; kilnd keys by the hex."""
-    import base64
-
     try:
         return base64.b32decode(key + "=" * (-len(key) % 8)).hex()
     except (ValueError, TypeError):

@@ -11,7 +11,6 @@ of the caller's trust domain, under the cache's size cap, eviction and
 integrity checks.
 """
 
-import hashlib
 import logging
 import os
 import sys
@@ -62,7 +61,7 @@ def _make_backend_class():
                 return
             try:
                 _service.connect().stub.Put(_api.PutRequest(namespace="inductor", key=key, blobs=[
-                    _api.Blob(name="value", data=data, sha256=hashlib.sha256(data).digest(), size=len(data))]))
+                    _api.blob("value", data)]))
             except (grpc.RpcError, _service.KilnUnavailable) as error:
                 log.debug("inductor cache entry not stored: %s", error)
 

@@ -200,8 +200,7 @@ class RemoteCacheManager(CacheManager):
         # Something Triton made outside a compile (autotuner timings, a module
         # built without kilnd): share it with other processes.
         self._call("Put", _api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
-                                          blobs=[_api.Blob(name=filename, data=data, sha256=digest,
-                                                           size=len(data))]))
+                                          blobs=[_api.blob(filename, data, digest)]))
         _index.record("triton-files", self._hex, filename, {filename: path})
         return path
 
@@ -209,21 +208,17 @@ class RemoteCacheManager(CacheManager):
         if self._stock:
             return self._stock.put_group(filename, group)
         compile_group, self._group = self._group, None
-        output = None
+        output_blob = output = None
         try:
             if compile_group is not None and _frontend.worth_keeping(compile_group.output):
-                data = _frontend.encode(compile_group.output)
-                output = _files.materialize(_frontend.OUTPUT_BLOB, data)
+                output_blob = _output_blob(compile_group.output)
+                output = _files.materialize(output_blob.name, output_blob.data, output_blob.sha256)
             if compile_group is None or not compile_group.recorded_by_kilnd:
                 # Triton compiled in this process (a flow Kiln leaves stock): share it.
                 made = compile_group.made if compile_group is not None else {}
-                blobs = []
-                for name, path in group.items():
-                    data = made.get(name) or _files.read(path)
-                    blobs.append(_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(),
-                                           size=len(data)))
-                if output is not None:
-                    blobs.append(_output_blob(compile_group.output))
+                blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
+                if output_blob is not None:
+                    blobs.append(output_blob)
                 self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
             _index.record("triton", self._hex, filename, group, output)
         finally:
@@ -233,8 +228,7 @@ class RemoteCacheManager(CacheManager):
 
 
 def _output_blob(output):
-    data = _frontend.encode(output)
-    return _api.Blob(name=_frontend.OUTPUT_BLOB, data=data, sha256=hashlib.sha256(data).digest(), size=len(data))
+    return _api.blob(_frontend.OUTPUT_BLOB, _frontend.encode(output))
 
 
 # --- the stages hook ---------------------------------------------------------
@@ -312,8 +306,7 @@ class _RemoteCompile:
     def _client_artifacts(self):
         if self.group is None:
             return []
-        blobs = [_api.Blob(name=name, data=data, sha256=hashlib.sha256(data).digest(), size=len(data))
-                 for name, data in self.group.made.items() if not name.endswith(".json")]
+        blobs = [_api.blob(name, data) for name, data in self.group.made.items() if not name.endswith(".json")]
         if _frontend.worth_keeping(self.group.output):
             blobs.append(_output_blob(self.group.output))
         return blobs
@@ -353,7 +346,7 @@ class _RemoteCompile:
 def _usable(backend, language):
     from triton.backends.compiler import Language
 
-    return _installed and language == Language.TRITON and backend.target.backend == "cuda"
+    return language == Language.TRITON and backend.target.backend == "cuda"
 
 
 def stages_hook(*args):
