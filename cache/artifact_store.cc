@@ -3,7 +3,6 @@
 #include <zstd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -22,6 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using platform::FileStamp;
+using platform::ReadWholeFile;
 using platform::StampOf;
 
 constexpr int64_t kSchemaVersion = 1;
@@ -68,22 +68,13 @@ constexpr int kEvictionBatch = 64;
 
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
-absl::StatusOr<std::string> ReadWholeFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return absl::NotFoundError(absl::StrCat("blob file missing: ", path.string()));
-  std::string content(static_cast<size_t>(in.tellg()), '\0');
-  in.seekg(0);
-  in.read(content.data(), static_cast<std::streamsize>(content.size()));
-  if (!in) return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
-  return content;
-}
-
 }  // namespace
 
 // Blob rows a transaction deleted; their files go only after it commits.
 struct ArtifactStore::FreedBlobs {
   uint64_t bytes = 0;
   std::vector<fs::path> files;
+  std::vector<std::string> digests;  // of every freed blob: their served files go too
 };
 
 struct ArtifactStore::ReaderConnection {
@@ -107,6 +98,7 @@ struct ArtifactStore::Writer {
   sqlite::Statement least_recently_used;
   sqlite::Statement entries_with_blob;
   sqlite::Statement file_blob_exists;
+  sqlite::Statement blob_exists;
 };
 
 struct ArtifactStore::PreparedBlob {
@@ -136,7 +128,9 @@ class ArtifactStore::ReaderLease {
   std::unique_ptr<ReaderConnection> reader_;
 };
 
-ArtifactStore::ArtifactStore(StoreOptions options) : options_(std::move(options)) {}
+ArtifactStore::ArtifactStore(StoreOptions options)
+    : options_(std::move(options)),
+      served_files_(options_.data_dir / "files", options_.trust_files_changed_before) {}
 
 ArtifactStore::~ArtifactStore() {
   {
@@ -221,6 +215,7 @@ absl::Status ArtifactStore::Initialize() {
        "SELECT b.id, eb.entry_id FROM blobs b LEFT JOIN entry_blobs eb ON eb.blob_id = b.id "
        "WHERE b.digest = ?1"},
       {&Writer::file_blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1 AND location = 1"},
+      {&Writer::blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1"},
   };
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
@@ -232,7 +227,7 @@ absl::Status ArtifactStore::Initialize() {
   ASSIGN_OR_RETURN(has_row, last_use.Step());
   use_clock_ = has_row ? last_use.ColumnInt(0) : 0;
   writer_ = std::move(writer);
-  return absl::OkStatus();
+  return served_files_.Initialize(options_.served_file_readers);
 }
 
 absl::StatusOr<std::unique_ptr<ArtifactStore::ReaderConnection>> ArtifactStore::OpenReader() {
@@ -326,12 +321,35 @@ absl::StatusOr<std::string> ArtifactStore::Decode(int64_t codec, std::string sto
   return content;
 }
 
-absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
+absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
+                                        absl::string_view inline_data) {
+  const std::optional<std::string> extension = ServedFiles::ExtensionOf(blob.name);
+  if (extension.has_value()) {
+    if (std::optional<fs::path> served = served_files_.Find(blob.digest, *extension)) {
+      blob.file = *std::move(served);
+      return absl::OkStatus();
+    }
+  }
+  ASSIGN_OR_RETURN(std::string content,
+                   ReadBlobContent(codec, location, inline_data, blob.digest, blob.size,
+                                   IntegrityCheck::kTrustUnchangedFiles));
+  if (extension.has_value()) {
+    absl::StatusOr<fs::path> published = served_files_.Publish(blob.digest, *extension, content);
+    if (published.ok()) {
+      blob.file = *std::move(published);
+      return absl::OkStatus();
+    }
+    spdlog::warn("cache: blob {} sent as bytes, not as a file: {}", DigestHex(blob.digest),
+                 published.status().message());
+  }
+  blob.data = std::move(content);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     absl::string_view ns, absl::string_view key,
-    const absl::flat_hash_set<std::string>& digests_to_skip) {
-  CacheEntry entry;
-  int64_t entry_id = -1;
-  std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
+    const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
+  ReadResult result;
   {
     ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
     sqlite::Statement& lookup = reader->lookup;
@@ -345,40 +363,74 @@ absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
         return row.status();
       }
       if (!*row) break;
-      entry_id = lookup.ColumnInt(0);
-      entry.created = absl::FromUnixMillis(lookup.ColumnInt(1));
+      result.entry_id = lookup.ColumnInt(0);
+      result.entry.created = absl::FromUnixMillis(lookup.ColumnInt(1));
       StoredBlob blob{std::string(lookup.ColumnText(2)), std::string(lookup.ColumnBlob(3)),
-                      static_cast<uint64_t>(lookup.ColumnInt(4)), std::nullopt};
-      if (!digests_to_skip.contains(blob.digest)) {
+                      static_cast<uint64_t>(lookup.ColumnInt(4)), std::nullopt, std::nullopt};
+      if (as_files != nullptr) {
+        if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5), lookup.ColumnInt(6),
+                                              lookup.ColumnBlob(7));
+            !served.ok()) {
+          result.broken.emplace_back(blob.digest, std::string(served.message()));
+          continue;
+        }
+      } else if (!digests_to_skip.contains(blob.digest)) {
         absl::StatusOr<std::string> content =
             ReadBlobContent(lookup.ColumnInt(5), lookup.ColumnInt(6), lookup.ColumnBlob(7),
                             blob.digest, blob.size, IntegrityCheck::kTrustUnchangedFiles);
         if (!content.ok()) {
-          broken.emplace_back(blob.digest, std::string(content.status().message()));
+          result.broken.emplace_back(blob.digest, std::string(content.status().message()));
           continue;
         }
         blob.data = *std::move(content);
       }
-      entry.blobs.push_back(std::move(blob));
+      result.entry.blobs.push_back(std::move(blob));
     }
     lookup.Reset();
   }
-  if (entry_id < 0) {
-    CountLookup(ns, false);
-    misses_.fetch_add(1, std::memory_order_relaxed);
+  if (result.entry_id < 0) {
     return absl::NotFoundError(absl::StrFormat("no cache entry for %s/%s", ns, key));
   }
-  if (!broken.empty()) {
-    for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
-    CountLookup(ns, false);
-    misses_.fetch_add(1, std::memory_order_relaxed);
+  if (!result.broken.empty()) {
+    for (const auto& [digest, reason] : result.broken) DropCorruptBlob(digest, reason);
     return absl::NotFoundError(
         absl::StrFormat("cache entry %s/%s failed its integrity check and was dropped", ns, key));
   }
-  RecordTouch(entry_id);
-  CountLookup(ns, true);
-  hits_.fetch_add(1, std::memory_order_relaxed);
-  return entry;
+  if (as_files != nullptr && !as_files->index_namespace.empty()) IndexServedEntry(*as_files, key, result.entry);
+  return result;
+}
+
+void ArtifactStore::IndexServedEntry(const AsFiles& as_files, absl::string_view key,
+                                     const CacheEntry& entry) {
+  std::vector<ServedFiles::IndexedFile> files;
+  for (const StoredBlob& blob : entry.blobs) {
+    if (!blob.file.has_value()) return;  // sent as bytes: a client must ask for it
+    files.push_back({blob.name, *blob.file, blob.size});
+  }
+  if (absl::Status status = served_files_.PublishIndex(as_files.index_namespace, key, files);
+      !status.ok()) {
+    spdlog::warn("cache: no served index entry for {}/{}: {}", as_files.index_namespace, key,
+                 status.message());
+  }
+}
+
+absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
+    absl::string_view ns, absl::string_view key,
+    const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
+  absl::StatusOr<ReadResult> read = ReadEntry(ns, key, digests_to_skip, as_files);
+  const bool hit = read.ok();
+  if (hit || absl::IsNotFound(read.status())) {
+    CountLookup(ns, hit);
+    (hit ? hits_ : misses_).fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!hit) return read.status();
+  RecordTouch(read->entry_id);
+  return std::move(read->entry);
+}
+
+absl::Status ArtifactStore::ServeAsFiles(absl::string_view ns, absl::string_view key,
+                                         const AsFiles& as_files) {
+  return ReadEntry(ns, key, {}, &as_files).status();
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::RecordHits(absl::string_view ns,
@@ -500,7 +552,7 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
   if (!status.ok()) return status;
   std::vector<StoredBlob> manifest;
   for (const PreparedBlob& blob : prepared) {
-    manifest.push_back({blob.name, blob.digest, blob.size, std::nullopt});
+    manifest.push_back({blob.name, blob.digest, blob.size, std::nullopt, std::nullopt});
   }
   std::sort(manifest.begin(), manifest.end(),
             [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
@@ -608,6 +660,7 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
     ASSIGN_OR_RETURN(bool orphaned, w.orphan_blob.Step());
     if (orphaned) {
       freed.bytes += static_cast<uint64_t>(w.orphan_blob.ColumnInt(1));
+      freed.digests.emplace_back(w.orphan_blob.ColumnBlob(0));
       if (w.orphan_blob.ColumnInt(2) == kFile) {
         freed.files.push_back(BlobPath(w.orphan_blob.ColumnBlob(0)));
       }
@@ -628,6 +681,7 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
       spdlog::warn("cache: cannot delete blob file {}: {}", file.string(), error.message());
     }
   }
+  for (const std::string& digest : freed.digests) served_files_.Remove(digest);
 }
 
 void ArtifactStore::DropCorruptBlob(absl::string_view digest, absl::string_view reason) {
@@ -697,6 +751,8 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
     ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
     freed.bytes += entry_freed.bytes;
     freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
+    freed.digests.insert(freed.digests.end(), entry_freed.digests.begin(),
+                         entry_freed.digests.end());
     ++evicted;
   }
   RETURN_IF_ERROR(txn.Commit());
@@ -740,6 +796,14 @@ void ArtifactStore::RemoveOrphanFiles() {
     exists.Reset();
     if (row.ok() && !*row) fs::remove(file.path(), error);
   }
+  served_files_.RemoveOrphans([this](absl::string_view digest) {
+    std::lock_guard lock(writer_mutex_);
+    sqlite::Statement& exists = writer_->blob_exists;
+    exists.BindBlob(1, digest);
+    absl::StatusOr<bool> row = exists.Step();
+    exists.Reset();
+    return !row.ok() || *row;  // keep what cannot be checked
+  });
 }
 
 void ArtifactStore::MaintenanceLoop() {

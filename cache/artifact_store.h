@@ -11,6 +11,7 @@
 //                            so paths stay short (about 80 characters past the
 //                            data directory) and are written once
 //   blobs/tmp/               files being written; never referenced by the index
+//   files/<hh>/<64 hex><ext> blobs as plain files for local clients (served_files.h)
 // Small blobs live inline in the database. A blob is stored zstd-compressed
 // when that saves space. Its digest is always of the uncompressed content and
 // is checked on every read.
@@ -34,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cache/served_files.h"
 #include "common/platform.h"
 
 namespace kiln::sqlite {
@@ -59,8 +61,11 @@ struct StoredBlob {
   std::string name;
   std::string digest;  // raw 32-byte SHA-256 of the content
   uint64_t size = 0;
-  // Absent when the caller listed the digest as one it already has.
+  // Absent when the caller listed the digest as one it already has, or when
+  // the blob is served as `file`.
   std::optional<std::string> data;
+  // A lookup `as_files`: the served file holding the content.
+  std::optional<std::filesystem::path> file;
 };
 
 struct CacheEntry {
@@ -81,6 +86,9 @@ struct StoreOptions {
   // change within the file system's time tick could keep their stamp.
   absl::Duration trust_files_changed_before = absl::Seconds(2);
   absl::Duration lru_flush_interval = absl::Seconds(2);
+  // Accounts besides this one that may read served files (Windows: the users
+  // a machine service serves; see platform::EnsurePrivateDirectory).
+  std::vector<std::string> served_file_readers;
 };
 
 struct StoreStats {
@@ -106,11 +114,26 @@ class ArtifactStore {
   ArtifactStore(const ArtifactStore&) = delete;
   ArtifactStore& operator=(const ArtifactStore&) = delete;
 
+  // How a lookup hands blobs to a local client that reads files itself.
+  struct AsFiles {
+    // Also index the entry in this (the client's) namespace, so that local
+    // clients find it without asking (ServedFiles::PublishIndex); empty: not.
+    std::string index_namespace;
+  };
+
   // The entry for (ns, key). Blobs whose digest is in `digests_to_skip` come
-  // back without data. NOT_FOUND on a miss, including when a blob fails its
-  // integrity check (the entry is then dropped and the error logged).
+  // back without data; with `as_files`, blobs come back as served files
+  // (paths for a local client to read) where they can, with data otherwise.
+  // NOT_FOUND on a miss, including when a blob fails its integrity check (the
+  // entry is then dropped and the error logged).
   absl::StatusOr<CacheEntry> Lookup(absl::string_view ns, absl::string_view key,
-                                    const absl::flat_hash_set<std::string>& digests_to_skip = {});
+                                    const absl::flat_hash_set<std::string>& digests_to_skip = {},
+                                    const AsFiles* as_files = nullptr);
+
+  // Writes the served files (and index entry) of (ns, key) ahead of a local
+  // client's lookup, e.g. right after storing what it compiled. Not counted
+  // as a lookup. NOT_FOUND as Lookup.
+  absl::Status ServeAsFiles(absl::string_view ns, absl::string_view key, const AsFiles& as_files);
 
   // Stores (or replaces) the entry for (ns, key): `blobs` with their data, and
   // `stored` (name -> raw digest) naming blobs already in the store, which
@@ -131,6 +154,9 @@ class ArtifactStore {
                                               const NamedDigests& stored = {});
 
   absl::StatusOr<StoreStats> Stats();
+
+  // Where blobs are served as files (served_files.h).
+  const std::filesystem::path& served_files_dir() const { return served_files_.dir(); }
 
   // Evicts least recently used entries until at most `target_bytes` are
   // stored. Returns how many entries went.
@@ -157,6 +183,17 @@ class ArtifactStore {
   absl::StatusOr<ReaderLease> AcquireReader();
   void ReleaseReader(std::unique_ptr<ReaderConnection> reader);
 
+  struct ReadResult {
+    CacheEntry entry;
+    int64_t entry_id = -1;
+    std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
+  };
+  // Lookup without counting it; drops the entry if a blob is corrupt.
+  absl::StatusOr<ReadResult> ReadEntry(absl::string_view ns, absl::string_view key,
+                                       const absl::flat_hash_set<std::string>& digests_to_skip,
+                                       const AsFiles* as_files);
+  void IndexServedEntry(const AsFiles& as_files, absl::string_view key, const CacheEntry& entry);
+
   absl::StatusOr<PreparedBlob> PrepareBlob(BlobInput input);
   // How much a blob read checks: lookups trust a blob file that is unchanged
   // since its content last matched its digest; verify hashes everything.
@@ -166,6 +203,11 @@ class ArtifactStore {
   bool IsVerified(absl::string_view digest, const platform::FileStamp& stamp);
   // A blob's stored bytes as its content (decompressed when stored with zstd).
   static absl::StatusOr<std::string> Decode(int64_t codec, std::string stored, uint64_t size);
+  // Sets `blob.file` to its served file, writing the file first if needed;
+  // otherwise (a name that cannot be a file, a file held open with other
+  // content) sets `blob.data`. Fails only when the blob's content is corrupt.
+  absl::Status ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
+                           absl::string_view inline_data);
   absl::StatusOr<std::string> ReadBlobContent(int64_t codec, int64_t location,
                                               absl::string_view inline_data,
                                               absl::string_view digest, uint64_t size,
@@ -213,6 +255,8 @@ class ArtifactStore {
   // Blob files whose content matched their digest, with the stamp they had
   // then: reading one whose stamp is unchanged needs no hashing.
   absl::flat_hash_map<std::string, platform::FileStamp> verified_files_;  // guarded
+
+  ServedFiles served_files_;
 
   std::atomic<uint64_t> stored_bytes_{0};
   std::atomic<uint64_t> hits_{0};

@@ -75,6 +75,10 @@ bool LocalSocketAcceptsConnections(const std::filesystem::path& path);
 // before returning, so a later rename publishes complete content only.
 absl::Status WriteFileDurably(const std::filesystem::path& path, absl::string_view data);
 
+// The whole content of the file at `path`: NOT_FOUND when there is none,
+// DATA_LOSS when it cannot be read to the end.
+absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path);
+
 // One version of a file's content, identified without reading it: writing
 // the file through any handle changes a field (POSIX: size, modification and
 // status-change times, inode; Windows: size, last-write and change times, file

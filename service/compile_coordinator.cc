@@ -156,7 +156,7 @@ cache::CacheEntry CompileCoordinator::UnstoredEntry(const compiler::Parts& artif
   cache::CacheEntry entry;
   entry.created = absl::Now();
   for (const auto& [name, data] : artifacts) {
-    cache::StoredBlob blob{name, DigestBytes(Sha256(data)), data.size(), std::nullopt};
+    cache::StoredBlob blob{name, DigestBytes(Sha256(data)), data.size(), std::nullopt, std::nullopt};
     if (!have.contains(blob.digest)) blob.data = data;
     entry.blobs.push_back(std::move(blob));
   }

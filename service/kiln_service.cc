@@ -28,7 +28,9 @@ void FillEntry(cache::CacheEntry entry, v1::CacheEntry& out) {
     wire->set_name(std::move(blob.name));
     wire->set_sha256(std::move(blob.digest));
     wire->set_size(blob.size);
-    if (blob.data.has_value()) {
+    if (blob.file.has_value()) {
+      wire->set_path(blob.file->string());
+    } else if (blob.data.has_value()) {
       wire->set_data(*std::move(blob.data));
     } else {
       wire->set_data_omitted(true);
@@ -165,11 +167,14 @@ grpc::ServerUnaryReactor* KilnService::Serve(grpc::CallbackServerContext* contex
                     });
 }
 
-absl::Status KilnService::LookupInto(const std::string& ns, const v1::LookupRequest& request,
+absl::Status KilnService::LookupInto(const Caller& caller, const std::string& ns,
+                                     const v1::LookupRequest& request,
                                      v1::LookupResponse& response) {
   const absl::flat_hash_set<std::string> have(request.have_sha256().begin(),
                                               request.have_sha256().end());
-  absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(ns, request.key(), have);
+  const cache::ArtifactStore::AsFiles as_files{request.namespace_()};
+  absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(
+      ns, request.key(), have, request.as_files() && caller.same_local_user ? &as_files : nullptr);
   if (absl::IsNotFound(entry.status())) {
     response.set_found(false);
     return absl::OkStatus();
@@ -180,21 +185,35 @@ absl::Status KilnService::LookupInto(const std::string& ns, const v1::LookupRequ
   return absl::OkStatus();
 }
 
+void KilnService::ServeAheadOfLookups(const Caller& caller, const std::string& ns,
+                                      const std::string& client_ns, const std::string& key) {
+  if (!caller.same_local_user) return;  // only kilnd's own user reads served files
+  blocking_pool_.Schedule([this, ns, key, as_files = cache::ArtifactStore::AsFiles{client_ns}] {
+    // A failed compile stored nothing: NOT_FOUND is no problem.
+    if (absl::Status status = store_.ServeAsFiles(ns, key, as_files);
+        !status.ok() && !absl::IsNotFound(status)) {
+      spdlog::warn("cache: {}/{} not served as files ahead of lookups: {}", ns, key,
+                   status.message());
+    }
+  });
+}
+
 grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* context,
                                               const v1::LookupRequest* request,
                                               v1::LookupResponse* response) {
   return ServeAsync(context, Rpc::kLookup, [&](auto finish) {
     if (absl::Status status = ValidateLookup(*request); !status.ok()) return finish(status);
-    const std::string ns = ScopedNamespace(IdentifyCaller(*context), request->namespace_());
-    if (absl::Status status = LookupInto(ns, *request, *response);
+    const Caller caller = IdentifyCaller(*context);
+    const std::string ns = ScopedNamespace(caller, request->namespace_());
+    if (absl::Status status = LookupInto(caller, ns, *request, *response);
         !status.ok() || response->found() || !request->wait_for_compile()) {
       return finish(status);
     }
-    auto wake = [this, ns, request, response, finish] {
+    auto wake = [this, caller, ns, request, response, finish] {
       // Runs when the claim ends; looks again on our own pool, never on the
       // thread that ended it.
-      blocking_pool_.Schedule([this, ns, request, response, finish] {
-        finish(LookupInto(ns, *request, *response));
+      blocking_pool_.Schedule([this, caller, ns, request, response, finish] {
+        finish(LookupInto(caller, ns, *request, *response));
       });
     };
     // A unary call cannot hold a claim (nothing would end it if its caller
@@ -209,9 +228,10 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
                                            const v1::PutRequest* request,
                                            v1::PutResponse* response) {
+  const Caller caller = IdentifyCaller(*context);
   return Serve(context, Rpc::kPut, Where::kBlockingPool,
-               [this, ns = ScopedNamespace(IdentifyCaller(*context), request->namespace_()),
-                request, response] {
+               [this, caller, ns = ScopedNamespace(caller, request->namespace_()), request,
+                response] {
     RETURN_IF_ERROR(ValidatePut(*request));
     std::vector<cache::BlobInput> blobs;
     blobs.reserve(request->blobs_size());
@@ -220,6 +240,7 @@ grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
     }
     RETURN_IF_ERROR(store_.Put(ns, request->key(), std::move(blobs)).status());
     claims_.Release(ns, request->key());
+    ServeAheadOfLookups(caller, ns, request->namespace_(), request->key());
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_stored_bytes(stats.stored_bytes);
     return absl::OkStatus();
@@ -265,7 +286,11 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
           finish(absl::OkStatus());
         },
         // Stored under the caller's key, or failed: clients waiting on it look again.
-        [this, alias_ns, key = request->cache_key()] { claims_.Release(alias_ns, key); });
+        [this, caller, alias_ns, client_ns = request->namespace_().empty() ? "triton" : request->namespace_(),
+         key = request->cache_key()] {
+          claims_.Release(alias_ns, key);
+          ServeAheadOfLookups(caller, alias_ns, client_ns, key);
+        });
   });
 }
 

@@ -85,9 +85,17 @@ class KilnService final : public v1::Kiln::CallbackService {
   // Maintenance changes the service user's cache: nobody else may ask for it.
   absl::Status RequireLocalUser(const grpc::CallbackServerContext& context) const;
 
-  // The store lookup behind Lookup; a miss is found = false.
-  absl::Status LookupInto(const std::string& ns, const v1::LookupRequest& request,
-                          v1::LookupResponse& response);
+  // The store lookup behind Lookup; a miss is found = false. Blobs come as
+  // served files when the request asks and the caller is kilnd's own user
+  // (only it may read them; a remote caller could not).
+  absl::Status LookupInto(const Caller& caller, const std::string& ns,
+                          const v1::LookupRequest& request, v1::LookupResponse& response);
+
+  // After a local client stored (ns, key): writes its served files and index
+  // entry in the background, so the next process of that user finds them
+  // without asking. `client_ns` is the namespace the client named.
+  void ServeAheadOfLookups(const Caller& caller, const std::string& ns,
+                           const std::string& client_ns, const std::string& key);
 
   // Runs `handler` (returning absl::Status) inline or on the blocking pool,
   // records its latency, logs server-side failures once with a request id, and

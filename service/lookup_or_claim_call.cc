@@ -26,8 +26,9 @@ class KilnService::LookupOrClaimCall final
     absl::Status status = service_.Admit(context);
     if (status.ok()) status = ValidateLookup(request_);
     if (!status.ok()) return Answer(status);
-    ns_ = ScopedNamespace(service_.IdentifyCaller(context), request_.namespace_());
-    status = service_.LookupInto(ns_, request_, response_);
+    caller_ = service_.IdentifyCaller(context);
+    ns_ = ScopedNamespace(caller_, request_.namespace_());
+    status = service_.LookupInto(caller_, ns_, request_, response_);
     if (!status.ok() || response_.found()) return Answer(status);
 
     std::weak_ptr<LookupOrClaimCall> weak = weak_from_this();
@@ -100,7 +101,7 @@ class KilnService::LookupOrClaimCall final
       std::lock_guard lock(mutex_);
       if (finished_ || finish_requested_) return;
     }
-    Answer(service_.LookupInto(ns_, request_, response_));
+    Answer(service_.LookupInto(caller_, ns_, request_, response_));
   }
 
   // The claim ended without this call abandoning it: the key is stored, its
@@ -130,6 +131,7 @@ class KilnService::LookupOrClaimCall final
   KilnService& service_;
   const v1::LookupRequest request_;
   const absl::Time start_ = absl::Now();
+  Caller caller_;
   std::string ns_;
   v1::LookupResponse response_;
   std::mutex mutex_;

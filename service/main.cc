@@ -66,6 +66,7 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   store_options.max_size_bytes = config.max_cache_size;
   store_options.zstd_level = config.zstd_level;
   if (config.inline_threshold > 0) store_options.inline_threshold_bytes = config.inline_threshold;
+  store_options.served_file_readers = config.allowed_users;
   ASSIGN_OR_RETURN(std::unique_ptr<kiln::cache::ArtifactStore> store,
                    kiln::cache::ArtifactStore::Open(store_options));
 
@@ -126,6 +127,7 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   }
   server_options.max_request_size = config.max_request_size;
   server_options.data_dir = config.data_dir.string();
+  server_options.served_files_dir = store->served_files_dir().string();
   ASSIGN_OR_RETURN(std::unique_ptr<kiln::service::KilnServer> server,
                    kiln::service::KilnServer::Start(server_options, *store, toolchains,
                                                     coordinator));

@@ -8,12 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/fmt_absl.h"
 #include "common/platform.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln::service {
 namespace {
@@ -89,7 +91,19 @@ absl::Status WriteEndpointFile(const fs::path& path, int port, const std::string
   return absl::OkStatus();
 }
 
+// Tells local clients where kilnd's served files are: "<endpoint>.files"
+// beside the socket or endpoint file, in the same private directory, holding
+// the directory's path. Clients read it without a call (ServedFilesPointer).
+absl::Status WriteServedFilesPointer(const std::string& endpoint, const std::string& dir) {
+  const fs::path pointer = ServedFilesPointer(endpoint);
+  const fs::path temp = pointer.string() + ".tmp";
+  RETURN_IF_ERROR(platform::WriteFileDurably(temp, absl::StrCat(dir, "\n")));
+  return platform::MoveFileOver(temp, pointer).status();
+}
+
 }  // namespace
+
+fs::path ServedFilesPointer(const std::string& endpoint) { return endpoint + ".files"; }
 
 absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     const ServerOptions& options, cache::ArtifactStore& store,
@@ -150,6 +164,16 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     server->endpoint_file_ = options.endpoint_file;
     server->endpoints_.push_back(absl::StrCat("127.0.0.1:", local_port));
   }
+  if (!options.served_files_dir.empty()) {
+    for (const std::string* endpoint : {&server->socket_path_, &server->endpoint_file_}) {
+      if (endpoint->empty()) continue;
+      if (absl::Status status = WriteServedFilesPointer(*endpoint, options.served_files_dir);
+          !status.ok()) {
+        // Clients then ask kilnd for every hit: slower, never wrong.
+        spdlog::warn("local clients will not find served files: {}", status.message());
+      }
+    }
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   return server;
 }
@@ -162,9 +186,13 @@ void KilnServer::Shutdown(absl::Duration grace) {
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   std::error_code ignored;
-  if (!socket_path_.empty()) fs::remove(socket_path_, ignored);
-  // Clients then fail fast (or start a kilnd) instead of trying a dead port.
-  if (!endpoint_file_.empty()) fs::remove(endpoint_file_, ignored);
+  for (const std::string& endpoint : {socket_path_, endpoint_file_}) {
+    if (endpoint.empty()) continue;
+    // Clients then fail fast (or start a kilnd) instead of trying a dead
+    // endpoint, and stop reading this kilnd's served files.
+    fs::remove(endpoint, ignored);
+    fs::remove(ServedFilesPointer(endpoint), ignored);
+  }
 }
 
 KilnServer::~KilnServer() { Shutdown(absl::ZeroDuration()); }

@@ -1,6 +1,7 @@
 #ifndef KILN_SERVICE_SERVER_H_
 #define KILN_SERVICE_SERVER_H_
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,10 +29,17 @@ struct ServerOptions {
   std::vector<std::string> endpoint_readers;
   uint64_t max_request_size = 64ull << 20;
   std::string data_dir;  // reported in stats
+  // Where the store serves blobs as files to local clients; named to them in
+  // ServedFilesPointer(endpoint) for each local endpoint. Empty: not named.
+  std::string served_files_dir;
   // How long a client that claimed a missing key may take to start compiling
   // it before clients waiting on it give up on it.
   absl::Duration claim_timeout = absl::Seconds(60);
 };
+
+// The file beside a local endpoint (socket or endpoint file) that names the
+// served files directory: "<endpoint>.files".
+std::filesystem::path ServedFilesPointer(const std::string& endpoint);
 
 // A running gRPC server: kiln.v1.Kiln plus grpc.health.v1.Health.
 class KilnServer {

@@ -370,6 +370,127 @@ TEST_F(ArtifactStoreTest, ABlobFileChangedAfterItWasServedIsNeverServed) {
   EXPECT_EQ(store->Stats()->corrupt_entries_dropped, 1u);
 }
 
+std::vector<fs::path> FilesUnder(const fs::path& dir) {
+  std::vector<fs::path> files;
+  std::error_code error;
+  for (const auto& entry : fs::recursive_directory_iterator(dir, error)) {
+    if (entry.is_regular_file()) files.push_back(entry.path());
+  }
+  return files;
+}
+
+std::string FileContent(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The served index entry of (ns, key): <files>/index/<hh>/<62 hex>.json.
+fs::path ServedIndexPath(const fs::path& data_dir, const std::string& ns, const std::string& key) {
+  const std::string hex = DigestHex(DigestBytes(Sha256(ns + std::string(1, '\0') + key)));
+  return data_dir / "files" / "index" / hex.substr(0, 2) / (hex.substr(2) + ".json");
+}
+
+TEST_F(ArtifactStoreTest, LookupAsFilesServesEachBlobAsAFileAndIndexesTheEntry) {
+  auto store = OpenStore(Options());
+  const std::vector<BlobInput> blobs = KernelBlobs(11);
+  ASSERT_TRUE(store->Put("local/triton", "key", blobs).ok());
+  const ArtifactStore::AsFiles as_files{"triton"};
+  absl::StatusOr<CacheEntry> entry = store->Lookup("local/triton", "key", {}, &as_files);
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  ASSERT_EQ(entry->blobs.size(), blobs.size());
+  const std::string index = FileContent(ServedIndexPath(dir_.path() / "data", "triton", "key"));
+  for (const StoredBlob& blob : entry->blobs) {
+    ASSERT_TRUE(blob.file.has_value()) << blob.name;
+    EXPECT_FALSE(blob.data.has_value());
+    const BlobInput& input = *std::find_if(blobs.begin(), blobs.end(),
+                                           [&](const BlobInput& b) { return b.name == blob.name; });
+    EXPECT_EQ(FileContent(*blob.file), input.data) << blob.name;
+    EXPECT_EQ(blob.file->filename().string(),
+              DigestHex(blob.digest) + fs::path(blob.name).extension().string());
+    EXPECT_NE(index.find(absl::StrCat("\"", blob.name, "\": [\"", blob.file->string(), "\", ",
+                                      input.data.size(), "]")),
+              std::string::npos)
+        << index;
+  }
+  EXPECT_EQ(store->Stats()->hits, 1u);
+  // Ahead of a lookup (after a local client's compile): nothing is counted.
+  ASSERT_TRUE(store->ServeAsFiles("local/triton", "key", as_files).ok());
+  EXPECT_EQ(store->Stats()->hits, 1u);
+  EXPECT_TRUE(absl::IsNotFound(store->ServeAsFiles("local/triton", "other", as_files)));
+}
+
+TEST_F(ArtifactStoreTest, AServedFileChangedOnDiskIsWrittenAgainBeforeItIsServed) {
+  StoreOptions options = Options();
+  options.trust_files_changed_before = absl::Milliseconds(100);
+  auto store = OpenStore(options);
+  const std::vector<BlobInput> blobs = KernelBlobs(12);
+  ASSERT_TRUE(store->Put("ns", "key", blobs).ok());
+  const ArtifactStore::AsFiles as_files;
+  const fs::path served = *store->Lookup("ns", "key", {}, &as_files)->blobs.front().file;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(store->Lookup("ns", "key", {}, &as_files).ok());  // its stamp is trusted now
+  const std::string original = FileContent(served);
+  const fs::file_time_type modified = fs::last_write_time(served);
+  {
+    std::fstream stream(served, std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekp(10);
+    stream.put(static_cast<char>(~original[10]));
+  }
+  fs::last_write_time(served, modified);  // same size, same modification time
+  absl::StatusOr<CacheEntry> entry = store->Lookup("ns", "key", {}, &as_files);
+  ASSERT_TRUE(entry.ok());
+  EXPECT_EQ(*entry->blobs.front().file, served);
+  EXPECT_EQ(FileContent(served), original);
+  EXPECT_EQ(store->Stats()->corrupt_entries_dropped, 0u);  // the stored blob was fine
+}
+
+TEST_F(ArtifactStoreTest, ANameThatCannotBeAFileNameComesAsBytes) {
+  auto store = OpenStore(Options());
+  ASSERT_TRUE(store->Put("ns", "key", {{"kernel.cubin:stream", "abc", ""}}).ok());
+  const ArtifactStore::AsFiles as_files{"ns"};
+  absl::StatusOr<CacheEntry> entry = store->Lookup("ns", "key", {}, &as_files);
+  ASSERT_TRUE(entry.ok());
+  EXPECT_FALSE(entry->blobs.front().file.has_value());
+  EXPECT_EQ(entry->blobs.front().data, "abc");
+  // An entry a client could not read whole from files is not indexed.
+  EXPECT_FALSE(fs::exists(ServedIndexPath(dir_.path() / "data", "ns", "key")));
+}
+
+TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
+  const fs::path served_dir = dir_.path() / "data" / "files";
+  const ArtifactStore::AsFiles as_files{"ns"};
+  {
+    auto store = OpenStore(Options());
+    ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(13)).ok());
+    ASSERT_TRUE(store->Put("ns", "b", KernelBlobs(14)).ok());
+    ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
+    ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
+    ASSERT_EQ(FilesUnder(served_dir).size(), 2 * 3 + 2);  // files and index entries
+    ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(15)).ok());  // a's old blobs are unused now
+    EXPECT_EQ(FilesUnder(served_dir).size(), 3 + 2);
+  }
+  // What a kilnd killed between commit and cleanup leaves: a served file of a
+  // blob no longer stored, an index entry naming it, a half-written file.
+  const std::string gone = DigestHex(DigestBytes(Sha256("gone")));
+  fs::create_directories(served_dir / gone.substr(0, 2));
+  std::ofstream(served_dir / gone.substr(0, 2) / (gone + ".cubin")) << "gone";
+  std::ofstream(served_dir / gone.substr(0, 2) / ".7.tmp") << "half";
+  const fs::path stale_index = ServedIndexPath(dir_.path() / "data", "ns", "gone");
+  fs::create_directories(stale_index.parent_path());
+  std::ofstream(stale_index) << "{\"files\": {\"k.cubin\": [\""
+                             << (served_dir / gone.substr(0, 2) / (gone + ".cubin")).string()
+                             << "\", 4]}}";
+  auto store = OpenStore(Options());
+  for (int i = 0; i < 100 && fs::exists(stale_index); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the sweep runs in the background
+  }
+  EXPECT_EQ(FilesUnder(served_dir).size(), 3 + 1);  // b's files and index entry
+  EXPECT_TRUE(fs::exists(ServedIndexPath(dir_.path() / "data", "ns", "b")));
+  EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
+  // Only b's index entry may stay (stale: clients check its files are there).
+  EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{ServedIndexPath(dir_.path() / "data", "ns", "b")});
+}
+
 TEST_F(ArtifactStoreTest, VerifyFindsAndDropsEveryCorruptBlob) {
   StoreOptions options = Options();
   options.zstd_level = 0;

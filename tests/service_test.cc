@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/match.h"
+#include "common/platform.h"
 #include "common/sha256.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -23,7 +24,15 @@ namespace {
 using ::kiln::testing::TestBytes;
 using ::kiln::testing::TestDir;
 
+namespace fs = std::filesystem;
+
 constexpr uint64_t kMaxRequest = 1 << 20;
+
+std::string ReadFile(const fs::path& path) {
+  absl::StatusOr<std::string> content = platform::ReadWholeFile(path);
+  EXPECT_TRUE(content.ok()) << content.status();
+  return content.ok() ? *content : "";
+}
 
 class ServiceTest : public ::testing::Test {
  protected:
@@ -43,6 +52,7 @@ class ServiceTest : public ::testing::Test {
     options.local_socket = (dir_.path() / "run" / "kilnd.sock").string();
     options.tcp_address = "127.0.0.1:0";
     options.max_request_size = kMaxRequest;
+    options.served_files_dir = store_->served_files_dir().string();
     auto server = KilnServer::Start(options, *store_, *toolchains_, *coordinator_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -82,11 +92,12 @@ class ServiceTest : public ::testing::Test {
   }
 
   static v1::LookupResponse Lookup(v1::Kiln::Stub& stub, const std::string& key,
-                                   std::vector<std::string> have = {}) {
+                                   std::vector<std::string> have = {}, bool as_files = false) {
     grpc::ClientContext context;
     v1::LookupRequest request;
     request.set_namespace_("triton");
     request.set_key(key);
+    request.set_as_files(as_files);
     for (std::string& digest : have) request.add_have_sha256(std::move(digest));
     v1::LookupResponse response;
     const grpc::Status status = stub.Lookup(&context, request, &response);
@@ -141,6 +152,33 @@ TEST_F(ServiceTest, LookupOmitsBlobsTheClientHas) {
   EXPECT_TRUE(response.entry().blobs(0).data_omitted());
   EXPECT_TRUE(response.entry().blobs(0).data().empty());
   EXPECT_FALSE(response.entry().blobs(1).data_omitted());
+}
+
+TEST_F(ServiceTest, LocalClientsMayReadBlobsAsFilesRemoteOnesGetBytes) {
+  const v1::PutRequest put = KernelPut("files");
+  ASSERT_TRUE(Put(*UnixStub(), put).ok());
+  const v1::LookupResponse local = Lookup(*UnixStub(), "files", {}, /*as_files=*/true);
+  ASSERT_TRUE(local.found());
+  for (int i = 0; i < put.blobs_size(); ++i) {
+    const v1::Blob& blob = local.entry().blobs(i);
+    EXPECT_TRUE(blob.data().empty());
+    ASSERT_FALSE(blob.path().empty()) << blob.name();
+    // Named for its content, with the name's extension: Triton goes by suffix.
+    EXPECT_EQ(fs::path(blob.path()).extension(), fs::path(blob.name()).extension());
+    EXPECT_EQ(ReadFile(blob.path()), put.blobs(i).data());
+  }
+  // The socket's neighbour names the directory, for clients that skip the call.
+  EXPECT_EQ(ReadFile(dir_.path() / "run" / "kilnd.sock.files"),
+            (dir_.path() / "data" / "files").string() + "\n");
+
+  ASSERT_TRUE(Put(*TcpStub(), put).ok());
+  const v1::LookupResponse remote = Lookup(*TcpStub(), "files", {}, /*as_files=*/true);
+  ASSERT_TRUE(remote.found());
+  EXPECT_TRUE(remote.entry().blobs(0).path().empty());
+  EXPECT_EQ(remote.entry().blobs(0).data(), put.blobs(0).data());
+
+  server_->Shutdown(absl::ZeroDuration());
+  EXPECT_FALSE(fs::exists(dir_.path() / "run" / "kilnd.sock.files"));
 }
 
 TEST_F(ServiceTest, HealthReportsServing) {

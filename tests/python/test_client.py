@@ -73,6 +73,21 @@ def test_compiles_go_through_kilnd_and_equal_stock_then_hit_in_a_new_process(kil
     assert after_second.hits - after_first.hits >= 30
 
 
+def test_a_process_with_no_files_of_its_own_reads_kilnds_files(kilnd, kiln_env, tmp_path, stock_suite):
+    run_probe(kiln_env, "suite")  # kilnd has every kernel now
+    fresh = dict(kiln_env, KILN_FILES_DIR=str(tmp_path / "new-files"), TRITON_CACHE_DIR=str(tmp_path / "new-cache"))
+    before = kilnd.stats()
+    result = probe_json(run_probe(fresh, "suite"))
+    assert result["kernels"] == stock_suite
+    assert result["frontend_runs"] == 0
+    # A new venv, container or user session: it wrote nothing, it read the
+    # files kilnd serves to its own account (from kilnd's index, or named in
+    # a lookup's answer) ...
+    assert not [path for path in (tmp_path / "new-files").rglob("*") if path.is_file()]
+    # ... and kilnd still saw every hit, for its stats and LRU.
+    assert kilnd.stats().hits - before.hits >= len(stock_suite)
+
+
 def test_enable_in_code_reaches_an_inductor_style_worker(kilnd, base_env, stock_suite):
     env = dict(base_env, KILN_ENDPOINT=f"unix:{kilnd.socket}")
     before = kilnd.stats().hits
@@ -180,9 +195,16 @@ def test_shipped_api_descriptor_matches_the_proto(tmp_path):
 
 
 def test_cubins_are_also_where_inductors_static_launcher_looks(kiln_env, tmp_path, stock_suite):
-    run_probe(kiln_env, "suite")
-    cubins = list((tmp_path / "triton-cache").glob("*/*.cubin"))
-    assert len(cubins) == len(stock_suite)
+    run_probe(kiln_env, "suite")  # compiled, or hits if another test compiled the suite already
+    run_probe(kiln_env, "suite")  # hits
+    cubins = lambda: list((tmp_path / "triton-cache").glob("*/*.cubin"))
+    # Like stock's file cache, a hit writes nothing, unless inductor (whose
+    # static launcher reads <cache dir>/<key>/<kernel>.cubin) is loaded.
+    written_by_compiles = len(cubins())
+    run_probe(dict(kiln_env, TRITON_CACHE_DIR=str(tmp_path / "other-cache")), "suite")
+    assert not list((tmp_path / "other-cache").glob("*/*.cubin"))
+    run_probe(kiln_env, "suite", "--as-inductor")
+    assert len(cubins()) == len(stock_suite) >= written_by_compiles
 
 
 TRITON35 = REPO / ".venv-triton35" / "bin" / "python"

@@ -7,6 +7,7 @@ is imported, and connects, on first need.
 """
 
 import base64
+import sys
 
 from triton.runtime.cache import CacheManager
 
@@ -19,6 +20,23 @@ def hex_key(key):
         return base64.b32decode(key + "=" * (-len(key) % 8)).hex()
     except (ValueError, TypeError):
         return key
+
+
+def hand_over(key, files):
+    """The group Triton gets for a hit made of `files` ({name: path}, the
+    frontend output included). Stock Triton would have compiled here if its
+    cache dir lacks the kernel: then the frontend's output is shown again, and
+    inductor's static launcher (which reads <cache dir>/<key>/<kernel>.cubin)
+    finds the cubin there."""
+    files = dict(files)
+    output = files.pop(_frontend.OUTPUT_BLOB, None)
+    if output is not None or "torch._inductor" in sys.modules:
+        new_to_cache_dir = False
+        for name, path in files.items():
+            new_to_cache_dir |= _files.mirror_cubin(path, key, name)
+        if output is not None and new_to_cache_dir:
+            _frontend.replay(_files.read(output))
+    return files
 
 
 class KilnCacheManager(CacheManager):
@@ -37,21 +55,15 @@ class KilnCacheManager(CacheManager):
         return self._over_kilnd
 
     def get_group(self, filename):
-        found = _index.lookup("triton", self._hex, filename) if self._local else None
-        if found is None:
+        files = _index.lookup("triton", self._hex, filename) if self._local else None
+        if files is None:
             return self._kilnd().get_group(filename)
-        files, output = found
-        new_to_cache_dir = False
-        for name, path in files.items():
-            new_to_cache_dir |= _files.mirror_cubin(path, self.key, name)
-        if output and new_to_cache_dir:
-            _frontend.replay(_files.read(output))  # stock would have compiled here, and shown it
-        return files
+        return hand_over(self.key, files)
 
     def get_file(self, filename):
-        found = _index.lookup("triton-files", self._hex, filename) if self._local else None
-        if found is not None:
-            return found[0][filename]
+        files = _index.lookup("triton-files", f"{self._hex}/{filename}", filename) if self._local else None
+        if files is not None:
+            return files[filename]
         return self._kilnd().get_file(filename)
 
     def put(self, data, filename, binary=True):

@@ -66,6 +66,35 @@ def materialize(name, data, digest=None):
     return path
 
 
+_served_files_readable = None  # None: not known yet
+
+
+def wanted_as_served_files():
+    """Whether to ask kilnd for blobs as the files it serves (Blob.path): a hit
+    then moves no bytes. Not once this process found it may not read them (a
+    machine kilnd whose files are its own account's)."""
+    return _served_files_readable is not False
+
+
+def readable_served(entry):
+    """False when `entry` names served files this process may not read; then it
+    asks for bytes from now on."""
+    global _served_files_readable
+    if _served_files_readable is None:
+        served = next((blob.path for blob in entry.blobs if blob.path), None)
+        if served is None:
+            return True
+        _served_files_readable = os.access(served, os.R_OK)
+    return _served_files_readable
+
+
+def path_of(blob):
+    """A file with the blob's content: kilnd's served file, or one written here."""
+    if blob.path:
+        return blob.path
+    return materialize(blob.name, blob.data, blob.sha256)
+
+
 def read(path):
     return Path(path).read_bytes()
 

@@ -1,15 +1,20 @@
-"""The client's local index: which of its content-addressed files make up an
-entry it already got from kilnd, so that the next process of this user on this
-machine serves it from those files as stock Triton serves its file cache: no
-round trip, no gRPC import, no hashing.
+"""The local indexes: which files make up an entry this user's processes can
+read, so that a process serves it from those files as stock Triton serves its
+file cache: no round trip, no gRPC import, no hashing. Two of them, one format:
 
-    <files dir>/index/<hh>/<38 hex>.json   {"files": {name: [path, size]}, "output": path | null}
+- kilnd's (served_files.h): the files kilnd itself writes for its local
+  clients (after each of their compiles, and on lookups asking for files),
+  found through "<endpoint>.files" beside its socket or endpoint file;
+- this client's own, under <files dir>/index, for entries whose bytes kilnd
+  sent (it serves files only to its own account) or that this process made.
 
-named by the SHA-256 of (namespace, key, file name). An entry is used only if
-every file is there with its recorded size; files are written once under
-names derived from their SHA-256 (_files.materialize), so an index entry can
-go stale (a file removed) but never point at other content of the same name.
-Hits served here reach kilnd later, in batches, for its stats and LRU.
+    <root>/index/<hh>/<62 hex>.json   {"files": {name: [path, size]}}
+
+named by the SHA-256 of "<namespace>\0<key>". An entry is used only if every
+file is there with its recorded size; files are written once under names
+derived from their SHA-256, so an entry can go stale (a file removed) but
+never point at other content of the same name. Hits served here reach kilnd
+later, in batches, for its stats and LRU.
 """
 
 import atexit
@@ -30,37 +35,52 @@ _pending_lock = threading.Lock()
 _flush_timer = None
 
 
-def _entry_path(namespace, key, name):
-    digest = hashlib.sha256(f"{namespace}\0{key}\0{name}".encode()).hexdigest()
-    return _paths.files_dir() / "index" / digest[:2] / f"{digest[2:40]}.json"
+def _entry_path(root, namespace, key):
+    digest = hashlib.sha256(f"{namespace}\0{key}".encode()).hexdigest()
+    return os.path.join(root, "index", digest[:2], digest[2:] + ".json")
+
+
+def _read(path, name):
+    try:
+        with open(path, encoding="utf-8") as index:
+            entry = json.load(index)
+        listed = entry["files"]
+        if name not in listed:
+            return None
+        files = {}
+        for file_name, (file_path, size) in listed.items():
+            if os.stat(file_path).st_size != size:
+                return None
+            files[file_name] = file_path
+        return files
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def lookup(namespace, key, name):
-    """{file name: path} and the frontend output's path (or None), when every file is
-    still there; None otherwise."""
-    try:
-        with open(_entry_path(namespace, key, name), encoding="utf-8") as index:
-            entry = json.load(index)
-        files = {}
-        for file_name, (path, size) in entry["files"].items():
-            if os.stat(path).st_size != size:
-                return None
-            files[file_name] = path
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    _count_hit(namespace, key)
-    return files, entry.get("output")
+    """{file name: path} of the entry that has `name`, when every file is still
+    there: from kilnd's index (which has every entry it sent as files), else this
+    client's; None otherwise."""
+    for root in (_paths.served_files_dir(), _paths.files_dir()):
+        if root is None:
+            continue
+        files = _read(_entry_path(root, namespace, key), name)
+        if files is not None:
+            _count_hit(namespace, key)
+            return files
+    return None
 
 
-def record(namespace, key, name, files, output=None):
-    """Remembers that `files` ({file name: path}) make up the entry; best effort."""
+def record(namespace, key, files):
+    """Remembers in this client's index that `files` ({file name: path}) make up
+    the entry; best effort."""
     try:
-        entry = {"files": {file_name: [path, os.stat(path).st_size] for file_name, path in files.items()},
-                 "output": output}
-        target = _entry_path(namespace, key, name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.with_name(f".{uuid.uuid4().hex[:12]}.tmp")
-        temp.write_text(json.dumps(entry), encoding="utf-8")
+        entry = {"files": {file_name: [path, os.stat(path).st_size] for file_name, path in files.items()}}
+        target = _entry_path(_paths.files_dir(), namespace, key)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        temp = f"{target}.{uuid.uuid4().hex[:12]}.tmp"
+        with open(temp, "w", encoding="utf-8") as out:
+            out.write(json.dumps(entry))
         os.replace(temp, target)
     except OSError as error:
         log.debug("no local index entry for %s/%s: %s", namespace, key, error)

@@ -89,6 +89,31 @@ def default_endpoint():
     return read_endpoint_file(user_file, is_user_default=True)
 
 
+_served_files_dirs = {}  # (KILN_ENDPOINT, KILN_ENDPOINT_FILE) -> kilnd's served files directory
+
+
+def served_files_dir():
+    """The directory where the default kilnd serves files to its own account,
+    named in "<socket or endpoint file>.files" (service/server.cc); None when
+    there is none or it cannot be read (looked for again on the next call)."""
+    configured = (os.environ.get("KILN_ENDPOINT"), os.environ.get("KILN_ENDPOINT_FILE"))
+    found = _served_files_dirs.get(configured)
+    if found is not None:
+        return found
+    endpoint = default_endpoint()
+    where = endpoint.endpoint_file
+    if where is None and endpoint.target and endpoint.target.startswith("unix:"):
+        where = endpoint.target[len("unix:"):]
+    if where is None:
+        return None
+    try:
+        found = Path(where + ".files").read_text(encoding="utf-8").strip() or None
+    except (OSError, ValueError):
+        return None  # no kilnd there yet
+    _served_files_dirs[configured] = found
+    return found
+
+
 def files_dir():
     """Artifacts handed to Triton as files: short, content-addressed names."""
     configured = os.environ.get("KILN_FILES_DIR")

@@ -128,17 +128,20 @@ class RemoteCacheManager(CacheManager):
         """kilnd's answer for this key; on a miss this process may get the claim
         (it compiles, others wait), held for as long as the call stays open. A
         plain lookup first: a hit, the common case, costs half a streaming call."""
-        response = _stub().Lookup(_api.LookupRequest(namespace="triton", key=self._hex))
+        response = _lookup("triton", self._hex)
         if response.found:
             return response
         call = _stub().LookupOrClaim(_api.LookupRequest(namespace="triton", key=self._hex,
-                                                        claimant=_frontend.CLAIMANT))
+                                                        claimant=_frontend.CLAIMANT,
+                                                        as_files=_files.wanted_as_served_files()))
         try:
             response = next(call)
         except StopIteration:
             return _api.LookupResponse()
         if response.claimed:
             self._group.claim = call
+        elif response.found and not _files.readable_served(response.entry):
+            return _lookup("triton", self._hex)
         return response
 
     def get_group(self, filename):
@@ -155,19 +158,10 @@ class RemoteCacheManager(CacheManager):
             return self._stock.get_group(filename)
         if not response.found:
             return None  # the stages hook sends the compile to kilnd
-        new_to_cache_dir, output = False, None
-        for blob in response.entry.blobs:
-            path = _files.materialize(blob.name, blob.data, blob.sha256)
-            if blob.name == _frontend.OUTPUT_BLOB:
-                output = path
-                continue
-            self._files[blob.name] = path
-            new_to_cache_dir |= _files.mirror_cubin(path, self.key, blob.name)
-        if output is not None and new_to_cache_dir:
-            _frontend.replay(_files.read(output))  # stock would have compiled here, and shown it
-        if filename not in self._files:
+        files = _hit_files("triton", self._hex, response.entry)
+        if filename not in files:
             return None
-        _index.record("triton", self._hex, filename, self._files, output)
+        self._files = _cache.hand_over(self.key, files)
         return dict(self._files)
 
     def get_file(self, filename):
@@ -175,15 +169,16 @@ class RemoteCacheManager(CacheManager):
             return self._stock.get_file(filename)
         if filename in self._files:
             return self._files[filename]
-        response = self._call("Lookup", _api.LookupRequest(namespace="triton-files", key=f"{self._hex}/{filename}"))
-        if response is None:
+        try:
+            response = _lookup("triton-files", f"{self._hex}/{filename}")
+        except grpc.RpcError as error:
+            if not _service.is_unavailable(error):
+                raise
+            self._go_stock(error)
             return self._stock.get_file(filename)
         if not response.found:
             return None
-        blob = response.entry.blobs[0]
-        path = _files.materialize(blob.name, blob.data, blob.sha256)
-        _index.record("triton-files", self._hex, filename, {filename: path})
-        return path
+        return _hit_files("triton-files", f"{self._hex}/{filename}", response.entry)[filename]
 
     def put(self, data, filename, binary=True):
         if self._stock:
@@ -201,18 +196,19 @@ class RemoteCacheManager(CacheManager):
         # built without kilnd): share it with other processes.
         self._call("Put", _api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
                                           blobs=[_api.blob(filename, data, digest)]))
-        _index.record("triton-files", self._hex, filename, {filename: path})
+        _index.record("triton-files", f"{self._hex}/{filename}", {filename: path})
         return path
 
     def put_group(self, filename, group):
         if self._stock:
             return self._stock.put_group(filename, group)
         compile_group, self._group = self._group, None
-        output_blob = output = None
+        output_blob, indexed = None, dict(group)
         try:
             if compile_group is not None and _frontend.worth_keeping(compile_group.output):
                 output_blob = _output_blob(compile_group.output)
-                output = _files.materialize(output_blob.name, output_blob.data, output_blob.sha256)
+                indexed[output_blob.name] = _files.materialize(output_blob.name, output_blob.data,
+                                                               output_blob.sha256)
             if compile_group is None or not compile_group.recorded_by_kilnd:
                 # Triton compiled in this process (a flow Kiln leaves stock): share it.
                 made = compile_group.made if compile_group is not None else {}
@@ -220,11 +216,29 @@ class RemoteCacheManager(CacheManager):
                 if output_blob is not None:
                     blobs.append(output_blob)
                 self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
-            _index.record("triton", self._hex, filename, group, output)
+            _index.record("triton", self._hex, indexed)
         finally:
             if compile_group is not None:
                 _frontend.finish(compile_group)
         return None
+
+
+def _hit_files(namespace, key, entry):
+    """{name: path} of a hit: kilnd's served files (which kilnd indexes itself),
+    or files written here from the bytes it sent (indexed here)."""
+    files = {blob.name: _files.path_of(blob) for blob in entry.blobs}
+    if not all(blob.path for blob in entry.blobs):
+        _index.record(namespace, key, files)
+    return files
+
+
+def _lookup(namespace, key):
+    """A unary Lookup, asking for kilnd's served files where this process may read them."""
+    response = _stub().Lookup(_api.LookupRequest(namespace=namespace, key=key,
+                                                 as_files=_files.wanted_as_served_files()))
+    if response.found and not _files.readable_served(response.entry):
+        response = _stub().Lookup(_api.LookupRequest(namespace=namespace, key=key))
+    return response
 
 
 def _output_blob(output):

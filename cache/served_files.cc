@@ -1,0 +1,231 @@
+#include "cache/served_files.h"
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::cache {
+namespace {
+
+namespace fs = std::filesystem;
+using platform::FileStamp;
+
+constexpr absl::string_view kTempSuffix = ".tmp";
+
+bool IsSafeExtensionChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+}
+
+absl::Status WriteFile(const fs::path& path, absl::string_view content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(content.data(), static_cast<std::streamsize>(content.size()));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  return absl::OkStatus();
+}
+
+std::atomic<uint64_t> temp_counter{0};
+
+// A JSON string literal of `text` (UTF-8 passes through; control characters,
+// quotes and backslashes are escaped).
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The paths an index entry PublishIndex wrote names: each follows `": ["`,
+// which only ever starts a [path, size] pair since names are escaped.
+std::vector<fs::path> IndexedPaths(absl::string_view json) {
+  std::vector<fs::path> paths;
+  constexpr absl::string_view kPairStart = "\": [\"";
+  for (size_t at = json.find(kPairStart); at != absl::string_view::npos;
+       at = json.find(kPairStart, at)) {
+    at += kPairStart.size();
+    std::string path;
+    for (; at < json.size() && json[at] != '"'; ++at) {
+      if (json[at] == '\\' && at + 1 < json.size()) ++at;  // \\ or \": paths have no control characters
+      path += json[at];
+    }
+    paths.emplace_back(path);
+  }
+  return paths;
+}
+
+}  // namespace
+
+ServedFiles::ServedFiles(fs::path dir, absl::Duration trust_changed_before)
+    : dir_(std::move(dir)), trust_changed_before_(trust_changed_before) {}
+
+absl::Status ServedFiles::Initialize(const std::vector<std::string>& readers) {
+  return platform::EnsurePrivateDirectory(dir_, readers);
+}
+
+std::optional<std::string> ServedFiles::ExtensionOf(absl::string_view name) {
+  const size_t dot = name.find('.');
+  // Everything from the first dot: ".cubin", ".cpython-312-x86_64-linux-gnu.so".
+  const absl::string_view extension = dot == 0 || dot == absl::string_view::npos
+                                          ? absl::string_view()
+                                          : name.substr(dot);
+  if (extension.size() > 64 || absl::EndsWith(extension, kTempSuffix) ||
+      !std::all_of(extension.begin(), extension.end(), IsSafeExtensionChar)) {
+    return std::nullopt;
+  }
+  return std::string(extension);
+}
+
+fs::path ServedFiles::PathOf(absl::string_view digest, absl::string_view extension) const {
+  const std::string hex = DigestHex(digest);
+  return dir_ / hex.substr(0, 2) / absl::StrCat(hex, extension);
+}
+
+void ServedFiles::Trust(const fs::path& path, const FileStamp& stamp) {
+  // A stamp taken within the file system's time tick of the last change could
+  // stay the same through another change: such a file is hashed on every use
+  // until it is old enough.
+  if (platform::ChangeTime(stamp) >= absl::Now() - trust_changed_before_) return;
+  std::lock_guard lock(mutex_);
+  verified_[path.string()] = stamp;
+}
+
+std::optional<fs::path> ServedFiles::Find(absl::string_view digest, absl::string_view extension) {
+  fs::path path = PathOf(digest, extension);
+  absl::StatusOr<FileStamp> before = platform::StampOf(path);
+  if (!before.ok()) return std::nullopt;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = verified_.find(path.string());
+    if (found != verified_.end() && found->second == *before) return path;
+  }
+  // Written before this kilnd started, changed since it was checked, or too
+  // young to trust its stamp: its content decides.
+  absl::StatusOr<std::string> content = platform::ReadWholeFile(path);
+  absl::StatusOr<FileStamp> after = platform::StampOf(path);
+  if (!content.ok() || !after.ok() || *after != *before ||
+      DigestBytes(Sha256(*content)) != digest) {
+    return std::nullopt;
+  }
+  Trust(path, *before);
+  return path;
+}
+
+fs::path ServedFiles::IndexPathOf(absl::string_view ns, absl::string_view key) const {
+  const std::string hex = DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key))));
+  return dir_ / "index" / hex.substr(0, 2) / absl::StrCat(hex.substr(2), ".json");
+}
+
+absl::StatusOr<platform::Replaced> ServedFiles::WriteAndMove(const fs::path& target,
+                                                             absl::string_view content) {
+  std::error_code error;
+  fs::create_directories(target.parent_path(), error);
+  const fs::path temp =
+      target.parent_path() / absl::StrCat(".", temp_counter.fetch_add(1), kTempSuffix);
+  RETURN_IF_ERROR(WriteFile(temp, content));
+  absl::StatusOr<platform::Replaced> replaced = platform::MoveFileOver(temp, target);
+  if (!replaced.ok() || *replaced == platform::Replaced::kTargetInUse) fs::remove(temp, error);
+  return replaced;
+}
+
+absl::StatusOr<fs::path> ServedFiles::Publish(absl::string_view digest,
+                                              absl::string_view extension,
+                                              absl::string_view content) {
+  fs::path target = PathOf(digest, extension);
+  ASSIGN_OR_RETURN(const platform::Replaced replaced, WriteAndMove(target, content));
+  if (replaced == platform::Replaced::kTargetInUse) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s is held open by another process with other content", target.string()));
+  }
+  if (absl::StatusOr<FileStamp> stamp = platform::StampOf(target); stamp.ok()) {
+    Trust(target, *stamp);
+  }
+  return target;
+}
+
+absl::Status ServedFiles::PublishIndex(absl::string_view ns, absl::string_view key,
+                                       const std::vector<IndexedFile>& files) {
+  std::string json = "{\"files\": {";
+  for (size_t i = 0; i < files.size(); ++i) {
+    absl::StrAppend(&json, i == 0 ? "" : ", ", JsonString(files[i].name), ": [",
+                    JsonString(files[i].path.string()), ", ", files[i].size, "]");
+  }
+  json += "}}";
+  const fs::path target = IndexPathOf(ns, key);
+  if (absl::StatusOr<std::string> existing = platform::ReadWholeFile(target);
+      existing.ok() && *existing == json) {
+    return absl::OkStatus();
+  }
+  // An index entry a client holds open (Windows) is replaced at the next chance.
+  return WriteAndMove(target, json).status();
+}
+
+void ServedFiles::Remove(absl::string_view digest) {
+  const std::string hex = DigestHex(digest);
+  std::error_code error;
+  for (const fs::directory_entry& file : fs::directory_iterator(dir_ / hex.substr(0, 2), error)) {
+    if (!absl::StartsWith(file.path().filename().string(), hex)) continue;
+    {
+      std::lock_guard lock(mutex_);
+      verified_.erase(file.path().string());
+    }
+    // A file a client holds open (a loaded launcher module on Windows) stays
+    // behind; RemoveOrphans takes it at the next start.
+    fs::remove(file.path(), error);
+  }
+}
+
+void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored) {
+  std::error_code error;
+  const fs::path index_dir = dir_ / "index";
+  for (auto it = fs::recursive_directory_iterator(dir_, error);
+       it != fs::recursive_directory_iterator(); it.increment(error)) {
+    const fs::directory_entry& file = *it;
+    if (file.path() == index_dir) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (!file.is_regular_file(error)) continue;
+    const std::string name = file.path().filename().string();
+    if (absl::EndsWith(name, kTempSuffix)) {
+      fs::remove(file.path(), error);  // left by a kilnd killed mid-write
+      continue;
+    }
+    const std::string hex = name.substr(0, 2 * kSha256Size);
+    if (hex.size() != 2 * kSha256Size ||
+        !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit) ||
+        !is_stored(absl::HexStringToBytes(hex))) {
+      fs::remove(file.path(), error);
+    }
+  }
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(index_dir, error)) {
+    if (!entry.is_regular_file(error)) continue;
+    absl::StatusOr<std::string> json = platform::ReadWholeFile(entry.path());
+    bool stale = !json.ok() || absl::EndsWith(entry.path().filename().string(), kTempSuffix);
+    if (!stale) {
+      const std::vector<fs::path> paths = IndexedPaths(*json);
+      stale = std::any_of(paths.begin(), paths.end(),
+                          [](const fs::path& path) { return !fs::exists(path); });
+    }
+    if (stale) fs::remove(entry.path(), error);
+  }
+}
+
+}  // namespace kiln::cache

@@ -1,0 +1,103 @@
+#ifndef KILN_CACHE_SERVED_FILES_H_
+#define KILN_CACHE_SERVED_FILES_H_
+
+// Blobs as plain files that kilnd's local clients read themselves: a local
+// lookup answers with paths instead of bytes, so a hit costs a client what a
+// hit in Triton's own file cache costs (open and read), however large the
+// blobs. Stored blobs may be compressed or inline in SQLite; a served file is
+// the uncompressed content under
+//   <dir>/<hh>/<64 hex><extension>
+// named for the content's SHA-256 and the blob name's extension (Triton tells
+// artifacts apart by suffix and imports launcher modules by it).
+//
+// A served file is never handed out unless its content is the blob's: its
+// stamp is recorded when kilnd wrote or hashed it, and a file whose stamp
+// changed since is hashed again (and rewritten if it no longer matches).
+// Served files are a derived copy: losing them loses nothing, they are not
+// fsynced, and they go when their blob goes.
+//
+// Beside them, an index lets local clients find an entry's files without
+// asking kilnd at all (the Python client's _index.py reads it):
+//   <dir>/index/<hh>/<62 hex>.json   {"files": {"<blob name>": ["<path>", <size>]}}
+// named by the SHA-256 of "<namespace>\0<key>" in the client's namespace. A
+// client uses an entry only while every file is there with its size.
+
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/platform.h"
+
+namespace kiln::cache {
+
+class ServedFiles {
+ public:
+  // `trust_changed_before`: as StoreOptions::trust_files_changed_before.
+  ServedFiles(std::filesystem::path dir, absl::Duration trust_changed_before);
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // Creates the directory, readable by this account and `readers` (Windows
+  // accounts a machine service serves; see platform::EnsurePrivateDirectory).
+  absl::Status Initialize(const std::vector<std::string>& readers);
+
+  // The extension a served file of blob `name` gets, or nullopt when `name`
+  // cannot be served as a file (its extension has characters that are not
+  // safe in a file name everywhere, such as ':' on Windows).
+  static std::optional<std::string> ExtensionOf(absl::string_view name);
+
+  // The served file of blob `digest` (raw SHA-256) under `extension`, when it
+  // is there with exactly that content.
+  std::optional<std::filesystem::path> Find(absl::string_view digest, absl::string_view extension);
+
+  // Writes `content`, whose SHA-256 the caller checked is `digest`, as the
+  // served file and returns its path. FAILED_PRECONDITION when another
+  // process holds a file with other content open there (Windows).
+  absl::StatusOr<std::filesystem::path> Publish(absl::string_view digest,
+                                                absl::string_view extension,
+                                                absl::string_view content);
+
+  // Writes the index entry of (ns, key) naming `files` (blob name -> served
+  // file and size), unless it is there already with that content.
+  struct IndexedFile {
+    std::string name;
+    std::filesystem::path path;
+    uint64_t size = 0;
+  };
+  absl::Status PublishIndex(absl::string_view ns, absl::string_view key,
+                            const std::vector<IndexedFile>& files);
+
+  // Removes the served files of blob `digest` (every extension). A file a
+  // client holds open (Windows) stays until RemoveOrphans.
+  void Remove(absl::string_view digest);
+
+  // Removes served files whose blob `is_stored` says is gone, index entries
+  // naming a file that is gone, and temporary files a killed kilnd left.
+  void RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored);
+
+ private:
+  std::filesystem::path PathOf(absl::string_view digest, absl::string_view extension) const;
+  std::filesystem::path IndexPathOf(absl::string_view ns, absl::string_view key) const;
+  // Writes `content` to a new temporary file in `dir`, then moves it over `target`.
+  absl::StatusOr<platform::Replaced> WriteAndMove(const std::filesystem::path& target,
+                                                  absl::string_view content);
+  void Trust(const std::filesystem::path& path, const platform::FileStamp& stamp);
+
+  const std::filesystem::path dir_;
+  const absl::Duration trust_changed_before_;
+  std::mutex mutex_;
+  // Served files whose content matched their digest, with the stamp they had then.
+  absl::flat_hash_map<std::string, platform::FileStamp> verified_;  // guarded by mutex_
+};
+
+}  // namespace kiln::cache
+
+#endif  // KILN_CACHE_SERVED_FILES_H_
