@@ -1,13 +1,17 @@
 """Per-kernel time to a launchable kernel in a fresh process: through kilnd vs
 stock Triton, cold (nothing cached) and warm (stock: its file cache populated;
 kilnd: its cache populated, the client's local files absent, then present).
+Warm runs take a few milliseconds per kernel, within the noise of one process,
+so they are repeated (--rounds, interleaved) and each kernel's median is shown.
 Run on the GPU machine (see README):
 
-  python3 bench/gpu_bench.py gpu_bundle
+  python3 bench/gpu_bench.py gpu_bundle [--rounds 3]
 """
 
+import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,12 +27,20 @@ def run(env):
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def median_run(runs):
+    return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+
+
 def main():
-    bundle = Path(sys.argv[1]).resolve()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    bundle = args.bundle.resolve()
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-bench-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
-    stock_cold, stock_warm = run(stock_env), run(stock_env)
+    stock_cold = run(stock_env)
 
     lib_env = dict(base, LD_LIBRARY_PATH=str(bundle / "lib"))
     kilnd = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={work / 'data'}", f"--local-socket={work / 's'}",
@@ -36,15 +48,21 @@ def main():
     subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{work / 's'}", "health", "--wait", "60"],
                    env=lib_env, check=True, stdout=subprocess.DEVNULL)
     kiln_env = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{work / 's'}")
+    warm_runs = {"stock": [], "absent": [], "present": []}
     try:
         kiln_cold = run(dict(kiln_env, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")))
-        fresh = dict(kiln_env, TRITON_CACHE_DIR=str(work / "k2"), KILN_FILES_DIR=str(work / "f2"))
-        kiln_warm = run(fresh)  # a new process, venv or container: the client's files absent
-        kiln_local = run(fresh)  # the same program again: its files present
+        for round_ in range(args.rounds):
+            warm_runs["stock"].append(run(stock_env))
+            fresh = dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
+                         KILN_FILES_DIR=str(work / f"f2-{round_}"))
+            warm_runs["absent"].append(run(fresh))  # a new process, venv or container: the client's files absent
+            warm_runs["present"].append(run(fresh))  # the same program again: its files present
     finally:
         kilnd.terminate()
         kilnd.wait()
+    stock_warm, kiln_warm, kiln_local = (median_run(warm_runs[k]) for k in ("stock", "absent", "present"))
 
+    print(f"warm: median of {args.rounds} rounds")
     print(f"{'kernel':28} {'stock cold':>10} {'kiln cold':>10} {'ratio':>6} | {'stock warm':>10} "
           f"{'kiln absent':>11} {'ratio':>6} {'kiln present':>12} {'ratio':>6}   (ms to a launchable kernel)")
     for name in stock_cold:

@@ -188,7 +188,12 @@ absl::Status KilnService::LookupInto(const Caller& caller, const std::string& ns
 void KilnService::ServeAheadOfLookups(const Caller& caller, const std::string& ns,
                                       const std::string& client_ns, const std::string& key) {
   if (!caller.same_local_user) return;  // only kilnd's own user reads served files
-  blocking_pool_.Schedule([this, ns, key, as_files = cache::ArtifactStore::AsFiles{client_ns}] {
+  if (serve_ahead_backlog_.fetch_add(1) >= kMaxServeAheadBacklog) {
+    serve_ahead_backlog_.fetch_sub(1);
+    return;
+  }
+  serve_ahead_pool_.Schedule([this, ns, key, as_files = cache::ArtifactStore::AsFiles{client_ns}] {
+    serve_ahead_backlog_.fetch_sub(1);
     // A failed compile stored nothing: NOT_FOUND is no problem.
     if (absl::Status status = store_.ServeAsFiles(ns, key, as_files);
         !status.ok() && !absl::IsNotFound(status)) {

@@ -119,6 +119,12 @@ class KilnService final : public v1::Kiln::CallbackService {
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> lookups_waited_{0};
   CompileClaims claims_;
+  // Served files written ahead of lookups: one thread of its own, so this
+  // background work never queues before a client's put, and a backlog
+  // beyond kMaxServeAheadBacklog is dropped (a lookup writes them then).
+  static constexpr int kMaxServeAheadBacklog = 256;
+  std::atomic<int> serve_ahead_backlog_{0};
+  ThreadPool serve_ahead_pool_{1};
   ThreadPool blocking_pool_;  // last: drains before the members it uses go
 };
 

@@ -61,7 +61,8 @@ def lookup(namespace, key, name):
     """{file name: path} of the entry that has `name`, when every file is still
     there: from kilnd's index (which has every entry it sent as files), else this
     client's; None otherwise."""
-    for root in (_paths.served_files_dir(), _paths.files_dir()):
+    for root_of in (_paths.served_files_dir, _paths.files_dir):
+        root = root_of()
         if root is None:
             continue
         files = _read(_entry_path(root, namespace, key), name)

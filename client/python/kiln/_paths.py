@@ -114,7 +114,13 @@ def served_files_dir():
     return found
 
 
+_files_dirs = {}  # KILN_FILES_DIR -> the directory: asked for on every cache hit
+
+
 def files_dir():
     """Artifacts handed to Triton as files: short, content-addressed names."""
     configured = os.environ.get("KILN_FILES_DIR")
-    return Path(configured) if configured else _cache_home() / "kiln" / "files"
+    found = _files_dirs.get(configured)
+    if found is None:
+        found = _files_dirs[configured] = Path(configured) if configured else _cache_home() / "kiln" / "files"
+    return found
