@@ -138,10 +138,13 @@ int main(int argc, char** argv) {
         size_t cubin_size = 0;
         if (status.ok() && response.found()) {
           cubin_size = Content(response.entry().blobs(0)).size();
-          for (int b = 1; b < response.entry().blobs_size(); ++b) Content(response.entry().blobs(b));
+          for (int b = 1; b < response.entry().blobs_size(); ++b) {
+            Content(response.entry().blobs(b));
+          }
         }
         latency.Record(absl::Now() - start);
-        if (cubin_size != args.size || (args.as_files && response.entry().blobs(0).path().empty())) {
+        const bool sent_bytes = cubin_size > 0 && response.entry().blobs(0).path().empty();
+        if (cubin_size != args.size || (args.as_files && sent_bytes)) {
           failures.fetch_add(1);
         }
       }

@@ -350,6 +350,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     absl::string_view ns, absl::string_view key,
     const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
   ReadResult result;
+  std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
   {
     ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
     sqlite::Statement& lookup = reader->lookup;
@@ -371,7 +372,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
         if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5), lookup.ColumnInt(6),
                                               lookup.ColumnBlob(7));
             !served.ok()) {
-          result.broken.emplace_back(blob.digest, std::string(served.message()));
+          broken.emplace_back(blob.digest, std::string(served.message()));
           continue;
         }
       } else if (!digests_to_skip.contains(blob.digest)) {
@@ -379,7 +380,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
             ReadBlobContent(lookup.ColumnInt(5), lookup.ColumnInt(6), lookup.ColumnBlob(7),
                             blob.digest, blob.size, IntegrityCheck::kTrustUnchangedFiles);
         if (!content.ok()) {
-          result.broken.emplace_back(blob.digest, std::string(content.status().message()));
+          broken.emplace_back(blob.digest, std::string(content.status().message()));
           continue;
         }
         blob.data = *std::move(content);
@@ -391,12 +392,14 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
   if (result.entry_id < 0) {
     return absl::NotFoundError(absl::StrFormat("no cache entry for %s/%s", ns, key));
   }
-  if (!result.broken.empty()) {
-    for (const auto& [digest, reason] : result.broken) DropCorruptBlob(digest, reason);
+  if (!broken.empty()) {
+    for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
     return absl::NotFoundError(
         absl::StrFormat("cache entry %s/%s failed its integrity check and was dropped", ns, key));
   }
-  if (as_files != nullptr && !as_files->index_namespace.empty()) IndexServedEntry(*as_files, key, result.entry);
+  if (as_files != nullptr && !as_files->index_namespace.empty()) {
+    IndexServedEntry(*as_files, key, result.entry);
+  }
   return result;
 }
 

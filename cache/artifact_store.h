@@ -186,7 +186,6 @@ class ArtifactStore {
   struct ReadResult {
     CacheEntry entry;
     int64_t entry_id = -1;
-    std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
   };
   // Lookup without counting it; drops the entry if a blob is corrupt.
   absl::StatusOr<ReadResult> ReadEntry(absl::string_view ns, absl::string_view key,

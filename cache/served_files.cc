@@ -63,7 +63,8 @@ std::vector<fs::path> IndexedPaths(absl::string_view json) {
     at += kPairStart.size();
     std::string path;
     for (; at < json.size() && json[at] != '"'; ++at) {
-      if (json[at] == '\\' && at + 1 < json.size()) ++at;  // \\ or \": paths have no control characters
+      // Only \\ and \" occur: paths have no control characters.
+      if (json[at] == '\\' && at + 1 < json.size()) ++at;
       path += json[at];
     }
     paths.emplace_back(path);
@@ -129,7 +130,8 @@ std::optional<fs::path> ServedFiles::Find(absl::string_view digest, absl::string
 }
 
 fs::path ServedFiles::IndexPathOf(absl::string_view ns, absl::string_view key) const {
-  const std::string hex = DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key))));
+  const std::string hex =
+      DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key))));
   return dir_ / "index" / hex.substr(0, 2) / absl::StrCat(hex.substr(2), ".json");
 }
 

@@ -291,7 +291,8 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
           finish(absl::OkStatus());
         },
         // Stored under the caller's key, or failed: clients waiting on it look again.
-        [this, caller, alias_ns, client_ns = request->namespace_().empty() ? "triton" : request->namespace_(),
+        [this, caller, alias_ns,
+         client_ns = request->namespace_().empty() ? "triton" : request->namespace_(),
          key = request->cache_key()] {
           claims_.Release(alias_ns, key);
           ServeAheadOfLookups(caller, alias_ns, client_ns, key);

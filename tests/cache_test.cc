@@ -488,7 +488,8 @@ TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
   EXPECT_TRUE(fs::exists(ServedIndexPath(dir_.path() / "data", "ns", "b")));
   EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
   // Only b's index entry may stay (stale: clients check its files are there).
-  EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{ServedIndexPath(dir_.path() / "data", "ns", "b")});
+  EXPECT_EQ(FilesUnder(served_dir),
+            std::vector<fs::path>{ServedIndexPath(dir_.path() / "data", "ns", "b")});
 }
 
 TEST_F(ArtifactStoreTest, VerifyFindsAndDropsEveryCorruptBlob) {

@@ -1,6 +1,7 @@
-"""Artifacts as local files. Triton's cache API hands out paths, so every blob
-kilnd returns is materialized once under files_dir() with a short,
-content-addressed name: <hh>/<38 hex><extension>. A file is written under a
+"""Artifacts as local files. Triton's cache API hands out paths: kilnd's served
+files where kilnd names them (a local client of its own account), otherwise
+every blob kilnd returns as bytes is materialized once under files_dir() with a
+short, content-addressed name: <hh>/<38 hex><extension>. A file is written under a
 unique temporary name and renamed into place; an existing file with the right
 content is reused, never rewritten, so a file another process holds open
 (a loaded launcher module on Windows) is never replaced."""
