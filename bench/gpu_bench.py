@@ -54,8 +54,10 @@ def main():
         for round_ in range(args.rounds):
             fresh = dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
                          KILN_FILES_DIR=str(work / f"f2-{round_}"))
-            # Stock first in even rounds and last in odd ones: a run's place in
-            # the sequence moved the medians by more than 0.3 ms per kernel.
+            # Stock first in even rounds and last in odd ones, so no kind of run
+            # always follows the same other kind: with a fixed order, 15-round
+            # medians of "absent" and "present" (the same work when kilnd serves
+            # files) differed by 0.6 ms per kernel.
             if round_ % 2 == 0:
                 warm_runs["stock"].append(run(stock_env))
             warm_runs["absent"].append(run(fresh))  # a new process, venv or container: the client's files absent
