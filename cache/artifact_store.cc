@@ -130,6 +130,7 @@ class ArtifactStore::ReaderLease {
 
 ArtifactStore::ArtifactStore(StoreOptions options)
     : options_(std::move(options)),
+      trusted_blob_files_(options_.trust_files_changed_before),
       served_files_(options_.data_dir / "files", options_.trust_files_changed_before) {}
 
 ArtifactStore::~ArtifactStore() {
@@ -282,13 +283,12 @@ absl::StatusOr<std::string> ArtifactStore::ReadBlobContent(int64_t codec, int64_
     ASSIGN_OR_RETURN(stored, ReadWholeFile(path));
     ASSIGN_OR_RETURN(const FileStamp after, StampOf(path));
     if (after == before) {
-      if (check == IntegrityCheck::kTrustUnchangedFiles && IsVerified(digest, before)) {
+      if (check == IntegrityCheck::kTrustUnchangedFiles &&
+          trusted_blob_files_.Unchanged(digest, before)) {
         // Unchanged since its content was checked: no need to hash it again.
         return Decode(codec, std::move(stored), size);
       }
-      if (platform::ChangeTime(before) < absl::Now() - options_.trust_files_changed_before) {
-        stamp = before;
-      }
+      stamp = before;
     }
   } else {
     stored.assign(inline_data.data(), inline_data.size());
@@ -297,17 +297,8 @@ absl::StatusOr<std::string> ArtifactStore::ReadBlobContent(int64_t codec, int64_
   if (content.size() != size || DigestBytes(Sha256(content)) != digest) {
     return absl::DataLossError("content does not match its SHA-256");
   }
-  if (stamp.has_value()) {
-    std::lock_guard lock(verified_mutex_);
-    verified_files_[digest] = *stamp;
-  }
+  if (stamp.has_value()) trusted_blob_files_.Remember(digest, *stamp);
   return content;
-}
-
-bool ArtifactStore::IsVerified(absl::string_view digest, const FileStamp& stamp) {
-  std::lock_guard lock(verified_mutex_);
-  auto found = verified_files_.find(digest);
-  return found != verified_files_.end() && found->second == stamp;
 }
 
 absl::StatusOr<std::string> ArtifactStore::Decode(int64_t codec, std::string stored,

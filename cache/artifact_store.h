@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cache/served_files.h"
+#include "cache/trusted_stamps.h"
 #include "common/platform.h"
 
 namespace kiln::sqlite {
@@ -197,9 +198,6 @@ class ArtifactStore {
   // How much a blob read checks: lookups trust a blob file that is unchanged
   // since its content last matched its digest; verify hashes everything.
   enum class IntegrityCheck { kTrustUnchangedFiles, kHashEverything };
-  // True when a blob file with `digest` had this stamp when its content last
-  // matched the digest: it has not changed since.
-  bool IsVerified(absl::string_view digest, const platform::FileStamp& stamp);
   // A blob's stored bytes as its content (decompressed when stored with zstd).
   static absl::StatusOr<std::string> Decode(int64_t codec, std::string stored, uint64_t size);
   // Sets `blob.file` to its served file, writing the file first if needed;
@@ -250,10 +248,8 @@ class ArtifactStore {
 
   std::mutex namespace_stats_mutex_;
   absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> lookups_by_namespace_;
-  std::mutex verified_mutex_;
-  // Blob files whose content matched their digest, with the stamp they had
-  // then: reading one whose stamp is unchanged needs no hashing.
-  absl::flat_hash_map<std::string, platform::FileStamp> verified_files_;  // guarded
+  // Blob files, by digest, that need no hashing while their stamp is unchanged.
+  TrustedStamps trusted_blob_files_;
 
   ServedFiles served_files_;
 

@@ -75,7 +75,7 @@ std::vector<fs::path> IndexedPaths(absl::string_view json) {
 }  // namespace
 
 ServedFiles::ServedFiles(fs::path dir, absl::Duration trust_changed_before)
-    : dir_(std::move(dir)), trust_changed_before_(trust_changed_before) {}
+    : dir_(std::move(dir)), trusted_(trust_changed_before) {}
 
 absl::Status ServedFiles::Initialize(const std::vector<std::string>& readers) {
   return platform::EnsurePrivateDirectory(dir_, readers);
@@ -99,24 +99,11 @@ fs::path ServedFiles::PathOf(absl::string_view digest, absl::string_view extensi
   return dir_ / hex.substr(0, 2) / absl::StrCat(hex, extension);
 }
 
-void ServedFiles::Trust(const fs::path& path, const FileStamp& stamp) {
-  // A stamp taken within the file system's time tick of the last change could
-  // stay the same through another change: such a file is hashed on every use
-  // until it is old enough.
-  if (platform::ChangeTime(stamp) >= absl::Now() - trust_changed_before_) return;
-  std::lock_guard lock(mutex_);
-  verified_[path.string()] = stamp;
-}
-
 std::optional<fs::path> ServedFiles::Find(absl::string_view digest, absl::string_view extension) {
   fs::path path = PathOf(digest, extension);
   absl::StatusOr<FileStamp> before = platform::StampOf(path);
   if (!before.ok()) return std::nullopt;
-  {
-    std::lock_guard lock(mutex_);
-    auto found = verified_.find(path.string());
-    if (found != verified_.end() && found->second == *before) return path;
-  }
+  if (trusted_.Unchanged(path.string(), *before)) return path;
   // Written before this kilnd started, changed since it was checked, or too
   // young to trust its stamp: its content decides.
   absl::StatusOr<std::string> content = platform::ReadWholeFile(path);
@@ -125,7 +112,7 @@ std::optional<fs::path> ServedFiles::Find(absl::string_view digest, absl::string
       DigestBytes(Sha256(*content)) != digest) {
     return std::nullopt;
   }
-  Trust(path, *before);
+  trusted_.Remember(path.string(), *before);
   return path;
 }
 
@@ -157,7 +144,7 @@ absl::StatusOr<fs::path> ServedFiles::Publish(absl::string_view digest,
         "%s is held open by another process with other content", target.string()));
   }
   if (absl::StatusOr<FileStamp> stamp = platform::StampOf(target); stamp.ok()) {
-    Trust(target, *stamp);
+    trusted_.Remember(target.string(), *stamp);
   }
   return target;
 }
@@ -184,10 +171,7 @@ void ServedFiles::Remove(absl::string_view digest) {
   std::error_code error;
   for (const fs::directory_entry& file : fs::directory_iterator(dir_ / hex.substr(0, 2), error)) {
     if (!absl::StartsWith(file.path().filename().string(), hex)) continue;
-    {
-      std::lock_guard lock(mutex_);
-      verified_.erase(file.path().string());
-    }
+    trusted_.Forget(file.path().string());
     // A file a client holds open (a loaded launcher module on Windows) stays
     // behind; RemoveOrphans takes it at the next start.
     fs::remove(file.path(), error);

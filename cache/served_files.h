@@ -23,17 +23,16 @@
 // client uses an entry only while every file is there with its size.
 
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "cache/trusted_stamps.h"
 #include "common/platform.h"
 
 namespace kiln::cache {
@@ -89,13 +88,10 @@ class ServedFiles {
   // Writes `content` to a new temporary file in `dir`, then moves it over `target`.
   absl::StatusOr<platform::Replaced> WriteAndMove(const std::filesystem::path& target,
                                                   absl::string_view content);
-  void Trust(const std::filesystem::path& path, const platform::FileStamp& stamp);
 
   const std::filesystem::path dir_;
-  const absl::Duration trust_changed_before_;
-  std::mutex mutex_;
-  // Served files whose content matched their digest, with the stamp they had then.
-  absl::flat_hash_map<std::string, platform::FileStamp> verified_;  // guarded by mutex_
+  // Served files, by path, that need no hashing while their stamp is unchanged.
+  TrustedStamps trusted_;
 };
 
 }  // namespace kiln::cache
