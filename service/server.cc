@@ -75,15 +75,16 @@ absl::Status PrepareEndpointFile(const fs::path& path, const std::vector<std::st
   return absl::OkStatus();
 }
 
-absl::Status WriteEndpointFile(const fs::path& path, int port, const std::string& token) {
+// Replaces the file at `path` with `content` whole, so a client never reads half of it.
+absl::Status ReplaceFile(const fs::path& path, absl::string_view content) {
   const fs::path temp = path.string() + ".tmp";
   std::error_code ignored;
   fs::remove(temp, ignored);
-  RETURN_IF_ERROR(
-      platform::WriteFileDurably(temp, absl::StrCat("127.0.0.1:", port, "\n", token, "\n")));
+  RETURN_IF_ERROR(platform::WriteFileDurably(temp, content));
   absl::StatusOr<platform::Replaced> replaced = platform::MoveFileOver(temp, path);
   if (!replaced.ok()) return replaced.status();
   if (*replaced == platform::Replaced::kTargetInUse) {
+    fs::remove(temp, ignored);
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot replace %s: another process holds it open; close it and start kilnd again",
         path.string()));
@@ -91,14 +92,15 @@ absl::Status WriteEndpointFile(const fs::path& path, int port, const std::string
   return absl::OkStatus();
 }
 
+absl::Status WriteEndpointFile(const fs::path& path, int port, const std::string& token) {
+  return ReplaceFile(path, absl::StrCat("127.0.0.1:", port, "\n", token, "\n"));
+}
+
 // Tells local clients where kilnd's served files are: "<endpoint>.files"
 // beside the socket or endpoint file, in the same private directory, holding
 // the directory's path. Clients read it without a call (ServedFilesPointer).
 absl::Status WriteServedFilesPointer(const std::string& endpoint, const std::string& dir) {
-  const fs::path pointer = ServedFilesPointer(endpoint);
-  const fs::path temp = pointer.string() + ".tmp";
-  RETURN_IF_ERROR(platform::WriteFileDurably(temp, absl::StrCat(dir, "\n")));
-  return platform::MoveFileOver(temp, pointer).status();
+  return ReplaceFile(ServedFilesPointer(endpoint), absl::StrCat(dir, "\n"));
 }
 
 }  // namespace
