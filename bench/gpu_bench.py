@@ -5,7 +5,9 @@ Warm runs take a few milliseconds per kernel, within the noise of one process,
 so they are repeated (--rounds, interleaved) and each kernel's median is shown.
 Run on the GPU machine (see README):
 
-  python3 bench/gpu_bench.py gpu_bundle [--rounds 3]
+  python3 bench/gpu_bench.py gpu_bundle [--rounds 3] [--phases]
+
+--phases also shows where the warm runs spend their time (gpu_bench_client.py).
 """
 
 import argparse
@@ -20,8 +22,8 @@ from pathlib import Path
 CLIENT = Path(__file__).resolve().parent / "gpu_bench_client.py"
 
 
-def run(env):
-    result = subprocess.run([sys.executable, str(CLIENT)], capture_output=True, text=True, env=env)
+def run(env, *flags):
+    result = subprocess.run([sys.executable, str(CLIENT), *flags], capture_output=True, text=True, env=env)
     if result.returncode != 0:
         sys.exit(result.stderr[-3000:])
     return json.loads(result.stdout.splitlines()[-1])
@@ -31,10 +33,18 @@ def median_run(runs):
     return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
 
 
+def median_phases(runs, skip):
+    """phase -> the sum over kernels (but `skip`) of each kernel's median ms."""
+    phases = {phase for run in runs for times in run.values() for phase in times}
+    return {phase: sum(statistics.median(run[name].get(phase, 0.0) for run in runs)
+                       for name in runs[0] if name != skip) for phase in phases}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--phases", action="store_true", help="also time the steps of the warm runs")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-bench-"))
@@ -49,6 +59,7 @@ def main():
                    env=lib_env, check=True, stdout=subprocess.DEVNULL)
     kiln_env = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{work / 's'}")
     warm_runs = {"stock": [], "absent": [], "present": []}
+    phase_runs = {"stock": [], "absent": [], "present": []}
     try:
         kiln_cold = run(dict(kiln_env, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")))
         for round_ in range(args.rounds):
@@ -64,6 +75,11 @@ def main():
             warm_runs["present"].append(run(fresh))  # the same program again: its files present
             if round_ % 2 == 1:
                 warm_runs["stock"].append(run(stock_env))
+            if args.phases:  # apart from the timed runs, which the wrappers would slow
+                phase_runs["stock"].append(run(stock_env, "--phases"))
+                phase_runs["absent"].append(run(dict(fresh, KILN_FILES_DIR=str(work / f"f3-{round_}")),
+                                                "--phases"))
+                phase_runs["present"].append(run(fresh, "--phases"))
     finally:
         kilnd.terminate()
         kilnd.wait()
@@ -82,6 +98,15 @@ def main():
         print(f"{label:28} {totals[0]:10.1f} {totals[1]:10.1f} {totals[1] / totals[0]:6.2f} | "
               f"{totals[2]:10.1f} {totals[3]:11.1f} {totals[3] / totals[2]:6.2f} {totals[4]:12.1f} "
               f"{totals[4] / totals[2]:6.2f}")
+
+    if args.phases:
+        first = next(iter(stock_cold))
+        by_kind = {kind: median_phases(runs, first) for kind, runs in phase_runs.items()}
+        print(f"\nwarm, after the first kernel, by phase (ms, sum of per-kernel medians of {args.rounds} rounds)")
+        print(f"{'phase':28} {'stock':>10} {'kiln absent':>11} {'kiln present':>12}")
+        for phase in sorted(by_kind["stock"], key=lambda p: p == "total"):
+            print(f"{phase:28} {by_kind['stock'][phase]:10.3f} {by_kind['absent'].get(phase, 0):11.3f} "
+                  f"{by_kind['present'].get(phase, 0):12.3f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """One process of bench/gpu_bench.py: for each suite kernel at this GPU's own
 target, the time from asking Triton for it to having it loaded and launchable
 (triton.compile, then loading the cubin and the launcher module). Prints JSON:
-kernel name -> milliseconds."""
+kernel name -> milliseconds.
+
+With --phases, each kernel's time is split into the steps of a warm hit, the
+same steps for stock Triton and Kiln (JSON: kernel -> {phase: ms}); the timing
+wrappers cost a little, the same for both."""
 
 import json
 import sys
@@ -15,17 +19,68 @@ from triton.compiler.compiler import ASTSource  # noqa: E402
 
 import kernel_suite  # noqa: E402
 
+# Where a warm hit spends its time: the cache manager finding the kernel's
+# group, CompiledKernel reading it, the launcher module's lookup and import,
+# and loading the cubin; "other" is the rest (the cache key, Triton's own code).
+PHASES = ("group lookup", "read group", "launcher lookup", "launcher import", "cubin load")
+_spent = {}
+
+
+def _timed(phase, function):
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _spent[phase] = _spent.get(phase, 0.0) + (time.perf_counter() - start) * 1e3
+    return timed
+
+
+class _TimedManager:
+    def __init__(self, manager):
+        self._manager = manager
+
+    def get_group(self, filename):
+        return _timed("group lookup", self._manager.get_group)(filename)
+
+    def get_file(self, filename):
+        return _timed("launcher lookup", self._manager.get_file)(filename)
+
+    def __getattr__(self, name):
+        return getattr(self._manager, name)
+
+
+def _time_phases():
+    from triton.compiler import compiler
+    from triton.runtime import build, driver
+
+    for module in (compiler, build):
+        get_cache_manager = module.get_cache_manager
+        module.get_cache_manager = lambda key, get=get_cache_manager: _TimedManager(get(key))
+    compiler.CompiledKernel.__init__ = _timed("read group", compiler.CompiledKernel.__init__)
+    build._load_module_from_path = _timed("launcher import", build._load_module_from_path)
+    utils = driver.active.utils
+    utils.load_binary = _timed("cubin load", utils.load_binary)
+
 
 def main():
     from triton.runtime.cache import triton_key
 
+    phases = "--phases" in sys.argv[1:]
+    if phases:
+        _time_phases()
     triton_key()  # every Triton process pays this first, stock or not
     times = {}
     for case in kernel_suite.SUITE:
+        _spent.clear()
         start = time.perf_counter()
         kernel = triton.compile(ASTSource(case.fn, case.signature, case.constexprs), options=case.options)
         kernel._init_handles()
-        times[case.name] = (time.perf_counter() - start) * 1e3
+        total = (time.perf_counter() - start) * 1e3
+        if phases:
+            times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total)
+        else:
+            times[case.name] = total
     print(json.dumps(times))
 
 

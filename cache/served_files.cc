@@ -21,6 +21,8 @@ namespace fs = std::filesystem;
 using platform::FileStamp;
 
 constexpr absl::string_view kTempSuffix = ".tmp";
+constexpr char kIndexDir[] = "index";
+constexpr char kLinksDir[] = "links";
 
 bool IsSafeExtensionChar(char c) {
   return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
@@ -116,10 +118,11 @@ std::optional<fs::path> ServedFiles::Find(absl::string_view digest, absl::string
   return path;
 }
 
-fs::path ServedFiles::IndexPathOf(absl::string_view ns, absl::string_view key) const {
+fs::path ServedFiles::KeyedPathOf(absl::string_view subdir, absl::string_view ns,
+                                  absl::string_view key, absl::string_view extension) const {
   const std::string hex =
       DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key))));
-  return dir_ / "index" / hex.substr(0, 2) / absl::StrCat(hex.substr(2), ".json");
+  return dir_ / std::string(subdir) / hex.substr(0, 2) / absl::StrCat(hex.substr(2), extension);
 }
 
 absl::StatusOr<platform::Replaced> ServedFiles::WriteAndMove(const fs::path& target,
@@ -157,13 +160,47 @@ absl::Status ServedFiles::PublishIndex(absl::string_view ns, absl::string_view k
                     JsonString(files[i].path.string()), ", ", files[i].size, "]");
   }
   json += "}}";
-  const fs::path target = IndexPathOf(ns, key);
+  const fs::path target = KeyedPathOf(kIndexDir, ns, key, ".json");
   if (absl::StatusOr<std::string> existing = platform::ReadWholeFile(target);
-      existing.ok() && *existing == json) {
-    return absl::OkStatus();
+      !existing.ok() || *existing != json) {
+    // An index entry a client holds open (Windows) is replaced at the next chance.
+    RETURN_IF_ERROR(WriteAndMove(target, json).status());
   }
-  // An index entry a client holds open (Windows) is replaced at the next chance.
-  return WriteAndMove(target, json).status();
+  if (files.size() == 1 && !links_unavailable_.load(std::memory_order_relaxed)) {
+    return PublishLink(ns, key, files.front());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view key,
+                                      const IndexedFile& file) {
+  const std::optional<std::string> extension = ExtensionOf(file.name);
+  if (!extension) return absl::OkStatus();  // the client finds no link for such a name either
+  const fs::path link = KeyedPathOf(kLinksDir, ns, key, *extension);
+  std::error_code error;
+  // Relative ("../../<hh>/<file>"): the links survive the data directory moving.
+  const fs::path target = file.path.lexically_relative(link.parent_path());
+  if (target.empty()) {
+    return absl::InternalError(absl::StrFormat("%s is not under %s", file.path.string(), dir_.string()));
+  }
+  if (fs::read_symlink(link, error) == target) return absl::OkStatus();
+  fs::create_directories(link.parent_path(), error);
+  // Made under a temporary name and moved over the old link: a client never
+  // finds the name missing or pointing at the wrong file.
+  const fs::path temp =
+      link.parent_path() / absl::StrCat(".", temp_counter.fetch_add(1), kTempSuffix);
+  if (absl::Status made = platform::CreateFileSymlink(target, temp); !made.ok()) {
+    if (absl::IsUnimplemented(made)) {
+      links_unavailable_ = true;
+      spdlog::info("{}; local clients find single-file entries through the index",
+                   std::string(made.message()));
+      return absl::OkStatus();
+    }
+    return made;
+  }
+  absl::StatusOr<platform::Replaced> moved = platform::MoveFileOver(temp, link);
+  if (!moved.ok()) fs::remove(temp, error);
+  return moved.status();
 }
 
 void ServedFiles::Remove(absl::string_view digest) {
@@ -180,11 +217,12 @@ void ServedFiles::Remove(absl::string_view digest) {
 
 void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored) {
   std::error_code error;
-  const fs::path index_dir = dir_ / "index";
+  const fs::path index_dir = dir_ / kIndexDir;
+  const fs::path links_dir = dir_ / kLinksDir;
   for (auto it = fs::recursive_directory_iterator(dir_, error);
        it != fs::recursive_directory_iterator(); it.increment(error)) {
     const fs::directory_entry& file = *it;
-    if (file.path() == index_dir) {
+    if (file.path() == index_dir || file.path() == links_dir) {
       it.disable_recursion_pending();
       continue;
     }
@@ -211,6 +249,14 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
                           [](const fs::path& path) { return !fs::exists(path); });
     }
     if (stale) fs::remove(entry.path(), error);
+  }
+  for (const fs::directory_entry& link : fs::recursive_directory_iterator(links_dir, error)) {
+    // exists() follows the link: false for one whose file is gone.
+    if (link.is_symlink(error) &&
+        (!fs::exists(link.path(), error) ||
+         absl::EndsWith(link.path().filename().string(), kTempSuffix))) {
+      fs::remove(link.path(), error);
+    }
   }
 }
 

@@ -21,7 +21,16 @@
 //   <dir>/index/<hh>/<62 hex>.json   {"files": {"<blob name>": ["<path>", <size>]}}
 // named by the SHA-256 of "<namespace>\0<key>" in the client's namespace. A
 // client uses an entry only while every file is there with its size.
+//
+// An entry of one file (a launcher module: Triton's get_file) also gets a
+// symbolic link to it, named by the same digest and the file's extension:
+//   <dir>/links/<hh>/<62 hex><extension>
+// so that a client finds it with one stat, as stock Triton's file cache does.
+// A link whose file is gone dangles, which a client sees as a miss. Where
+// this account may not make links (Windows without the privilege), the index
+// alone serves.
 
+#include <atomic>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -65,7 +74,8 @@ class ServedFiles {
                                                 absl::string_view content);
 
   // Writes the index entry of (ns, key) naming `files` (blob name -> served
-  // file and size), unless it is there already with that content.
+  // file and size), unless it is there already with that content, and the
+  // link of an entry of one file.
   struct IndexedFile {
     std::string name;
     std::filesystem::path path;
@@ -79,12 +89,17 @@ class ServedFiles {
   void Remove(absl::string_view digest);
 
   // Removes served files whose blob `is_stored` says is gone, index entries
-  // naming a file that is gone, and temporary files a killed kilnd left.
+  // naming a file that is gone, dangling links, and temporary files a killed
+  // kilnd left.
   void RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored);
 
  private:
   std::filesystem::path PathOf(absl::string_view digest, absl::string_view extension) const;
-  std::filesystem::path IndexPathOf(absl::string_view ns, absl::string_view key) const;
+  // <dir>/<subdir>/<hh>/<62 hex><extension>, by the digest of (ns, key).
+  std::filesystem::path KeyedPathOf(absl::string_view subdir, absl::string_view ns,
+                                    absl::string_view key, absl::string_view extension) const;
+  // Points the link of (ns, key) at `file`, unless it does already.
+  absl::Status PublishLink(absl::string_view ns, absl::string_view key, const IndexedFile& file);
   // Writes `content` to a new temporary file in `dir`, then moves it over `target`.
   absl::StatusOr<platform::Replaced> WriteAndMove(const std::filesystem::path& target,
                                                   absl::string_view content);
@@ -92,6 +107,8 @@ class ServedFiles {
   const std::filesystem::path dir_;
   // Served files, by path, that need no hashing while their stamp is unchanged.
   TrustedStamps trusted_;
+  // Set once this account turned out unable to make links: not tried again.
+  std::atomic<bool> links_unavailable_{false};
 };
 
 }  // namespace kiln::cache

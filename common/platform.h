@@ -109,6 +109,12 @@ enum class Replaced { kYes, kTargetInUse };
 absl::StatusOr<Replaced> MoveFileOver(const std::filesystem::path& from,
                                      const std::filesystem::path& to);
 
+// Makes `link` a new symbolic link to the file `target`. UNIMPLEMENTED where
+// this account may not make one (Windows without the privilege or Developer
+// Mode): callers use links as a shortcut to a file, never as the only way.
+absl::Status CreateFileSymlink(const std::filesystem::path& target,
+                               const std::filesystem::path& link);
+
 // Publishes `temp` as `target`, a file named for its content's digest: when
 // the target is in use, the file already there has the same content, so it is
 // kept and `temp` is removed. The rule the Python client's materialization

@@ -184,6 +184,14 @@ absl::StatusOr<Replaced> MoveFileOver(const fs::path& from, const fs::path& to) 
   return Replaced::kYes;
 }
 
+absl::Status CreateFileSymlink(const fs::path& target, const fs::path& link) {
+  if (symlink(target.c_str(), link.c_str()) != 0) {
+    return absl::InternalError(absl::StrFormat("cannot link %s to %s: %s", link.string(),
+                                               target.string(), ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
 bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) != 0; }
 
 absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {

@@ -257,6 +257,23 @@ absl::StatusOr<Replaced> MoveFileOver(const fs::path& from, const fs::path& to) 
                                              PathText(to), ErrorText(error)));
 }
 
+absl::Status CreateFileSymlink(const fs::path& target, const fs::path& link) {
+  // Unprivileged creation needs Developer Mode (Windows 10 1703+); older
+  // Windows rejects the flag itself, so it is retried without.
+  constexpr DWORD kAllowUnprivileged = 0x2;  // SYMBOLIC_LINK_FLAG_ALLOW_UNPRIVILEGED_CREATE
+  if (CreateSymbolicLinkW(link.c_str(), target.c_str(), kAllowUnprivileged) ||
+      (GetLastError() == ERROR_INVALID_PARAMETER &&
+       CreateSymbolicLinkW(link.c_str(), target.c_str(), 0))) {
+    return absl::OkStatus();
+  }
+  const DWORD error = GetLastError();
+  const std::string message = absl::StrFormat("cannot link %s to %s: %s", PathText(link),
+                                              PathText(target), ErrorText(error));
+  return error == ERROR_PRIVILEGE_NOT_HELD || error == ERROR_NOT_SUPPORTED
+             ? absl::UnimplementedError(message)
+             : absl::InternalError(message);
+}
+
 absl::StatusOr<FileStamp> StampOf(const fs::path& path) {
   Handle file(CreateFileW(path.c_str(), FILE_READ_ATTRIBUTES,
                           FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,

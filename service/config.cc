@@ -319,6 +319,13 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
     }
     RETURN_IF_ERROR(ApplySetting(name, value, absl::StrCat("--", name), result.config));
   }
+  // Local clients are handed paths under the data directory (served files),
+  // which they resolve from their own working directories.
+  std::error_code error;
+  if (std::filesystem::path absolute = std::filesystem::absolute(result.config.data_dir, error);
+      !error) {
+    result.config.data_dir = std::move(absolute);
+  }
   // Logs follow the data directory unless placed elsewhere (a system unit
   // that moves the data keeps its logs writable).
   if (result.config.log_dir.empty()) result.config.log_dir = result.config.data_dir / "logs";

@@ -492,6 +492,37 @@ TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
             std::vector<fs::path>{ServedIndexPath(dir_.path() / "data", "ns", "b")});
 }
 
+TEST_F(ArtifactStoreTest, AnEntryOfOneFileIsLinkedByItsKeyUntilItsFileGoes) {
+  const std::string name = "__triton_launcher.cpython-311-x86_64-linux-gnu.so";
+  const std::string key = "abc/" + name;
+  const std::string hex = DigestHex(DigestBytes(Sha256("triton-files" + std::string(1, '\0') + key)));
+  const fs::path link = dir_.path() / "data" / "files" / "links" / hex.substr(0, 2) /
+                        (hex.substr(2) + ".cpython-311-x86_64-linux-gnu.so");
+  const ArtifactStore::AsFiles as_files{"triton-files"};
+  {
+    auto store = OpenStore(Options());
+    ASSERT_TRUE(store->Put("local/triton-files", key, {{name, "module bytes", ""}}).ok());
+    ASSERT_TRUE(store->ServeAsFiles("local/triton-files", key, as_files).ok());
+#ifdef _WIN32
+    if (!fs::is_symlink(link)) GTEST_SKIP() << "this account may not make symbolic links";
+#endif
+    ASSERT_TRUE(fs::is_symlink(link)) << link;
+    EXPECT_EQ(FileContent(link), "module bytes");
+    // Served again: the link stays the one there.
+    ASSERT_TRUE(store->ServeAsFiles("local/triton-files", key, as_files).ok());
+    EXPECT_EQ(FileContent(link), "module bytes");
+    ASSERT_EQ(store->EvictToSize(0).value_or(0), 1u);
+    // The file went with its blob: the link dangles, a miss to a client.
+    EXPECT_TRUE(fs::is_symlink(link));
+    EXPECT_FALSE(fs::exists(link));
+  }
+  auto store = OpenStore(Options());
+  for (int i = 0; i < 100 && fs::is_symlink(link); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the sweep runs in the background
+  }
+  EXPECT_FALSE(fs::is_symlink(link));
+}
+
 TEST_F(ArtifactStoreTest, VerifyFindsAndDropsEveryCorruptBlob) {
   StoreOptions options = Options();
   options.zstd_level = 0;

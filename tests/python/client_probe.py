@@ -73,7 +73,7 @@ def launcher(libcuda_dir):
     source = driver.make_launcher({(4,): 1024}, {0: "*fp32", 1: "*fp32", 2: "*fp32", 3: "i32", 4: "constexpr"}, None)
     module = compile_module_from_src(src=source, name="__triton_launcher", library_dirs=[libcuda_dir],
                                      include_dirs=driver.include_dirs, libraries=driver.libraries)
-    return {"launch": callable(module.launch), "path": module.__file__}
+    return {"launch": callable(module.launch), "path": module.__file__, "grpc_imported": "grpc" in sys.modules}
 
 
 def frontend_error():

@@ -163,6 +163,36 @@ def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # n
     assert after.launcher_builds + after.launcher_cache_hits > before.launcher_builds + before.launcher_cache_hits
 
 
+def test_a_new_process_finds_a_launcher_module_by_kilnds_link_without_a_call(kilnd, kiln_env, libcuda_dir,
+                                                                              tmp_path):
+    env = dict(kiln_env, LD_LIBRARY_PATH=str(libcuda_dir))
+    run_probe(env, "launcher", str(libcuda_dir))  # kilnd has the module now
+    fresh = dict(env, KILN_FILES_DIR=str(tmp_path / "new-files"), TRITON_CACHE_DIR=str(tmp_path / "new-cache"))
+    run_probe(fresh, "launcher", str(libcuda_dir))  # kilnd links it by now, if not ahead of this lookup
+    result = probe_json(run_probe(fresh, "launcher", str(libcuda_dir)))
+    assert result["launch"] is True
+    # Triton's get_file answered with one stat, as in its own file cache: kilnd's
+    # link to the module, no call to kilnd (so no gRPC import) ...
+    module = Path(result["path"])
+    assert module.parent.parent.name == "links" and module.is_symlink(), module
+    assert result["grpc_imported"] is False
+    # ... and nothing written for this process.
+    assert not [path for path in (tmp_path / "new-files").rglob("*") if path.is_file()]
+
+
+def test_cache_manager_keys_decode_to_the_hex_kilnd_keys_by():
+    from triton.runtime.cache import _base32
+
+    from kiln._cache import hex_key
+
+    for size in (0, 1, 3, 5, 16, 32, 33):
+        key = os.urandom(size).hex()
+        assert hex_key(_base32(key)) == key
+    # What is not base32 (a manager made by other code) is kept as it is.
+    for other in ("abc", "a" * 52, "0" * 52, "A B", "A", "AB=C"):
+        assert hex_key(other) == other
+
+
 def test_without_kilnd_compiles_fall_back_to_stock_with_one_warning(base_env, tmp_path, stock_suite):
     env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{tmp_path / 'nobody-listens.sock'}")
     result = run_probe(env, "suite")

@@ -44,6 +44,10 @@ def activate_lazily():
     if os.environ.get("TRITON_CACHE_MANAGER") != _MANAGER:
         os.environ["TRITON_CACHE_MANAGER"] = _MANAGER
         _ENV_SET_BY_US = True
+    import sys
+
+    if "kiln._cache" in sys.modules:  # enabled again after disable()
+        sys.modules["kiln._cache"].claim_knob()
     os.environ.setdefault("KILN", "1")
     if os.environ.get("KILN_INDUCTOR", "1") != "0":
         from . import _inductor
@@ -72,6 +76,8 @@ def disable():
     os.environ.pop("KILN", None)
     import sys
 
+    if "kiln._cache" in sys.modules:
+        sys.modules["kiln._cache"].release_knob()
     if "kiln._triton" in sys.modules:
         sys.modules["kiln._triton"].uninstall()
 

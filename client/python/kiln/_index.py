@@ -13,8 +13,14 @@ file cache: no round trip, no gRPC import, no hashing. Two of them, one format:
 named by the SHA-256 of "<namespace>\0<key>". An entry is used only if every
 file is there with its recorded size; files are written once under names
 derived from their SHA-256, so an entry can go stale (a file removed) but
-never point at other content of the same name. Hits served here reach kilnd
-later, in batches, for its stats and LRU.
+never point at other content of the same name. kilnd also links each entry of
+one file (a launcher module) under the same digest,
+
+    <root>/links/<hh>/<62 hex><extension>  -> the file
+
+so that Triton's get_file costs one stat, as in its own file cache; a link
+whose file is gone is a miss. Hits served here reach kilnd later, in batches,
+for its stats and LRU.
 """
 
 import atexit
@@ -25,7 +31,7 @@ import os
 import threading
 import uuid
 
-from . import _paths
+from . import _files, _paths
 
 log = logging.getLogger("kiln")
 
@@ -35,16 +41,32 @@ _pending_lock = threading.Lock()
 _flush_timer = None
 
 
-def _entry_path(root, namespace, key):
+def _keyed_path(root, subdir, namespace, key, extension):
     digest = hashlib.sha256(f"{namespace}\0{key}".encode()).hexdigest()
-    return os.path.join(root, "index", digest[:2], digest[2:] + ".json")
+    # Not os.path.join: this runs on every hit, and the parts need no checks.
+    return f"{root}{os.sep}{subdir}{os.sep}{digest[:2]}{os.sep}{digest[2:]}{extension}"
+
+
+def _entry_path(root, namespace, key):
+    return _keyed_path(root, "index", namespace, key, ".json")
+
+
+def _read_bytes(path):
+    # os.read, not open(): Python's file objects cost more than the read of
+    # an entry this small, and this runs on every hit.
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        chunks = []
+        while chunk := os.read(descriptor, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
 
 
 def _read(path, name):
     try:
-        with open(path, encoding="utf-8") as index:
-            entry = json.load(index)
-        listed = entry["files"]
+        listed = json.loads(_read_bytes(path))["files"]
         if name not in listed:
             return None
         files = {}
@@ -70,6 +92,23 @@ def lookup(namespace, key, name):
             _count_hit(namespace, key)
             return files
     return None
+
+
+def lookup_file(namespace, key, name):
+    """The path of `name`, the file of a one-file entry: kilnd's link to it, else
+    as lookup() finds it; None when it is not there."""
+    root = _paths.served_files_dir()
+    if root is not None:
+        link = _keyed_path(root, "links", namespace, key, _files.extension(name))
+        try:
+            os.stat(link)  # follows the link: fails when its file is gone
+        except OSError:
+            pass
+        else:
+            _count_hit(namespace, key)
+            return link
+    files = lookup(namespace, key, name)
+    return None if files is None else files[name]
 
 
 def record(namespace, key, files):
