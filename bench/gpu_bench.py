@@ -22,11 +22,21 @@ from pathlib import Path
 CLIENT = Path(__file__).resolve().parent / "gpu_bench_client.py"
 
 
-def run(env, *flags):
+ORDERS = (("stock", "absent", "present"), ("absent", "stock", "present"), ("absent", "present", "stock"))
+
+
+_called_kilnd = []  # warm runs that made a call to kilnd (imported gRPC), by kind
+
+
+def run(env, *flags, kind=None):
+    """Times one process; `kind` for a warm run."""
     result = subprocess.run([sys.executable, str(CLIENT), *flags], capture_output=True, text=True, env=env)
     if result.returncode != 0:
         sys.exit(result.stderr[-3000:])
-    return json.loads(result.stdout.splitlines()[-1])
+    report = json.loads(result.stdout.splitlines()[-1])
+    if kind and report["grpc_imported"]:
+        _called_kilnd.append(kind)
+    return report["kernels"]
 
 
 def median_run(runs):
@@ -63,23 +73,24 @@ def main():
     try:
         kiln_cold = run(dict(kiln_env, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")))
         for round_ in range(args.rounds):
-            fresh = dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
-                         KILN_FILES_DIR=str(work / f"f2-{round_}"))
-            # Stock first in even rounds and last in odd ones, so no kind of run
-            # always follows the same other kind: with a fixed order, 15-round
-            # medians of "absent" and "present" (the same work when kilnd serves
-            # files) differed by 0.6 ms per kernel.
-            if round_ % 2 == 0:
-                warm_runs["stock"].append(run(stock_env))
-            warm_runs["absent"].append(run(fresh))  # a new process, venv or container: the client's files absent
-            warm_runs["present"].append(run(fresh))  # the same program again: its files present
-            if round_ % 2 == 1:
-                warm_runs["stock"].append(run(stock_env))
-            if args.phases:  # apart from the timed runs, which the wrappers would slow
-                phase_runs["stock"].append(run(stock_env, "--phases"))
-                phase_runs["absent"].append(run(dict(fresh, KILN_FILES_DIR=str(work / f"f3-{round_}")),
-                                                "--phases"))
-                phase_runs["present"].append(run(fresh, "--phases"))
+            envs = {"stock": stock_env,
+                    # a new process, venv or container: the client's files absent
+                    "absent": dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
+                                   KILN_FILES_DIR=str(work / f"f2-{round_}"))}
+            envs["present"] = envs["absent"]  # the same program again: its files present
+            # Each kind of run takes each place in a round in turn (absent always
+            # before present): with a fixed order, 15-round medians of "absent"
+            # and "present" (the same work when kilnd serves files) differed by
+            # 0.6 ms per kernel, and stock's by as much between places.
+            order = ORDERS[round_ % len(ORDERS)]
+            for kind in order:
+                warm_runs[kind].append(run(envs[kind], kind=kind))
+            if args.phases:  # apart from the timed runs, which the wrappers slow
+                envs["absent"] = dict(envs["absent"], TRITON_CACHE_DIR=str(work / f"k3-{round_}"),
+                                      KILN_FILES_DIR=str(work / f"f3-{round_}"))
+                envs["present"] = envs["absent"]
+                for kind in order:
+                    phase_runs[kind].append(run(envs[kind], "--phases", kind=kind))
     finally:
         kilnd.terminate()
         kilnd.wait()
@@ -99,6 +110,9 @@ def main():
               f"{totals[2]:10.1f} {totals[3]:11.1f} {totals[3] / totals[2]:6.2f} {totals[4]:12.1f} "
               f"{totals[4] / totals[2]:6.2f}")
 
+    kiln_calls = [kind for kind in _called_kilnd if kind != "stock"]
+    print(f"warm kiln runs that called kilnd (imported gRPC): {len(kiln_calls)} of "
+          f"{2 * args.rounds * (2 if args.phases else 1)}")
     if args.phases:
         first = next(iter(stock_cold))
         by_kind = {kind: median_phases(runs, first) for kind, runs in phase_runs.items()}

@@ -1,10 +1,10 @@
 """One process of bench/gpu_bench.py: for each suite kernel at this GPU's own
 target, the time from asking Triton for it to having it loaded and launchable
 (triton.compile, then loading the cubin and the launcher module). Prints JSON:
-kernel name -> milliseconds.
+{"kernels": {kernel name: milliseconds}, "grpc_imported": whether it called kilnd}.
 
 With --phases, each kernel's time is split into the steps of a warm hit, the
-same steps for stock Triton and Kiln (JSON: kernel -> {phase: ms}); the timing
+same steps for stock Triton and Kiln ({phase: ms} for each kernel); the timing
 wrappers cost a little, the same for both."""
 
 import json
@@ -81,7 +81,7 @@ def main():
             times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total)
         else:
             times[case.name] = total
-    print(json.dumps(times))
+    print(json.dumps({"kernels": times, "grpc_imported": "grpc" in sys.modules}))
 
 
 if __name__ == "__main__":
