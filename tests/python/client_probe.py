@@ -122,6 +122,38 @@ def override(path):
             "ptx_text": kernel.asm["ptx"]}
 
 
+def inductor_cache(action, key):
+    """Kiln's backend for inductor's remote caches: puts, or gets, one entry.
+    Inductor itself is not what is tested: a stand-in remote_cache module with
+    the interface Kiln hooks (torch is not installed here); the GPU machine's
+    tests/gpu/inductor_warm.py runs the real one."""
+    import types
+
+    remote_cache = types.ModuleType("torch._inductor.remote_cache")
+
+    class RemoteCacheBackend:
+        def _get(self, key):
+            raise NotImplementedError
+
+    remote_cache.RemoteCacheBackend = RemoteCacheBackend
+    for name in ("RemoteFxGraphCache", "RemoteAOTAutogradCache", "RemoteAutotuneCache",
+                 "RemoteBundledAutotuneCache"):
+        setattr(remote_cache, name, type(name, (), {"backend_override_cls": None}))
+    for parent in ("torch", "torch._inductor"):
+        sys.modules.setdefault(parent, types.ModuleType(parent))
+    sys.modules[remote_cache.__name__] = remote_cache
+    from kiln import _inductor
+
+    assert _inductor.install(remote_cache)
+    backend = remote_cache.RemoteFxGraphCache.backend_override_cls()
+    value = f"inductor's entry for {key}".encode()
+    if action == "put":
+        backend._put(key, value)
+        return {"put": True}
+    found = backend._get(key)
+    return {"found": found == value, "grpc_imported": "grpc" in sys.modules}
+
+
 def spawn_child():
     """Like inductor's compile workers: a new interpreter from sys.executable."""
     child = subprocess.run([sys.executable, __file__, "suite"], capture_output=True, text=True, check=True)
@@ -144,7 +176,8 @@ def main():
               "launcher": lambda: launcher(sys.argv[2]),
               "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
               "frontend-error": frontend_error, "where-warning": where_warning,
-              "override": lambda: override(sys.argv[2])}[mode]()
+              "override": lambda: override(sys.argv[2]),
+              "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3])}[mode]()
     result["frontend_runs"] = frontend_runs
     import os
 

@@ -193,6 +193,18 @@ def test_cache_manager_keys_decode_to_the_hex_kilnd_keys_by():
         assert hex_key(other) == other
 
 
+def test_inductors_cache_entries_kilnd_serves_as_files_are_read_without_a_call(kilnd, kiln_env, tmp_path):
+    key = f"fx-graph-{os.getpid()}-{tmp_path.name}"
+    run_probe(kiln_env, "inductor-cache", "put", key)
+    run_probe(kiln_env, "inductor-cache", "get", key)  # kilnd serves it as a file by now, if not ahead of this
+    before = kilnd.stats().hits
+    result = probe_json(run_probe(kiln_env, "inductor-cache", "get", key))
+    assert result == dict(result, found=True, grpc_imported=False)
+    assert kilnd.stats().hits > before  # still counted, in a batch at exit
+    # A key kilnd does not have goes to kilnd, and misses.
+    assert probe_json(run_probe(kiln_env, "inductor-cache", "get", key + "-other"))["found"] is False
+
+
 def test_without_kilnd_compiles_fall_back_to_stock_with_one_warning(base_env, tmp_path, stock_suite):
     env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{tmp_path / 'nobody-listens.sock'}")
     result = run_probe(env, "suite")
