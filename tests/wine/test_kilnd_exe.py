@@ -1,0 +1,93 @@
+"""kilnd.exe and kiln.exe, cross-built with mingw-w64 (scripts/windows-build),
+under Wine: kilnd.exe on its per-user defaults (%LOCALAPPDATA%\\kiln, a
+127.0.0.1 endpoint file with a token), kiln.exe reaching it through that file.
+
+Run by scripts/windows-tests; KILN_WINDOWS_BUILD_DIR names the build."""
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("KILN_WINDOWS_BUILD_DIR", REPO / "build-windows"))
+KILND = BUILD / "service" / "kilnd.exe"
+KILN = BUILD / "client" / "cpp" / "kiln.exe"
+
+pytestmark = pytest.mark.skipif(not KILND.exists(), reason=f"{KILND} is not built (scripts/windows-build)")
+
+
+def windows_path(path):
+    """Wine maps the Linux file system to drive Z:."""
+    return "Z:" + str(path).replace("/", "\\")
+
+
+@pytest.fixture(scope="module")
+def wine(tmp_path_factory):
+    """A Wine prefix of this module's own, so that the per-user defaults are new."""
+    prefix = tmp_path_factory.mktemp("wineprefix")
+    env = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
+    subprocess.run(["wineboot", "--init"], env=env, capture_output=True, timeout=300)
+    subprocess.run(["wineserver", "-w"], env=env, timeout=300)
+    yield env
+    subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
+
+
+def local_app_data(env):
+    users = Path(env["WINEPREFIX"]) / "drive_c" / "users"
+    return next(user / "AppData" / "Local" for user in users.iterdir() if user.name != "Public")
+
+
+@pytest.fixture(scope="module")
+def kilnd(wine):
+    process = subprocess.Popen(["wine", str(KILND)], env=wine, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    endpoint_file = local_app_data(wine) / "kiln" / "run" / "kilnd.endpoint"
+    deadline = time.monotonic() + 60
+    while not endpoint_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"kilnd.exe wrote no {endpoint_file}:\n{process.stdout.read().decode(errors='replace')}")
+        time.sleep(0.2)
+    yield endpoint_file
+    process.kill()
+    process.wait()
+
+
+def kiln(env, *args, check=True):
+    result = subprocess.run(["wine", str(KILN), *args], env=env, capture_output=True, text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"kiln.exe {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def test_kilnd_serves_on_its_per_user_defaults(wine, kilnd):
+    target, token = kilnd.read_text().splitlines()[:2]
+    assert target.startswith("127.0.0.1:") and len(token) >= 32
+    assert "SERVING" in kiln(wine, "health", "--wait", "30").stdout
+    # Its data lives in %LOCALAPPDATA%\kiln: the SQLite index is there.
+    assert (local_app_data(wine) / "kiln" / "kiln.db").exists()
+
+
+def test_put_get_stats_verify_and_gc_through_the_endpoint_file(wine, kilnd, tmp_path):
+    blob = tmp_path / "kernel.cubin"
+    blob.write_bytes(os.urandom(200_000))
+    kiln(wine, "put", "tests", "key-1", f"kernel.cubin={windows_path(blob)}")
+    out = tmp_path / "out"
+    kiln(wine, "get", "tests", "key-1", "-o", windows_path(out))
+    assert (out / "kernel.cubin").read_bytes() == blob.read_bytes()
+    assert kiln(wine, "get", "tests", "no-such-key", check=False).returncode == 1  # a miss
+    stats = kiln(wine, "stats").stdout
+    assert int(re.search(r"(\d+) puts", stats).group(1)) >= 1, stats
+    assert kiln(wine, "verify").returncode == 0
+    assert kiln(wine, "gc", "0").returncode == 0
+    assert kiln(wine, "get", "tests", "key-1", check=False).returncode == 1  # evicted
+
+
+def test_a_call_without_the_token_is_refused(wine, kilnd):
+    target = kilnd.read_text().splitlines()[0]
+    refused = kiln(wine, "--endpoint", target, "stats", check=False)
+    assert refused.returncode != 0
+    assert "access token" in refused.stderr, refused.stderr
