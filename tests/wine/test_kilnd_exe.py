@@ -43,13 +43,18 @@ def windows_path(path):
     return "Z:" + str(path).replace("/", "\\")
 
 
-@pytest.fixture(scope="module")
-def wine(tmp_path_factory):
-    """A Wine prefix of this module's own, so that the per-user defaults are new."""
-    prefix = tmp_path_factory.mktemp("wineprefix")
+def new_wine_prefix(tmp_path_factory, name):
+    prefix = tmp_path_factory.mktemp(name)
     env = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
     subprocess.run(["wineboot", "--init"], env=env, capture_output=True, timeout=300)
     subprocess.run(["wineserver", "-w"], env=env, timeout=300)
+    return env
+
+
+@pytest.fixture(scope="module")
+def wine(tmp_path_factory):
+    """A Wine prefix of this module's own, so that the per-user defaults are new."""
+    env = new_wine_prefix(tmp_path_factory, "wineprefix")
     yield env
     subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
 
@@ -122,3 +127,4 @@ def test_a_call_without_the_token_is_refused(kilnd, kiln):
     refused = kiln("--endpoint", target, "stats", check=False)
     assert refused.returncode != 0
     assert "access token" in refused.stderr, refused.stderr
+
