@@ -19,10 +19,10 @@ from triton.compiler.compiler import ASTSource  # noqa: E402
 
 import kernel_suite  # noqa: E402
 
-# Where a warm hit spends its time: the cache manager finding the kernel's
-# group, CompiledKernel reading it, the launcher module's lookup and import,
-# and loading the cubin; "other" is the rest (the cache key, Triton's own code).
-PHASES = ("group lookup", "read group", "launcher lookup", "launcher import", "cubin load")
+# Where a warm hit spends its time (ms by phase): the cache manager finding the
+# kernel's group, CompiledKernel reading it, the launcher module's lookup and
+# import, and loading the cubin; "other" is the rest (the cache key, Triton's
+# own code).
 _spent = {}
 
 

@@ -14,6 +14,7 @@ autotuning) go to kilnd too, unless KILN_INDUCTOR=0.
 
 import logging
 import os
+import sys
 
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "is_enabled", "KilnUnavailable"]
@@ -44,8 +45,6 @@ def activate_lazily():
     if os.environ.get("TRITON_CACHE_MANAGER") != _MANAGER:
         os.environ["TRITON_CACHE_MANAGER"] = _MANAGER
         _ENV_SET_BY_US = True
-    import sys
-
     if "kiln._cache" in sys.modules:  # enabled again after disable()
         sys.modules["kiln._cache"].claim_knob()
     os.environ.setdefault("KILN", "1")
@@ -74,8 +73,6 @@ def disable():
         del os.environ["TRITON_CACHE_MANAGER"]
     _ENV_SET_BY_US = False
     os.environ.pop("KILN", None)
-    import sys
-
     if "kiln._cache" in sys.modules:
         sys.modules["kiln._cache"].release_knob()
     if "kiln._triton" in sys.modules:
@@ -83,8 +80,6 @@ def disable():
 
 
 def is_enabled():
-    import sys
-
     triton_side = sys.modules.get("kiln._triton")
     return os.environ.get("TRITON_CACHE_MANAGER") == _MANAGER and (
         triton_side is None or triton_side._installed is not False)

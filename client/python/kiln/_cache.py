@@ -13,7 +13,7 @@ import sys
 from triton import knobs
 from triton.runtime.cache import CacheManager
 
-from . import _files, _frontend, _index
+from . import _MANAGER, _files, _frontend, _index
 
 
 # Base32's alphabet as the digits of int(_, 32); the other digits int() would
@@ -86,16 +86,13 @@ class KilnCacheManager(CacheManager):
         return self._kilnd().put_group(filename, group)
 
 
-MANAGER = f"{__name__}:{KilnCacheManager.__name__}"
-
-
 def claim_knob():
     """Sets Triton's cache manager knob to KilnCacheManager while the environment
     names it. Triton resolves TRITON_CACHE_MANAGER by importing the module on
     every cache access, which costs a hit more than its own file lookups; the
     knob's value it takes as it is. The environment stays what child processes
     and kiln.disable() go by."""
-    if os.environ.get("TRITON_CACHE_MANAGER") == MANAGER:
+    if os.environ.get("TRITON_CACHE_MANAGER") == _MANAGER:
         knobs.cache.manager_class = KilnCacheManager
 
 
