@@ -20,6 +20,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
+fs::path KnownFolder(REFKNOWNFOLDERID folder) {
+  PWSTR known = nullptr;
+  fs::path result;
+  if (SUCCEEDED(SHGetKnownFolderPath(folder, 0, nullptr, &known))) result = fs::path(known);
+  CoTaskMemFree(known);
+  return result;
+}
+
 // %VARIABLE% when set to an absolute path, else the known folder.
 fs::path EnvOrKnownFolder(const wchar_t* variable, REFKNOWNFOLDERID folder) {
   wchar_t value[MAX_PATH];
@@ -28,11 +36,7 @@ fs::path EnvOrKnownFolder(const wchar_t* variable, REFKNOWNFOLDERID folder) {
     const fs::path path(value);
     if (path.is_absolute()) return path;
   }
-  PWSTR known = nullptr;
-  fs::path result;
-  if (SUCCEEDED(SHGetKnownFolderPath(folder, 0, nullptr, &known))) result = fs::path(known);
-  CoTaskMemFree(known);
-  return result;
+  return KnownFolder(folder);
 }
 
 class Handle {
@@ -108,8 +112,12 @@ class WindowsLibrary : public DynamicLibrary {
 }  // namespace
 
 fs::path DefaultDataDir(Scope scope) {
+  // The machine's folder comes from the known folder, never the environment:
+  // the elevated `kilnd install` and the service's own account must agree on
+  // it, and a service's environment is not the installing user's (under Wine
+  // a LocalService's %ProgramData% is C:\users\Public).
   const fs::path root = scope == Scope::kMachine
-                            ? EnvOrKnownFolder(L"ProgramData", FOLDERID_ProgramData)
+                            ? KnownFolder(FOLDERID_ProgramData)
                             : EnvOrKnownFolder(L"LOCALAPPDATA", FOLDERID_LocalAppData);
   return root / "kiln";
 }

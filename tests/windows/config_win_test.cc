@@ -20,9 +20,14 @@ class WindowsConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SetEnvironmentVariableW(L"LOCALAPPDATA", (dir_.path() / "Local").c_str());
-    SetEnvironmentVariableW(L"ProgramData", (dir_.path() / "ProgramData").c_str());
+    PWSTR known = nullptr;
+    if (SUCCEEDED(SHGetKnownFolderPath(FOLDERID_ProgramData, 0, nullptr, &known))) {
+      machine_dir_ = fs::path(known) / "kiln";
+    }
+    CoTaskMemFree(known);
   }
   testing::TestDir dir_;
+  fs::path machine_dir_;  // the service's: %ProgramData%'s known folder
 };
 
 TEST_F(WindowsConfigTest, APerUserKilndServesTokenClientsOnLoopbackOnly) {
@@ -45,20 +50,18 @@ TEST_F(WindowsConfigTest, TheServiceUsesProgramDataAndItsInstallOptions) {
   EXPECT_EQ(install->command, Command::kInstall);
   EXPECT_EQ(install->service_account, "NT SERVICE\\kilnd");
   EXPECT_EQ(install->config.scope, platform::Scope::kMachine);
-  EXPECT_EQ(install->config.data_dir, dir_.path() / "ProgramData" / "kiln");
-  EXPECT_EQ(install->config.log_dir, dir_.path() / "ProgramData" / "kiln" / "logs");
+  EXPECT_EQ(install->config.data_dir, machine_dir_);
+  EXPECT_EQ(install->config.log_dir, machine_dir_ / "logs");
 
   // What the SCM runs: kilnd --windows-service --scope=machine --config FILE.
-  const fs::path config_file = dir_.path() / "ProgramData" / "kiln" / "kilnd.conf";
-  fs::create_directories(config_file.parent_path());
+  const fs::path config_file = dir_.path() / "kilnd.conf";
   std::ofstream(config_file) << "toolchain = C:\\ComfyUI\\python_embeded\\python.exe\n"
                                 "allowed_user = DESKTOP\\alice\n";
   absl::StatusOr<CommandLine> service = ParseCommandLine(
       {"--windows-service", "--scope=machine", "--config", config_file.string()});
   ASSERT_TRUE(service.ok()) << service.status();
   EXPECT_TRUE(service->windows_service);
-  EXPECT_EQ(fs::path(service->config.endpoint_file),
-            dir_.path() / "ProgramData" / "kiln" / "run" / "kilnd.endpoint");
+  EXPECT_EQ(fs::path(service->config.endpoint_file), machine_dir_ / "run" / "kilnd.endpoint");
   EXPECT_EQ(service->config.toolchains,
             std::vector<std::string>{"C:\\ComfyUI\\python_embeded\\python.exe"});
   EXPECT_EQ(service->config.allowed_users, std::vector<std::string>{"DESKTOP\\alice"});
@@ -84,7 +87,7 @@ TEST_F(WindowsConfigTest, InstallStatusUninstallThroughTheCommandLine) {
   EXPECT_NE(state->command_line.find("--windows-service --scope=machine"), std::string::npos)
       << state->command_line;
   EXPECT_EQ(state->account, "NT AUTHORITY\\LocalService");
-  EXPECT_TRUE(fs::is_directory(dir_.path() / "ProgramData" / "kiln" / "logs"))
+  EXPECT_TRUE(fs::is_directory(machine_dir_ / "logs"))
       << "install prepares the service's data and log directories";
   EXPECT_EQ(run({"install"}), 1) << "a second install is refused";
   EXPECT_EQ(run({"status"}), 3) << "installed, not running";

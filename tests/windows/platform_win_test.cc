@@ -62,9 +62,10 @@ class ScopedEnv {
   std::wstring old_;
 };
 
-TEST(WindowsPathsTest, UserAndMachineDirectoriesFollowLocalAppDataAndProgramData) {
+TEST(WindowsPathsTest, UserDirectoriesFollowLocalAppDataAndMachineOnesTheKnownFolder) {
   testing::TestDir dir;
   ScopedEnv local(L"LOCALAPPDATA", dir.path() / "Local");
+  // A service's environment is not its installer's, so %ProgramData% is not asked.
   ScopedEnv program_data(L"ProgramData", dir.path() / "ProgramData");
   using platform::Scope;
   EXPECT_EQ(platform::DefaultDataDir(Scope::kUser), dir.path() / "Local" / "kiln");
@@ -72,9 +73,12 @@ TEST(WindowsPathsTest, UserAndMachineDirectoriesFollowLocalAppDataAndProgramData
             dir.path() / "Local" / "kiln" / "kilnd.conf");
   EXPECT_EQ(platform::DefaultEndpointFile(Scope::kUser),
             dir.path() / "Local" / "kiln" / "run" / "kilnd.endpoint");
-  EXPECT_EQ(platform::DefaultDataDir(Scope::kMachine), dir.path() / "ProgramData" / "kiln");
-  EXPECT_EQ(platform::KilnPythonDir(Scope::kMachine),
-            dir.path() / "ProgramData" / "kiln" / "python");
+  PWSTR known = nullptr;
+  ASSERT_TRUE(SUCCEEDED(SHGetKnownFolderPath(FOLDERID_ProgramData, 0, nullptr, &known)));
+  const fs::path program_data_folder(known);
+  CoTaskMemFree(known);
+  EXPECT_EQ(platform::DefaultDataDir(Scope::kMachine), program_data_folder / "kiln");
+  EXPECT_EQ(platform::KilnPythonDir(Scope::kMachine), program_data_folder / "kiln" / "python");
   // No Unix socket on Windows: clients read the endpoint file.
   EXPECT_TRUE(platform::DefaultSocketPath().empty());
   EXPECT_EQ(platform::DefaultLocalEndpoint(), "");

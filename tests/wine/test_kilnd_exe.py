@@ -1,10 +1,9 @@
 """The Windows release zip (scripts/package-windows) and the kilnd.exe and
 kiln.exe inside it, under Wine: kilnd.exe on its per-user defaults
 (%LOCALAPPDATA%\\kiln, a 127.0.0.1 endpoint file with a token), kiln.exe
-reaching it through that file.
+reaching it through that file."""
 
-Needs scripts/windows-build first; KILN_WINDOWS_BUILD_DIR names the build."""
-
+import hashlib
 import os
 import re
 import subprocess
@@ -13,42 +12,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kiln import _api, _paths, _service
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("KILN_WINDOWS_BUILD_DIR", REPO / "build-windows"))
-pytestmark = pytest.mark.skipif(not (BUILD / "service" / "kilnd.exe").exists(),
-                                reason=f"no kilnd.exe in {BUILD} (scripts/windows-build)")
-
-
-@pytest.fixture(scope="module")
-def release(tmp_path_factory):
-    """The zip scripts/package-windows makes, and the folder it unzips to."""
-    out = tmp_path_factory.mktemp("release")
-    made = subprocess.run([str(REPO / "scripts" / "package-windows"), str(out / "kiln-windows-x64.zip")],
-                          capture_output=True, text=True, env=dict(os.environ, KILN_WINDOWS_BUILD_DIR=str(BUILD)))
-    assert made.returncode == 0, made.stderr[-3000:]
-    archive = Path(made.stdout.splitlines()[-1])
-    with zipfile.ZipFile(archive) as opened:
-        opened.extractall(out)
-    return archive, out / "kiln-windows-x64"
-
-
-@pytest.fixture(scope="module")
-def binaries(release):
-    return release[1] / "kilnd.exe", release[1] / "kiln.exe"
-
-
-def windows_path(path):
-    """Wine maps the Linux file system to drive Z:."""
-    return "Z:" + str(path).replace("/", "\\")
-
-
-def new_wine_prefix(tmp_path_factory, name):
-    prefix = tmp_path_factory.mktemp(name)
-    env = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
-    subprocess.run(["wineboot", "--init"], env=env, capture_output=True, timeout=300)
-    subprocess.run(["wineserver", "-w"], env=env, timeout=300)
-    return env
+from conftest import linux_path, local_app_data, new_wine_prefix, runner, windows_path
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +23,6 @@ def wine(tmp_path_factory):
     env = new_wine_prefix(tmp_path_factory, "wineprefix")
     yield env
     subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
-
-
-def local_app_data(env):
-    users = Path(env["WINEPREFIX"]) / "drive_c" / "users"
-    return next(user / "AppData" / "Local" for user in users.iterdir() if user.name != "Public")
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +43,7 @@ def kilnd(wine, binaries):
 @pytest.fixture(scope="module")
 def kiln(wine, binaries):
     """Runs the zip's kiln.exe, which finds kilnd through its endpoint file."""
-    def run(*args, check=True):
-        result = subprocess.run(["wine", str(binaries[1]), *args], env=wine, capture_output=True, text=True,
-                                timeout=120)
-        if check and result.returncode != 0:
-            raise AssertionError(f"kiln.exe {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
-        return result
-    return run
+    return runner(wine, binaries[1])
 
 
 def test_the_zip_holds_what_the_installer_installs(release):
@@ -128,3 +83,52 @@ def test_a_call_without_the_token_is_refused(kilnd, kiln):
     assert refused.returncode != 0
     assert "access token" in refused.stderr, refused.stderr
 
+
+
+@pytest.fixture(scope="module")
+def hold_open(tmp_path_factory, wine):
+    """Starts tests/wine/hold_open.c (built with mingw-w64) on some files; returns its process."""
+    executable = tmp_path_factory.mktemp("hold_open") / "hold_open.exe"
+    subprocess.run(["x86_64-w64-mingw32-gcc", "-municode", "-O2", "-o", str(executable),
+                    str(Path(__file__).with_name("hold_open.c"))], check=True)
+
+    def hold(*paths):
+        process = subprocess.Popen(["wine", str(executable), *map(windows_path, paths)], env=wine,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline().strip() == "held"
+        return process
+    return hold
+
+
+def test_files_another_process_holds_open_are_left_and_reused_not_fatal(wine, kilnd, kiln, hold_open, tmp_path):
+    """A virus scanner or backup agent holding a cache file open must not stop
+    kilnd: eviction leaves the file, a new put of the same content reuses it,
+    and the next eviction after the holder lets go deletes it."""
+    content = os.urandom(300_000)
+    blob = tmp_path / "held.cubin"
+    blob.write_bytes(content)
+    kiln("put", "tests", "held", f"held.cubin={windows_path(blob)}")
+    connection = _service.Connection(_paths.read_endpoint_file(kilnd))
+    found = connection.stub.Lookup(_api.LookupRequest(namespace="tests", key="held", as_files=True), timeout=30)
+    assert found.found
+    served = linux_path(wine, found.entry.blobs[0].path)
+    digest = hashlib.sha256(content).hexdigest()
+    stored = local_app_data(wine) / "kiln" / "blobs" / digest[:2] / digest
+    assert served.read_bytes() == content and stored.exists()
+
+    holder = hold_open(served, stored)
+    try:
+        assert kiln("gc", "0").returncode == 0
+        assert kiln("get", "tests", "held", check=False).returncode == 1  # evicted, though its files stay
+        assert stored.exists(), "Windows refuses to delete a file held open without FILE_SHARE_DELETE"
+        kiln("put", "tests", "held", f"held.cubin={windows_path(blob)}")
+        out = tmp_path / "out"
+        kiln("get", "tests", "held", "-o", windows_path(out))
+        assert (out / "held.cubin").read_bytes() == content
+        assert "SERVING" in kiln("health").stdout
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert kiln("verify").returncode == 0
+    assert kiln("gc", "0").returncode == 0
+    assert not stored.exists() and not served.exists()

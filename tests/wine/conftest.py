@@ -1,0 +1,77 @@
+"""What the Wine tests share: the Windows release zip (scripts/package-windows)
+unpacked, the kilnd.exe and kiln.exe inside it, and Wine prefixes of their own.
+
+Needs scripts/windows-build first; KILN_WINDOWS_BUILD_DIR names the build."""
+
+import os
+import subprocess
+import zipfile
+from pathlib import Path, PureWindowsPath
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("KILN_WINDOWS_BUILD_DIR", REPO / "build-windows"))
+
+
+def pytest_collection_modifyitems(items):
+    if (BUILD / "service" / "kilnd.exe").exists():
+        return
+    skip = pytest.mark.skip(reason=f"no kilnd.exe in {BUILD} (scripts/windows-build)")
+    for item in items:
+        item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def release(tmp_path_factory):
+    """The zip scripts/package-windows makes, and the folder it unzips to."""
+    out = tmp_path_factory.mktemp("release")
+    made = subprocess.run([str(REPO / "scripts" / "package-windows"), str(out / "kiln-windows-x64.zip")],
+                          capture_output=True, text=True, env=dict(os.environ, KILN_WINDOWS_BUILD_DIR=str(BUILD)))
+    assert made.returncode == 0, made.stderr[-3000:]
+    archive = Path(made.stdout.splitlines()[-1])
+    with zipfile.ZipFile(archive) as opened:
+        opened.extractall(out)
+    return archive, out / "kiln-windows-x64"
+
+
+@pytest.fixture(scope="session")
+def binaries(release):
+    return release[1] / "kilnd.exe", release[1] / "kiln.exe"
+
+
+def windows_path(path):
+    """Wine maps the Linux file system to drive Z:."""
+    return "Z:" + str(path).replace("/", "\\")
+
+
+def linux_path(env, path):
+    """Where a C:\\ path of the Wine prefix `env` lies on Linux."""
+    windows = PureWindowsPath(path)
+    assert windows.drive.upper() == "C:", path
+    return Path(env["WINEPREFIX"], "drive_c", *windows.parts[1:])
+
+
+def new_wine_prefix(tmp_path_factory, name):
+    prefix = tmp_path_factory.mktemp(name)
+    env = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
+    subprocess.run(["wineboot", "--init"], env=env, capture_output=True, timeout=300)
+    subprocess.run(["wineserver", "-w"], env=env, timeout=300)
+    return env
+
+
+def local_app_data(env):
+    users = Path(env["WINEPREFIX"]) / "drive_c" / "users"
+    return next(user / "AppData" / "Local" for user in users.iterdir() if user.name != "Public")
+
+
+def runner(env, executable):
+    """Runs `executable` under Wine in prefix `env`; fails the test on a non-zero exit unless check=False."""
+    def run(*args, check=True, timeout=120):
+        result = subprocess.run(["wine", str(executable), *args], env=env, capture_output=True, text=True,
+                                timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{executable.name} {' '.join(args)} exited {result.returncode}:\n"
+                                 f"{result.stdout}{result.stderr}")
+        return result
+    return run
