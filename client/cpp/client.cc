@@ -125,11 +125,18 @@ std::optional<v1::CompileError> CompileErrorOf(const absl::Status& status) {
   return error;
 }
 
-Client::Client(ClientOptions options) : options_(std::move(options)) {
+Client::Client(ClientOptions options) : options_(std::move(options)) { Connect(); }
+
+void Client::Connect() {
   ResolvedEndpoint resolved = ResolveEndpoint(options_);
   endpoint_ = std::move(resolved.target);
   token_ = std::move(resolved.token);
   endpoint_problem_ = std::move(resolved.problem);
+  if (!endpoint_problem_.empty()) {
+    channel_.reset();
+    stub_.reset();
+    return;
+  }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
@@ -163,6 +170,9 @@ absl::Status Client::WithRetries(absl::string_view method, absl::Duration timeou
 }
 
 absl::Status Client::CheckHealth() {
+  if (!endpoint_problem_.empty()) {
+    return absl::UnavailableError(absl::StrCat("health check: ", endpoint_problem_));
+  }
   auto health = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckResponse response;
   absl::Status status = WithRetries("health check", options_.timeout, [&](grpc::ClientContext* c) {
@@ -178,12 +188,18 @@ absl::Status Client::CheckHealth() {
 absl::Status Client::WaitUntilServing(absl::Duration deadline) {
   const absl::Time give_up = absl::Now() + deadline;
   while (true) {
-    // Blocks until the channel connects or the attempt's deadline passes,
-    // rather than sleeping between tries.
-    channel_->WaitForConnected(
-        absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Milliseconds(200))));
+    const absl::Time try_until = std::min(give_up, absl::Now() + absl::Milliseconds(200));
+    // Blocks until the channel connects or the try's deadline passes, rather
+    // than sleeping between tries.
+    if (channel_ != nullptr) channel_->WaitForConnected(absl::ToChronoTime(try_until));
     absl::Status status = CheckHealth();
     if (status.ok() || absl::Now() >= give_up) return status;
+    absl::SleepFor(try_until - absl::Now());
+    const std::string endpoint = endpoint_, token = token_;
+    if (ResolvedEndpoint now = ResolveEndpoint(options_);
+        now.target != endpoint || now.token != token || !now.problem.empty()) {
+      Connect();
+    }
   }
 }
 

@@ -2,7 +2,10 @@
 triton package, compiled for two targets, must give what Triton gives."""
 
 import json
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ from triton.compiler.compiler import ASTSource
 
 import kernel_suite
 import triton_frontend
-from conftest import BUILD
+from conftest import BUILD, Kilnd
 
 KILN = BUILD / "client" / "cpp" / "kiln"
 SDK_PROBE = BUILD / "tests" / "sdk_compile_probe"
@@ -112,6 +115,23 @@ def test_unreachable_service_exits_3(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 3
     assert "is kilnd running" in result.stderr
+
+
+def test_health_wait_finds_a_kilnd_that_starts_while_it_waits(tmp_path):
+    """`kiln health --wait` before kilnd is up (a script starting both, a
+    service still starting): the endpoint file appears, on a new port, later."""
+    endpoint_file = tmp_path / "run" / "kilnd.endpoint"
+    waiting = subprocess.Popen([str(KILN), "health", "--wait", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=dict(os.environ, KILN_ENDPOINT_FILE=str(endpoint_file)))
+    time.sleep(1)
+    assert waiting.poll() is None, "gave up before kilnd came"
+    server = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}", f"--endpoint-file={endpoint_file}")
+    try:
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0 and "SERVING" in out, err
+    finally:
+        waiting.kill()
+        server.stop()
 
 
 def test_toolchains_stats_json_gc_and_verify(kilnd):

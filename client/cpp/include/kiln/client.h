@@ -102,7 +102,10 @@ class Client {
 
   // OK when kilnd reports SERVING; UNAVAILABLE otherwise.
   absl::Status CheckHealth();
-  // Polls CheckHealth() until it succeeds or `deadline` passes.
+  // Polls CheckHealth() until it succeeds or `deadline` passes, resolving the
+  // endpoint again between tries: a kilnd that starts meanwhile writes its
+  // endpoint file then, on a port of its choosing. Not while other calls on
+  // this client are in flight.
   absl::Status WaitUntilServing(absl::Duration deadline);
 
   // Compiles (or fetches from the cache). A kernel that fails to compile is
@@ -128,6 +131,8 @@ class Client {
   absl::StatusOr<v1::VerifyResponse> Verify();
 
  private:
+  // Resolves the endpoint and opens a channel to it (none when unresolved).
+  void Connect();
   // Runs `call` with a fresh context per attempt, retrying UNAVAILABLE and
   // ABORTED; converts the final status.
   template <typename Call>
