@@ -1,12 +1,17 @@
 """torch.compile warm starts through kilnd, on the GPU machine:
 
-  python3 tests/gpu/inductor_warm.py gpu_bundle
+  python3 tests/gpu/inductor_warm.py gpu_bundle [--repeat N]
 
 Runs, each in a fresh process: stock cold and stock fully warm (the same local
 inductor and Triton caches again); process A through kilnd with empty local
 caches; process B through kilnd with fresh empty local caches (warm only in
 kilnd); a wider model through kilnd (must miss and be correct); and with kilnd
-stopped (stock behaviour, one warning)."""
+stopped (stock behaviour, one warning). With --repeat, the warm runs (stock
+fully warm, B with fresh empty local caches, B again with its local caches
+present) are repeated N times, interleaved, and their medians compared."""
+
+import argparse
+import statistics
 
 import glob
 import json
@@ -33,7 +38,11 @@ def fresh(env, work, name):
 
 
 def main():
-    bundle = Path(sys.argv[1]).resolve()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    bundle = args.bundle.resolve()
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
                     *glob.glob(str(bundle / "*.whl"))], check=True)
     work = Path(tempfile.mkdtemp(prefix="kiln-inductor-"))
@@ -57,6 +66,11 @@ def main():
         stats_b = subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "stats", "--json"],
                                  env=lib_env, capture_output=True, text=True).stdout
         wider, _ = run(fresh(kiln_env, work, "wider"), "--wider")
+        repeats = {"stock": [stock_warm], "kiln": [b], "kiln, local files present": []}
+        for i in range(args.repeat - 1):
+            repeats["stock"].append(run(stock_env)[0])
+            repeats["kiln"].append(run(fresh(kiln_env, work, f"b{i}"))[0])
+            repeats["kiln, local files present"].append(run(fresh(kiln_env, work, f"b{i}"))[0])
     finally:
         kilnd.terminate()
         kilnd.wait()
@@ -81,6 +95,14 @@ def main():
     print(f"warnings with kilnd stopped: {len(warnings)}: {warnings[:2]}")
     ratio = b["transformer"]["first_call_s"] / stock_warm["transformer"]["first_call_s"]
     print(f"B / fully-warm local, transformer: {ratio:.2f}x")
+    if args.repeat > 1:
+        medians = {kind: {model: statistics.median(r[model]["first_call_s"] for r in runs)
+                          for model in ("transformer", "mlp")} for kind, runs in repeats.items() if runs}
+        for kind, median in medians.items():
+            print(f"median of {len(repeats[kind])}, {kind:26} transformer {median['transformer']:6.3f} s, "
+                  f"mlp {median['mlp']:6.3f} s; ratio to stock "
+                  f"{median['transformer'] / medians['stock']['transformer']:.2f}x / "
+                  f"{median['mlp'] / medians['stock']['mlp']:.2f}x")
     correct = all(r[m]["allclose"] for r in (a, b, wider, stopped) for m in ("transformer", "mlp"))
     print("PASS" if correct and ratio <= 1.5 and len(warnings) == 1 else "FAIL")
 
