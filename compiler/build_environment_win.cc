@@ -99,7 +99,7 @@ absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& con
   compiler.version = FirstLine(banner_on_stderr ? version->errors : version->output);
   build.compilers.push_back(std::move(compiler));
 
-  absl::StatusOr<CudaToolkit> cuda = FindCudaOnWindows(environment, {});
+  absl::StatusOr<CudaToolkit> cuda = FindCudaOnWindows(environment, triton_dirs);
   if (!cuda.ok()) return cuda.status();
   build.cuda_include_dirs.push_back(cuda->include_dir);
   build.cuda_library_dirs.push_back(cuda->lib_dir);

@@ -57,7 +57,7 @@ std::vector<fs::path> VersionedDirs(const fs::path& parent, absl::string_view pr
 }  // namespace
 
 absl::StatusOr<CudaToolkit> FindCudaOnWindows(const WindowsEnvironment& environment,
-                                              const std::vector<fs::path>& site_packages) {
+                                              const std::vector<fs::path>& triton_dirs) {
   std::vector<fs::path> candidates;
   if (const std::string path = Variable(environment, "CUDA_PATH"); !path.empty()) {
     candidates.emplace_back(path);
@@ -74,13 +74,19 @@ absl::StatusOr<CudaToolkit> FindCudaOnWindows(const WindowsEnvironment& environm
   std::sort(versioned.begin(), versioned.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
   for (const auto& [version, value] : versioned) candidates.emplace_back(value);
-  if (const std::string program_files = Variable(environment, "PROGRAMFILES"); !program_files.empty()) {
-    for (const fs::path& dir :
-         VersionedDirs(fs::path(program_files) / "NVIDIA GPU Computing Toolkit" / "CUDA", "v")) {
-      candidates.push_back(dir);
-    }
+  // Then where triton-windows itself looks, in its order: the CUDA files it
+  // bundles, pip's toolkit beside it, the installed toolkits.
+  for (const fs::path& triton_dir : triton_dirs) {
+    candidates.push_back(triton_dir / "backends" / "nvidia");
+    candidates.push_back(triton_dir.parent_path() / "nvidia" / "cuda_nvcc");
   }
-  for (const fs::path& site : site_packages) candidates.push_back(site / "nvidia" / "cuda_nvcc");
+  std::vector<std::string> looked;
+  for (const fs::path& candidate : candidates) looked.push_back(candidate.string());
+  if (const std::string program_files = Variable(environment, "PROGRAMFILES"); !program_files.empty()) {
+    const fs::path toolkits = fs::path(program_files) / "NVIDIA GPU Computing Toolkit" / "CUDA";
+    looked.push_back((toolkits / "v*").string());
+    for (const fs::path& dir : VersionedDirs(toolkits, "v")) candidates.push_back(dir);
+  }
   for (const fs::path& candidate : candidates) {
     if (IsCuda(candidate)) return ToolkitAt(candidate);
     // pip splits the toolkit: headers and cuda.lib come with cuda_runtime.
@@ -91,13 +97,12 @@ absl::StatusOr<CudaToolkit> FindCudaOnWindows(const WindowsEnvironment& environm
       return toolkit;
     }
   }
-  std::vector<std::string> looked;
-  for (const fs::path& candidate : candidates) looked.push_back(candidate.string());
   return absl::FailedPreconditionError(absl::StrFormat(
       "no CUDA toolkit with include\\cuda.h and lib\\x64\\cuda.lib found (looked in: %s); install "
       "the CUDA toolkit or `pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-runtime-cu12`, or set "
       "CUDA_PATH",
-      looked.empty() ? "nowhere: CUDA_PATH and ProgramFiles are unset" : absl::StrJoin(looked, "; ")));
+      looked.empty() ? "nowhere: CUDA_PATH and ProgramFiles are unset and no Triton is registered"
+                     : absl::StrJoin(looked, "; ")));
 }
 
 absl::StatusOr<PythonBuildFiles> FindPythonBuildFiles(const fs::path& prefix,

@@ -28,11 +28,12 @@ struct CudaToolkit {
 };
 
 // The first CUDA with cuda.h and cuda.lib among: %CUDA_PATH%, the newest
-// %CUDA_PATH_Vxx_y%, the newest %ProgramFiles%\NVIDIA GPU Computing
-// Toolkit\CUDA\v*, and pip's nvidia\cuda_nvcc (plus cuda_runtime) in
-// `site_packages`. FAILED_PRECONDITION lists where it looked.
+// %CUDA_PATH_Vxx_y%, for each Triton package dir in `triton_dirs` the CUDA
+// files triton-windows bundles (backends\nvidia) and pip's nvidia\cuda_nvcc
+// (plus cuda_runtime) beside it, then the newest %ProgramFiles%\NVIDIA GPU
+// Computing Toolkit\CUDA\v*. FAILED_PRECONDITION lists where it looked.
 absl::StatusOr<CudaToolkit> FindCudaOnWindows(const WindowsEnvironment& environment,
-                                              const std::vector<std::filesystem::path>& site_packages);
+                                              const std::vector<std::filesystem::path>& triton_dirs);
 
 struct PythonBuildFiles {
   std::filesystem::path include_dir;  // has Python.h

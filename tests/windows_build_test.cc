@@ -51,7 +51,7 @@ TEST(WindowsCudaTest, FindsPipsSplitToolkitAndExplainsWhenThereIsNone) {
   const fs::path site = dir.path() / "python_embeded" / "Lib" / "site-packages";
   Touch(site / "nvidia" / "cuda_nvcc" / "bin" / "ptxas.exe");
   MakeCuda(site / "nvidia" / "cuda_runtime");
-  absl::StatusOr<CudaToolkit> found = FindCudaOnWindows({}, {site});
+  absl::StatusOr<CudaToolkit> found = FindCudaOnWindows({}, {site / "triton"});
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(found->include_dir, site / "nvidia" / "cuda_runtime" / "include");
   EXPECT_EQ(found->ptxas, site / "nvidia" / "cuda_nvcc" / "bin" / "ptxas.exe");
@@ -59,6 +59,26 @@ TEST(WindowsCudaTest, FindsPipsSplitToolkitAndExplainsWhenThereIsNone) {
   absl::StatusOr<CudaToolkit> none = FindCudaOnWindows({}, {});
   EXPECT_TRUE(absl::IsFailedPrecondition(none.status()));
   EXPECT_NE(none.status().message().find("CUDA_PATH"), absl::string_view::npos);
+  // ProgramFiles set, with no toolkit in it: the message names where it looked.
+  const WindowsEnvironment program_files = {{"PROGRAMFILES", (dir.path() / "Program Files").string()}};
+  absl::StatusOr<CudaToolkit> missing = FindCudaOnWindows(program_files, {});
+  EXPECT_NE(missing.status().message().find("NVIDIA GPU Computing Toolkit"), absl::string_view::npos)
+      << missing.status();
+}
+
+// triton-windows carries cuda.h, cuda.lib and ptxas.exe in its backends\nvidia
+// and uses them before an installed toolkit: so do its launcher builds.
+TEST(WindowsCudaTest, UsesTheCudaFilesTritonWindowsBundlesBeforeProgramFiles) {
+  testing::TestDir dir;
+  const fs::path triton = dir.path() / "python_embeded" / "Lib" / "site-packages" / "triton";
+  MakeCuda(triton / "backends" / "nvidia");
+  const fs::path program_files = dir.path() / "Program Files";
+  MakeCuda(program_files / "NVIDIA GPU Computing Toolkit" / "CUDA" / "v12.8");
+  absl::StatusOr<CudaToolkit> found =
+      FindCudaOnWindows({{"PROGRAMFILES", program_files.string()}}, {triton});
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->lib_dir, triton / "backends" / "nvidia" / "lib" / "x64");
+  EXPECT_EQ(found->ptxas, triton / "backends" / "nvidia" / "bin" / "ptxas.exe");
 }
 
 TEST(WindowsPythonTest, EmbeddedPythonUsesKilnsOwnHeadersAndImportLibrary) {
