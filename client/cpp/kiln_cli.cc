@@ -53,8 +53,9 @@ constexpr const char* kUsageText =
     "Exit codes: 0 ok, 1 miss, 2 usage or bad input, 3 kilnd unreachable, 4 service error,\n"
     "            5 a kernel failed to compile.\n";
 
-int Fail(const absl::Status& status) {
-  std::cerr << "kiln: " << status.message() << "\n";
+// `context` (e.g. the target) goes before the message when given.
+int Fail(const absl::Status& status, absl::string_view context = "") {
+  std::cerr << "kiln: " << context << (context.empty() ? "" : ": ") << status.message() << "\n";
   if (kiln::CompileErrorOf(status).has_value()) return kCompileFailed;
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return kUnreachable;
   if (absl::IsInvalidArgument(status)) return kUsage;
@@ -246,8 +247,7 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
     const std::string label = absl::StrCat(target.backend(), ":", target.arch());
     absl::StatusOr<kiln::CompiledKernel> kernel = futures[i].get();
     if (!kernel.ok()) {
-      std::cerr << "kiln: " << label << ": ";
-      exit_code = std::max(exit_code, Fail(kernel.status()));
+      exit_code = std::max(exit_code, Fail(kernel.status(), label));
       if (auto error = kiln::CompileErrorOf(kernel.status()); error && !error->log().empty()) {
         std::cerr << error->log() << "\n";
       }
