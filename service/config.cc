@@ -88,8 +88,17 @@ const std::vector<Setting>& Settings() {
          return absl::OkStatus();
        }},
       {"tcp_listen", "also listen on TCP: PORT (loopback) or HOST:PORT", Text(&Config::tcp_listen)},
-      {"allow_remote", "permit a tcp_listen address other than loopback",
+      {"allow_remote",
+       "permit a tcp_listen address other than loopback (needs TLS and client identity)",
        Boolean(&Config::allow_remote)},
+      {"tls_cert", "PEM certificate chain of the tcp_listen listener (turns TLS on)",
+       Text(&Config::tls_cert)},
+      {"tls_key", "PEM private key of tls_cert", Text(&Config::tls_key)},
+      {"tls_client_ca",
+       "PEM CA bundle signing client certificates; a certificate's common name is its tenant",
+       Text(&Config::tls_client_ca)},
+      {"client_tokens", "file of 'TENANT SHA256-OF-TOKEN' lines: bearer tokens and their tenants",
+       Text(&Config::client_tokens)},
       {"max_cache_size", "evict least recently used entries above this size (10GiB)",
        ByteSize(&Config::max_cache_size)},
       {"max_request_size", "largest request accepted (64MiB)",
@@ -206,6 +215,7 @@ absl::Status ValidateConfig(const Config& config) {
         "kilnd would listen nowhere: local_socket and endpoint_file are 'none' and tcp_listen is "
         "empty; set one");
   }
+  const bool identifies_clients = !config.tls_client_ca.empty() || !config.client_tokens.empty();
   if (!config.tcp_listen.empty()) {
     const std::string address = NormalizeTcpAddress(config.tcp_listen);
     const size_t colon = address.rfind(':');
@@ -213,12 +223,31 @@ absl::Status ValidateConfig(const Config& config) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "tcp_listen '%s' is not PORT or HOST:PORT, e.g. 127.0.0.1:7733", config.tcp_listen));
     }
-    if (!IsLoopbackHost(address.substr(0, colon)) && !config.allow_remote) {
+    const bool remote = !IsLoopbackHost(address.substr(0, colon));
+    if (remote && !config.allow_remote) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "tcp_listen '%s' accepts connections from other machines; kilnd serves only loopback "
           "unless the config file sets allow_remote = true",
           config.tcp_listen));
     }
+    if (remote && (config.tls_cert.empty() || !identifies_clients)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tcp_listen '%s' accepts connections from other machines, so it needs TLS and client "
+          "identity: set tls_cert and tls_key (the listener's certificate and key), and "
+          "tls_client_ca (clients present certificates it signed) and/or client_tokens (a file "
+          "of tenants' token hashes); see README, Exposing kilnd to a farm",
+          config.tcp_listen));
+    }
+  }
+  if (config.tls_cert.empty() != config.tls_key.empty()) {
+    return absl::InvalidArgumentError("tls_cert and tls_key go together: set both or neither");
+  }
+  if (config.tls_cert.empty() && identifies_clients) {
+    return absl::InvalidArgumentError(
+        "tls_client_ca and client_tokens identify clients over TLS: set tls_cert and tls_key too");
+  }
+  if (!config.tls_cert.empty() && config.tcp_listen.empty()) {
+    return absl::InvalidArgumentError("tls_cert is for the tcp_listen listener: set tcp_listen");
   }
   if (config.max_request_size < (1u << 20)) {
     return absl::InvalidArgumentError(

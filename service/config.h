@@ -30,8 +30,18 @@ struct Config {
   std::vector<std::string> allowed_users;
   // Optional TCP listener: "PORT" (loopback) or "HOST:PORT". Empty: no TCP.
   std::string tcp_listen;
-  // A tcp_listen address off this machine is refused unless this is true.
+  // A tcp_listen address off this machine is refused unless this is true,
+  // TLS is set and clients must prove who they are (see ValidateConfig).
   bool allow_remote = false;
+  // TLS on the tcp_listen listener: PEM files of its certificate chain and key.
+  std::string tls_cert;
+  std::string tls_key;
+  // PEM CA bundle: clients may (with client_tokens) or must present a
+  // certificate it signed; the certificate's common name is the tenant.
+  std::string tls_client_ca;
+  // File of "TENANT SHA256-HEX-OF-TOKEN" lines: a client sending one of those
+  // tokens (authorization: Bearer TOKEN) is that tenant. Reread when changed.
+  std::string client_tokens;
   uint64_t max_cache_size = 10ull << 30;
   uint64_t max_request_size = 64ull << 20;
   uint64_t inline_threshold = 0;  // 0: the store's measured default

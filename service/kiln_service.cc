@@ -7,9 +7,12 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fmt_absl.h"
 #include "common/status_macros.h"
+#include "grpc/grpc_security_constants.h"
+#include "grpcpp/security/auth_context.h"
 #include "service/request_validation.h"
 #include "spdlog/spdlog.h"
 
@@ -47,6 +50,20 @@ std::optional<absl::string_view> SentToken(const grpc::CallbackServerContext& co
   if (found == metadata.end()) return std::nullopt;
   return absl::string_view(found->second.data(), found->second.size());
 }
+
+// "authorization: Bearer TOKEN", the token of a farm's client (client_tokens).
+std::optional<absl::string_view> SentBearerToken(const grpc::CallbackServerContext& context) {
+  constexpr absl::string_view kBearer = "Bearer ";
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find("authorization");
+  if (found == metadata.end()) return std::nullopt;
+  const absl::string_view value(found->second.data(), found->second.size());
+  if (!absl::StartsWith(value, kBearer)) return std::nullopt;
+  return value.substr(kBearer.size());
+}
+
+// The trust domain of a tenant: its store namespaces are "tenant:NAME/...".
+constexpr absl::string_view kTenantDomainPrefix = "tenant:";
 
 // Compares in time independent of where the strings differ, so the token
 // cannot be guessed byte by byte from response times.
@@ -95,29 +112,77 @@ KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistr
       claims_(claim_timeout),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}
 
-Caller KilnService::IdentifyCaller(const grpc::CallbackServerContext& context) const {
+absl::StatusOr<Caller> KilnService::Authenticate(
+    const grpc::CallbackServerContext& context) const {
   // The socket lives in a directory only the service's user may enter.
   if (absl::StartsWith(context.peer(), "unix:")) return Caller{"local", true};
-  const std::optional<absl::string_view> token = SentToken(context);
-  if (!tcp_access_.token.empty() && token.has_value() && SameSecret(*token, tcp_access_.token)) {
-    return Caller{"local", true};
-  }
-  return Caller{"net", false};
-}
-
-absl::Status KilnService::Admit(const grpc::CallbackServerContext& context) const {
-  if (IdentifyCaller(context).same_local_user) return absl::OkStatus();
-  if (SentToken(context).has_value()) {
+  if (const std::optional<absl::string_view> token = SentToken(context); token.has_value()) {
+    if (!tcp_access_.token.empty() && SameSecret(*token, tcp_access_.token)) {
+      return Caller{"local", true};
+    }
     return absl::UnauthenticatedError(absl::StrFormat(
         "the access token does not match this kilnd's (it writes a new one each start); read "
         "it again from %s",
         tcp_access_.endpoint_file.empty() ? "kilnd's endpoint file" : tcp_access_.endpoint_file));
   }
-  if (tcp_access_.tokenless_allowed) return absl::OkStatus();
-  return absl::UnauthenticatedError(absl::StrFormat(
-      "this kilnd serves local clients that send the access token from %s (the kiln clients do); "
-      "for tokenless TCP clients set tcp_listen",
-      tcp_access_.endpoint_file));
+  if (!tcp_access_.tokenless_allowed) {
+    return absl::UnauthenticatedError(absl::StrFormat(
+        "this kilnd serves local clients that send the access token from %s (the kiln clients "
+        "do); for tokenless TCP clients set tcp_listen",
+        tcp_access_.endpoint_file));
+  }
+  if (!tcp_access_.tls) return Caller{"net", false};
+  // Only the TLS listener may serve tokenless clients: a plaintext call here
+  // came to the endpoint-file listener.
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  const std::vector<grpc::string_ref> transport =
+      auth ? auth->FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME)
+           : std::vector<grpc::string_ref>{};
+  if (transport.empty() || transport.front() != GRPC_SSL_TRANSPORT_SECURITY_TYPE) {
+    return absl::UnauthenticatedError(
+        "this kilnd serves TCP clients over TLS only: connect to its tcp_listen address with "
+        "grpcs://");
+  }
+  if (!tcp_access_.identifies_clients()) return Caller{"net", false};
+  if (const std::optional<absl::string_view> bearer = SentBearerToken(context);
+      bearer.has_value() && tcp_access_.client_tokens != nullptr) {
+    ASSIGN_OR_RETURN(const std::string tenant, tcp_access_.client_tokens->TenantOf(*bearer));
+    return Caller{absl::StrCat(kTenantDomainPrefix, tenant), false};
+  }
+  // Present only when the certificate verified against tls_client_ca.
+  const std::vector<grpc::string_ref> common_name =
+      auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+  if (tcp_access_.client_certificates && !common_name.empty()) {
+    const absl::string_view tenant(common_name.front().data(), common_name.front().size());
+    if (!IsValidTenantName(tenant)) {
+      return absl::UnauthenticatedError(absl::StrFormat(
+          "the client certificate's common name '%s' is not a tenant name (1-64 characters of "
+          "[A-Za-z0-9._-]); issue it with such a name",
+          tenant));
+    }
+    return Caller{absl::StrCat(kTenantDomainPrefix, tenant), false};
+  }
+  const bool certificates = tcp_access_.client_certificates;
+  const bool tokens = tcp_access_.client_tokens != nullptr;
+  return absl::UnauthenticatedError(absl::StrCat(
+      "this kilnd serves only identified clients: ",
+      certificates ? "present a client certificate signed by its client CA (KILN_CLIENT_CERT, "
+                     "KILN_CLIENT_KEY)"
+                   : "",
+      certificates && tokens ? " or " : "", tokens ? "send a token (KILN_TOKEN_FILE)" : ""));
+}
+
+Caller KilnService::IdentifyCaller(const grpc::CallbackServerContext& context) const {
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (caller.ok()) return *std::move(caller);
+  // Admitted, then its token was revoked before this: a domain of its own
+  // that nobody else can ever name, so what it does reaches no one.
+  return Caller{absl::StrCat("revoked:", next_request_id_.fetch_add(1), ":", context.peer()),
+                false};
+}
+
+absl::Status KilnService::Admit(const grpc::CallbackServerContext& context) const {
+  return Authenticate(context).status();
 }
 
 absl::Status KilnService::RequireLocalUser(const grpc::CallbackServerContext& context) const {

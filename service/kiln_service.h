@@ -9,6 +9,7 @@
 #include "common/thread_pool.h"
 #include "compiler/toolchains.h"
 #include "kiln/v1/kiln.grpc.pb.h"
+#include "service/client_identity.h"
 #include "service/compile_claims.h"
 #include "service/compile_coordinator.h"
 #include "service/rpc_stats.h"
@@ -22,12 +23,19 @@ namespace kiln::service {
 // Who is who over TCP. A Unix-socket peer is always the service's own user.
 // A TCP client that sends `token` (metadata "x-kiln-token"; kilnd writes it to
 // an endpoint file only allowed accounts can read) is that user too. Other TCP
-// clients are the "net" domain when `tokenless_allowed` (tcp_listen is set),
-// and are refused otherwise.
+// clients come through tcp_listen (`tokenless_allowed`), and are refused
+// otherwise. There, over TLS with client identity, a client is the tenant its
+// certificate or bearer token names (trust domain "tenant:NAME") and is
+// refused without one; otherwise it is the anonymous "net" domain.
 struct TcpAccess {
   std::string token;  // empty: no token listener
   bool tokenless_allowed = true;
-  std::string endpoint_file;  // named in refusals
+  std::string endpoint_file;                    // named in refusals
+  bool tls = false;                             // tcp_listen is TLS
+  bool client_certificates = false;             // tls_client_ca is set
+  std::shared_ptr<ClientTokens> client_tokens;  // null: no client_tokens file
+
+  bool identifies_clients() const { return client_certificates || client_tokens != nullptr; }
 };
 
 // absl::Status as the gRPC status a call finishes with.
@@ -77,10 +85,12 @@ class KilnService final : public v1::Kiln::CallbackService {
   enum class Where { kInline, kBlockingPool };
   class LookupOrClaimCall;  // lookup_or_claim_call.cc
 
-  // The caller's trust domain (see TcpAccess).
+  // The caller's trust domain (see TcpAccess); UNAUTHENTICATED, naming what
+  // to send, for a wrong token or a client that must but does not identify.
+  absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext& context) const;
+  // The same for a call already admitted.
   Caller IdentifyCaller(const grpc::CallbackServerContext& context) const;
-  // UNAUTHENTICATED for a wrong token, or for a TCP client without one when
-  // only token holders are served.
+  // Authenticate's verdict alone.
   absl::Status Admit(const grpc::CallbackServerContext& context) const;
   // Maintenance changes the service user's cache: nobody else may ask for it.
   absl::Status RequireLocalUser(const grpc::CallbackServerContext& context) const;
@@ -116,7 +126,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   const TcpAccess tcp_access_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
-  std::atomic<uint64_t> next_request_id_{1};
+  mutable std::atomic<uint64_t> next_request_id_{1};  // also names revoked callers' domains
   std::atomic<uint64_t> lookups_waited_{0};
   CompileClaims claims_;
   // Served files written ahead of lookups: one thread of its own, so this

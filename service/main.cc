@@ -124,6 +124,10 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   }
   if (!config.tcp_listen.empty()) {
     server_options.tcp_address = kiln::service::NormalizeTcpAddress(config.tcp_listen);
+    server_options.tls_cert = config.tls_cert;
+    server_options.tls_key = config.tls_key;
+    server_options.tls_client_ca = config.tls_client_ca;
+    server_options.client_tokens = config.client_tokens;
   }
   server_options.max_request_size = config.max_request_size;
   server_options.data_dir = config.data_dir.string();

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 
@@ -103,6 +104,37 @@ absl::Status WriteServedFilesPointer(const std::string& endpoint, const std::str
   return ReplaceFile(ServedFilesPointer(endpoint), absl::StrCat(dir, "\n"));
 }
 
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view setting) {
+  std::ifstream in(path, std::ios::binary);
+  std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (pem.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s %s is not a readable PEM file; check the path and that kilnd's account may read it",
+        setting, path));
+  }
+  return pem;
+}
+
+// The credentials of the tcp_address listener: TLS when a certificate is set.
+// A client certificate is asked for and, when sent, must be signed by the
+// client CA; one without is still let through the handshake, so that a
+// token can identify it instead or the refusal can say what to send.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(options.tls_client_ca.empty()
+                                            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                            : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.private_key, ReadPem(options.tls_key, "tls_key"));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(options.tls_cert, "tls_cert"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca, "tls_client_ca"));
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
 fs::path ServedFilesPointer(const std::string& endpoint) { return endpoint + ".files"; }
@@ -113,6 +145,13 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
   std::unique_ptr<KilnServer> server(new KilnServer());
   TcpAccess tcp_access;
   tcp_access.tokenless_allowed = !options.tcp_address.empty();
+  tcp_access.tls = !options.tls_cert.empty();
+  tcp_access.client_certificates = !options.tls_client_ca.empty();
+  if (!options.client_tokens.empty()) {
+    ASSIGN_OR_RETURN(tcp_access.client_tokens, ClientTokens::Load(options.client_tokens));
+  }
+  ASSIGN_OR_RETURN(const std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
+                   TcpCredentials(options));
   if (!options.endpoint_file.empty()) {
     RETURN_IF_ERROR(PrepareEndpointFile(options.endpoint_file, options.endpoint_readers));
     tcp_access.token = NewAccessToken();
@@ -131,8 +170,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     server->endpoints_.push_back(target);
   }
   if (!options.tcp_address.empty()) {
-    builder.AddListeningPort(options.tcp_address, grpc::InsecureServerCredentials(),
-                             &server->tcp_port_);
+    builder.AddListeningPort(options.tcp_address, tcp_credentials, &server->tcp_port_);
   }
   int local_port = 0;
   if (!options.endpoint_file.empty()) {

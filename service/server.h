@@ -20,6 +20,13 @@ struct ServerOptions {
   // "HOST:PORT" (port 0 picks a free one); empty for none. Callers check
   // loopback-vs-remote policy before (ValidateConfig).
   std::string tcp_address;
+  // TLS on tcp_address (PEM file paths; empty cert: plaintext). With a client
+  // CA and/or a tokens file its callers are tenants, identified by their
+  // certificate's common name or their bearer token (client_identity.h).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  std::string client_tokens;
   // The token listener for local clients where there is no Unix socket
   // (Windows): kilnd listens on 127.0.0.1:`local_port` (0: a free port) and
   // writes "127.0.0.1:PORT\nTOKEN\n" to this file, in a directory only its

@@ -1,8 +1,11 @@
 #include "service/config.h"
 
 #include <fstream>
+#include <map>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "service/client_identity.h"
 #include "tests/test_dir.h"
 
 namespace kiln::service {
@@ -61,12 +64,49 @@ TEST(ConfigTest, RemoteListenersNeedAllowRemoteFromTheFile) {
   EXPECT_TRUE(absl::IsInvalidArgument(status));
   EXPECT_NE(status.message().find("allow_remote"), absl::string_view::npos);
   config.allow_remote = true;
+  // allow_remote alone is not enough: TLS and a way to tell clients apart.
+  status = ValidateConfig(config);
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  for (const char* setting : {"tls_cert", "tls_key", "tls_client_ca", "client_tokens"}) {
+    EXPECT_NE(status.message().find(setting), absl::string_view::npos) << setting;
+  }
+  config.tls_cert = "/etc/kiln/farm.pem";
+  config.tls_key = "/etc/kiln/farm.key";
+  EXPECT_FALSE(ValidateConfig(config).ok()) << "TLS without client identity";
+  config.client_tokens = "/etc/kiln/client_tokens";
   EXPECT_TRUE(ValidateConfig(config).ok());
+  config.client_tokens.clear();
+  config.tls_client_ca = "/etc/kiln/clients-ca.pem";
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  config.tls_key.clear();
+  EXPECT_NE(ValidateConfig(config).message().find("tls_key"), absl::string_view::npos);
+  config.tls_cert.clear();
+  EXPECT_FALSE(ValidateConfig(config).ok()) << "a client CA without TLS";
+
+  config = DefaultConfig();
   config.tcp_listen = "127.0.0.1:7733";
-  config.allow_remote = false;
-  EXPECT_TRUE(ValidateConfig(config).ok());
+  EXPECT_TRUE(ValidateConfig(config).ok()) << "loopback needs none of it";
   // Exposing the cache is never a flag away.
   EXPECT_FALSE(ParseCommandLine({"--allow-remote=true"}).ok());
+}
+
+TEST(ConfigTest, ClientTokensFileHoldsTenantsAndTokenDigests) {
+  const std::string digest(64, 'a');
+  absl::StatusOr<std::map<std::string, std::string>> tokens = ParseClientTokens(
+      "# farm clients\nalpha " + digest + "\n\n  beta\t" + std::string(64, 'B') + "  # ci\n",
+      "tokens");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->at(digest), "alpha");
+  EXPECT_EQ(tokens->at(std::string(64, 'b')), "beta");
+  const std::vector<std::string> malformed = {"alpha", "alpha abc", "al/pha " + digest,
+                                              "alpha " + digest + " extra"};
+  for (const std::string& bad : malformed) {
+    absl::StatusOr<std::map<std::string, std::string>> parsed =
+        ParseClientTokens("\n" + bad, "tokens");
+    EXPECT_TRUE(absl::IsInvalidArgument(parsed.status())) << bad;
+    EXPECT_NE(parsed.status().message().find("tokens:2"), absl::string_view::npos)
+        << parsed.status();
+  }
 }
 
 TEST(ConfigTest, RefusesToListenNowhere) {

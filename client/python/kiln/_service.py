@@ -41,11 +41,45 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
         return continuation(self._with_token(details), request)
 
 
+_TLS_SCHEME = "grpcs://"
+
+
+def _read_setting_file(variable):
+    path = os.environ.get(variable)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise KilnUnavailable(f"{variable}={path} cannot be read ({error.strerror}); fix the path") from None
+
+
+def _tls_credentials():
+    """TLS to a farm's kilnd (KILN_ENDPOINT=grpcs://HOST:PORT): the CA bundle
+    that signed its certificate (KILN_CA_FILE; default: the system's), this
+    client's certificate (KILN_CLIENT_CERT, KILN_CLIENT_KEY) and/or its token
+    (KILN_TOKEN_FILE), which say which tenant it is."""
+    certificate, key = _read_setting_file("KILN_CLIENT_CERT"), _read_setting_file("KILN_CLIENT_KEY")
+    if (certificate is None) != (key is None):
+        raise KilnUnavailable("KILN_CLIENT_CERT and KILN_CLIENT_KEY go together: set both or neither")
+    credentials = grpc.ssl_channel_credentials(root_certificates=_read_setting_file("KILN_CA_FILE"),
+                                               private_key=key, certificate_chain=certificate)
+    token = _read_setting_file("KILN_TOKEN_FILE")
+    if token is not None:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token.decode().strip()))
+    return credentials
+
+
 class Connection:
     def __init__(self, endpoint):
         self.endpoint = endpoint
-        self.channel = grpc.insecure_channel(endpoint.target, options=[
-            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        if endpoint.target.startswith(_TLS_SCHEME):
+            self.channel = grpc.secure_channel(endpoint.target[len(_TLS_SCHEME):], _tls_credentials(), options)
+        else:
+            self.channel = grpc.insecure_channel(endpoint.target, options=options)
         channel = self.channel
         if endpoint.token:
             channel = grpc.intercept_channel(channel, _TokenInterceptor(endpoint.token))

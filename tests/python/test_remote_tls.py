@@ -1,0 +1,207 @@
+"""kilnd's TCP listener for other machines: TLS, client identity (certificates
+signed by the farm's CA, or bearer tokens from client_tokens) and tenants that
+cannot see each other's puts. On loopback, with a CA the test makes (openssl)."""
+
+import hashlib
+import re
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from kiln import _api
+from triton.backends.compiler import GPUTarget
+
+import kernel_suite
+import triton_frontend
+from conftest import BUILD, Kilnd
+from pipeline_client import compile_request
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def new_key_and_request(directory, name, subject):
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr", "-subj", subject, cwd=directory)
+
+
+def new_ca(directory, name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+            f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}", cwd=directory)
+
+
+def sign(directory, ca, name, extensions=None):
+    args = ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2"]
+    if extensions:
+        (directory / f"{name}.ext").write_text(extensions)
+        args += ["-extfile", f"{name}.ext"]
+    openssl(*args, cwd=directory)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """The farm's CA, kilnd's certificate for 127.0.0.1, client certificates
+    for tenants alpha and beta, and one for alpha from a CA kilnd does not trust."""
+    directory = tmp_path_factory.mktemp("pki")
+    new_ca(directory, "farm-ca")
+    new_ca(directory, "other-ca")
+    new_key_and_request(directory, "server", "/CN=localhost")
+    sign(directory, "farm-ca", "server", "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for tenant, ca in (("alpha", "farm-ca"), ("beta", "farm-ca"), ("mallory", "other-ca")):
+        new_key_and_request(directory, tenant, f"/CN={'alpha' if tenant == 'mallory' else tenant}")
+        sign(directory, ca, tenant)
+    return directory
+
+
+TOKEN = "gamma-token-" + "7" * 40
+
+
+@pytest.fixture(scope="module")
+def farm(pki, tmp_path_factory):
+    """kilnd with a TLS tcp_listen, mutual TLS and a token file; yields it and its address."""
+    root = tmp_path_factory.mktemp("farm")
+    tokens = root / "client_tokens"
+    tokens.write_text(f"# tenant, SHA-256 of its token\ngamma {hashlib.sha256(TOKEN.encode()).hexdigest()}\n")
+    config = root / "kilnd.conf"
+    config.write_text(f"tcp_listen = 127.0.0.1:0\ntls_cert = {pki / 'server.pem'}\ntls_key = {pki / 'server.key'}\n"
+                      f"tls_client_ca = {pki / 'farm-ca.pem'}\nclient_tokens = {tokens}\n")
+    server = Kilnd(root / "kilnd", f"--config={config}", f"--toolchain={sys.executable}", "--compile-workers=1")
+    port = re.search(r"127\.0\.0\.1:(\d+)", (server.root / "kilnd.out").read_text()).group(1)
+    yield server, f"127.0.0.1:{port}", tokens
+    server.stop()
+
+
+def channel(pki, address, tenant=None, token=None):
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=(pki / "farm-ca.pem").read_bytes(),
+        private_key=(pki / f"{tenant}.key").read_bytes() if tenant else None,
+        certificate_chain=(pki / f"{tenant}.pem").read_bytes() if tenant else None)
+    if token:
+        credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
+    return grpc.secure_channel(address, credentials)
+
+
+def stub(pki, address, tenant=None, token=None):
+    return _api.KilnStub(channel(pki, address, tenant, token))
+
+
+def refusal(call):
+    with pytest.raises(grpc.RpcError) as error:
+        call()
+    return error.value
+
+
+def test_a_remote_listener_without_tls_and_client_identity_is_refused_with_the_settings_to_add(tmp_path):
+    config = tmp_path / "kilnd.conf"
+    config.write_text("tcp_listen = 0.0.0.0:7733\nallow_remote = true\n")
+    result = subprocess.run([str(BUILD / "service" / "kilnd"), f"--config={config}", f"--data-dir={tmp_path / 'd'}",
+                             f"--local-socket={tmp_path / 's'}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    for setting in ("tls_cert", "tls_key", "tls_client_ca", "client_tokens"):
+        assert setting in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_clients_without_a_certificate_or_token_are_refused_unauthenticated(pki, farm):
+    _, address, _ = farm
+    refused = refusal(lambda: stub(pki, address).GetStats(_api.GetStatsRequest(), timeout=30))
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "KILN_CLIENT_CERT" in refused.details() and "KILN_TOKEN_FILE" in refused.details()
+
+
+def test_a_certificate_from_another_ca_and_a_plaintext_client_are_refused(pki, farm):
+    _, address, _ = farm
+    other_ca = refusal(lambda: stub(pki, address, "mallory").GetStats(_api.GetStatsRequest(), timeout=30))
+    assert other_ca.code() == grpc.StatusCode.UNAVAILABLE  # the TLS handshake fails
+    plaintext = _api.KilnStub(grpc.insecure_channel(address))
+    assert refusal(lambda: plaintext.GetStats(_api.GetStatsRequest(), timeout=30)).code() == \
+        grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_revoked_token_is_refused_once_the_file_changes(pki, farm):
+    _, address, tokens = farm
+    assert stub(pki, address, token=TOKEN).GetStats(_api.GetStatsRequest(), timeout=30).uptime_seconds >= 0
+    wrong = refusal(lambda: stub(pki, address, token="not-" + TOKEN).GetStats(_api.GetStatsRequest(), timeout=30))
+    assert wrong.code() == grpc.StatusCode.UNAUTHENTICATED and "KILN_TOKEN_FILE" in wrong.details()
+    original = tokens.read_text()
+    tokens.write_text("# gamma revoked\n")
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # kilnd looks at the file at most once a second
+            try:
+                stub(pki, address, token=TOKEN).GetStats(_api.GetStatsRequest(), timeout=30)
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+                break
+            assert time.monotonic() < deadline, "the revoked token is still accepted"
+            time.sleep(0.2)
+    finally:
+        tokens.write_text(original)
+    deadline = time.monotonic() + 10
+    while True:  # and takes it back once the line is back
+        try:
+            stub(pki, address, token=TOKEN).GetStats(_api.GetStatsRequest(), timeout=30)
+            break
+        except grpc.RpcError:
+            assert time.monotonic() < deadline, "the restored token is still refused"
+            time.sleep(0.2)
+
+
+def test_a_tenant_sees_only_its_own_puts(pki, farm):
+    server, address, _ = farm
+    alpha, beta = stub(pki, address, "alpha"), stub(pki, address, "beta")
+    alpha.Put(_api.PutRequest(namespace="triton", key="k-alpha", blobs=[_api.blob("a.cubin", b"alpha's bytes")]),
+              timeout=30)
+    found = alpha.Lookup(_api.LookupRequest(namespace="triton", key="k-alpha"), timeout=30)
+    assert found.found and found.entry.blobs[0].data == b"alpha's bytes"
+    assert not beta.Lookup(_api.LookupRequest(namespace="triton", key="k-alpha"), timeout=30).found
+    assert not server.stub.Lookup(_api.LookupRequest(namespace="triton", key="k-alpha")).found  # nor the local user
+
+
+def test_a_tenants_compile_is_served_from_kilnds_own_result_not_another_tenants_put(pki, farm):
+    _, address, _ = farm
+    alpha, beta = stub(pki, address, "alpha"), stub(pki, address, "beta")
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 90, 32))
+    # alpha stores a poisoned entry under the kernel's own cache key...
+    alpha.Put(_api.PutRequest(namespace="triton", key=frontend.hash,
+                              blobs=[_api.blob("add_kernel.cubin", b"not a cubin")]), timeout=30)
+    # ...and beta, compiling that kernel, gets what kilnd compiled.
+    compiled = beta.Compile(compile_request(frontend), timeout=300)
+    assert compiled.WhichOneof("result") == "entry", compiled.error
+    cubins = [blob.data for blob in compiled.entry.blobs if blob.name.endswith(".cubin")]
+    assert cubins and cubins[0].startswith(b"\x7fELF")
+    # kilnd answers the compile, then records it under beta's key.
+    deadline = time.monotonic() + 30
+    while not (found := beta.Lookup(_api.LookupRequest(namespace="triton", key=frontend.hash), timeout=30)).found:
+        assert time.monotonic() < deadline, "beta's compile was never recorded under its key"
+        time.sleep(0.1)
+    assert b"not a cubin" not in [blob.data for blob in found.entry.blobs]
+    poisoned = alpha.Lookup(_api.LookupRequest(namespace="triton", key=frontend.hash), timeout=30)
+    assert [blob.data for blob in poisoned.entry.blobs] == [b"not a cubin"]  # alpha poisoned only itself
+
+
+def test_the_python_client_reaches_the_farm_with_tls_settings_from_the_environment(pki, farm, monkeypatch, tmp_path):
+    from kiln import _paths, _service
+    from kiln._errors import KilnUnavailable
+
+    _, address, _ = farm
+    monkeypatch.setenv("KILN_CA_FILE", str(pki / "farm-ca.pem"))
+    monkeypatch.setenv("KILN_CLIENT_CERT", str(pki / "alpha.pem"))
+    monkeypatch.setenv("KILN_CLIENT_KEY", str(pki / "alpha.key"))
+    as_alpha = _service.Connection(_paths.Endpoint(f"grpcs://{address}"))
+    as_alpha.stub.Put(_api.PutRequest(namespace="triton", key="k-client", blobs=[_api.blob("a.cubin", b"a")]),
+                      timeout=30)
+    assert as_alpha.stub.Lookup(_api.LookupRequest(namespace="triton", key="k-client"), timeout=30).found
+    monkeypatch.delenv("KILN_CLIENT_CERT")
+    monkeypatch.delenv("KILN_CLIENT_KEY")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    monkeypatch.setenv("KILN_TOKEN_FILE", str(token_file))
+    as_gamma = _service.Connection(_paths.Endpoint(f"grpcs://{address}"))
+    assert not as_gamma.stub.Lookup(_api.LookupRequest(namespace="triton", key="k-client"), timeout=30).found
+    monkeypatch.setenv("KILN_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(KilnUnavailable, match="KILN_TOKEN_FILE"):
+        _service.Connection(_paths.Endpoint(f"grpcs://{address}"))
