@@ -60,6 +60,17 @@ def new_wine_prefix(tmp_path_factory, name):
     return env
 
 
+def start_persistent_wineserver(env):
+    """Keeps the prefix's wineserver, and so Wine's services, running until
+    `wineserver -k`: Wine ends services.exe and the services it started when
+    the last ordinary process exits, which a real machine never does. Wine's
+    own processes start here too, so that they hold no test's pipe open (they
+    inherit the output of the program that starts them)."""
+    subprocess.run(["wineserver", "-p"], env=env, check=True)
+    subprocess.run(["wine", "cmd", "/c", "exit"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120)
+
+
 def local_app_data(env):
     users = Path(env["WINEPREFIX"]) / "drive_c" / "users"
     return next(user / "AppData" / "Local" for user in users.iterdir() if user.name != "Public")

@@ -14,22 +14,16 @@ import grpc
 import pytest
 from kiln import _api, _paths, _service
 
-from conftest import linux_path, new_wine_prefix, runner, windows_path
+from conftest import linux_path, new_wine_prefix, runner, start_persistent_wineserver, windows_path
 
 SERVICE_DATA = r"C:\ProgramData\kiln"
 
 
 @pytest.fixture(scope="module")
 def wine(tmp_path_factory):
-    """A Wine prefix of its own whose wineserver persists: Wine ends its
-    services (services.exe and what it started) when the last ordinary
-    process exits, which a real machine never does."""
+    """A Wine prefix of its own whose services keep running between commands."""
     env = new_wine_prefix(tmp_path_factory, "serviceprefix")
-    subprocess.run(["wineserver", "-p"], env=env, check=True)
-    # Wine's own processes (services.exe...) start with the first program and
-    # inherit its output; started here, they hold no test's pipe open.
-    subprocess.run(["wine", "cmd", "/c", "exit"], env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=120)
+    start_persistent_wineserver(env)
     yield env
     subprocess.run(["wine", "sc", "delete", "kilnd"], env=env, capture_output=True, timeout=60)
     subprocess.run(["wineserver", "-k"], env=env, capture_output=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, local_app_data, new_wine_prefix, runner, windows_path
+from conftest import REPO, local_app_data, new_wine_prefix, runner, start_persistent_wineserver, windows_path
 
 EM_CUDA = 190  # an ELF's e_machine for NVIDIA CUDA
 
@@ -33,10 +33,7 @@ def ttir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def wine(tmp_path_factory):
     env = new_wine_prefix(tmp_path_factory, "tritonprefix")
-    # One wineserver for the module, so Wine's own processes hold no test's pipe.
-    subprocess.run(["wineserver", "-p"], env=env, check=True)
-    subprocess.run(["wine", "cmd", "/c", "exit"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=120)
+    start_persistent_wineserver(env)
     yield env
     subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
 
