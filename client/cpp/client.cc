@@ -2,12 +2,14 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,6 +27,9 @@
 namespace kiln {
 
 namespace {
+
+// The scheme of an endpoint reached over TLS.
+constexpr absl::string_view kTlsScheme = "grpcs://";
 
 ResolvedEndpoint ReadEndpointFile(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -50,6 +55,44 @@ ResolvedEndpoint ReadEndpointFile(const std::filesystem::path& path) {
 std::string EnvOrEmpty(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr ? value : "";
+}
+
+// The content of the file $`variable` names; empty when it is unset.
+absl::StatusOr<std::string> FileNamedBy(const char* variable) {
+  const std::string path = EnvOrEmpty(variable);
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s=%s cannot be read; fix the path", variable, path));
+  }
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// TLS to a farm's kilnd: the CA bundle that signed its certificate
+// (KILN_CA_FILE; default: the system's), this client's certificate
+// (KILN_CLIENT_CERT, KILN_CLIENT_KEY) and/or its token (KILN_TOKEN_FILE),
+// which say which tenant it is.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsCredentialsFromEnvironment() {
+  grpc::SslCredentialsOptions ssl;
+  absl::StatusOr<std::string> ca = FileNamedBy("KILN_CA_FILE");
+  absl::StatusOr<std::string> certificate = FileNamedBy("KILN_CLIENT_CERT");
+  absl::StatusOr<std::string> key = FileNamedBy("KILN_CLIENT_KEY");
+  absl::StatusOr<std::string> token = FileNamedBy("KILN_TOKEN_FILE");
+  for (const auto* file : {&ca, &certificate, &key, &token}) {
+    if (!file->ok()) return file->status();
+  }
+  if (certificate->empty() != key->empty()) {
+    return absl::InvalidArgumentError(
+        "KILN_CLIENT_CERT and KILN_CLIENT_KEY go together: set both or neither");
+  }
+  ssl.pem_root_certs = *ca;
+  ssl.pem_cert_chain = *certificate;
+  ssl.pem_private_key = *key;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(ssl);
+  const std::string bearer(absl::StripAsciiWhitespace(*token));
+  if (bearer.empty()) return credentials;
+  return grpc::CompositeChannelCredentials(credentials, grpc::AccessTokenCredentials(bearer));
 }
 
 }  // namespace
@@ -137,12 +180,27 @@ void Client::Connect() {
     stub_.reset();
     return;
   }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = options_.credentials;
+  std::string target = endpoint_;
+  if (absl::StartsWith(target, kTlsScheme)) {
+    target = target.substr(kTlsScheme.size());
+    if (credentials == nullptr) {
+      absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> from_environment =
+          TlsCredentialsFromEnvironment();
+      if (!from_environment.ok()) {
+        endpoint_problem_ = std::string(from_environment.status().message());
+        channel_.reset();
+        stub_.reset();
+        return;
+      }
+      credentials = *std::move(from_environment);
+    }
+  }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
   channel_ = grpc::CreateCustomChannel(
-      endpoint_, options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
-      arguments);
+      target, credentials ? credentials : grpc::InsecureChannelCredentials(), arguments);
   stub_ = v1::Kiln::NewStub(channel_);
 }
 

@@ -49,7 +49,9 @@ constexpr const char* kUsageText =
     "  health [--wait SECONDS]          check that kilnd is serving\n"
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
-    "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket.\n"
+    "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket. A farm's\n"
+    "kilnd: grpcs://HOST:PORT, with $KILN_CA_FILE, $KILN_CLIENT_CERT and $KILN_CLIENT_KEY\n"
+    "and/or $KILN_TOKEN_FILE.\n"
     "Exit codes: 0 ok, 1 miss, 2 usage or bad input, 3 kilnd unreachable, 4 service error,\n"
     "            5 a kernel failed to compile.\n";
 

@@ -207,6 +207,25 @@ def test_the_python_client_reaches_the_farm_with_tls_settings_from_the_environme
         _service.Connection(_paths.Endpoint(f"grpcs://{address}"))
 
 
+def test_the_kiln_cli_reaches_the_farm_with_tls_settings_from_the_environment(pki, farm, tmp_path):
+    import os
+
+    _, address, _ = farm
+    kiln = [str(BUILD / "client" / "cpp" / "kiln"), "--endpoint", f"grpcs://{address}"]
+    env = dict(os.environ, KILN_CA_FILE=str(pki / "farm-ca.pem"))
+    anonymous = subprocess.run([*kiln, "stats"], env=env, capture_output=True, text=True, timeout=60)
+    assert anonymous.returncode == 4 and "KILN_CLIENT_CERT" in anonymous.stderr, anonymous.stderr
+    env.update(KILN_CLIENT_CERT=str(pki / "beta.pem"), KILN_CLIENT_KEY=str(pki / "beta.key"))
+    blob = tmp_path / "k.cubin"
+    blob.write_bytes(b"beta's cubin")
+    subprocess.run([*kiln, "put", "triton", "k-cli", f"k.cubin={blob}"], env=env, check=True, timeout=60)
+    subprocess.run([*kiln, "get", "triton", "k-cli", "-o", str(tmp_path / "out")], env=env, check=True, timeout=60)
+    assert (tmp_path / "out" / "k.cubin").read_bytes() == b"beta's cubin"
+    missing = subprocess.run([*kiln, "stats"], env=dict(env, KILN_CA_FILE=str(tmp_path / "none.pem")),
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 3 and "KILN_CA_FILE" in missing.stderr, missing.stderr
+
+
 def valid_requests():
     """One well-formed request per RPC, the seeds the fuzzer mutates."""
     frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 90, 32))

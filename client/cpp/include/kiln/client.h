@@ -49,8 +49,11 @@ struct ClientOptions {
   absl::Duration compile_timeout = absl::Minutes(15);
   int max_attempts = 3;
   absl::Duration retry_backoff = absl::Milliseconds(200);
-  // Null: plaintext, right for the local socket and loopback. For a remote
-  // kilnd behind TLS pass grpc::SslCredentials(...).
+  // Null: plaintext, right for the local socket and loopback; for an
+  // endpoint "grpcs://HOST:PORT" (a farm's kilnd behind TLS), TLS with the CA
+  // bundle $KILN_CA_FILE (default: the system's), the client certificate
+  // $KILN_CLIENT_CERT and key $KILN_CLIENT_KEY, and/or the bearer token in
+  // $KILN_TOKEN_FILE. Set to use other credentials for that endpoint.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
