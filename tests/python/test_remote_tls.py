@@ -205,6 +205,10 @@ def test_the_python_client_reaches_the_farm_with_tls_settings_from_the_environme
     monkeypatch.setenv("KILN_TOKEN_FILE", str(tmp_path / "missing"))
     with pytest.raises(KilnUnavailable, match="KILN_TOKEN_FILE"):
         _service.Connection(_paths.Endpoint(f"grpcs://{address}"))
+    monkeypatch.setenv("KILN_TOKEN_FILE", str(token_file))
+    monkeypatch.setenv("KILN_CA_FILE", str(pki / "other-ca.pem"))  # not the CA of kilnd's certificate
+    with pytest.raises(KilnUnavailable, match="TLS handshake failed: KILN_CA_FILE"):
+        _service.connect(f"grpcs://{address}", autostart=False)
 
 
 def test_the_kiln_cli_reaches_the_farm_with_tls_settings_from_the_environment(pki, farm, tmp_path):

@@ -203,7 +203,12 @@ def connect(endpoint=None, autostart=True):
         if connection is not None:
             _connection = connection
             return connection
-    hint = "" if _kilnd_binary() else " (no kilnd on PATH to start; set KILN_KILND)"
+    if endpoint.target and endpoint.target.startswith(_TLS_SCHEME):
+        # A TLS handshake that fails looks like no answer at all.
+        hint = (" (or the TLS handshake failed: KILN_CA_FILE must name the CA that signed kilnd's "
+                "certificate, and KILN_CLIENT_CERT a certificate signed by the CA kilnd trusts)")
+    else:
+        hint = "" if _kilnd_binary() else " (no kilnd on PATH to start; set KILN_KILND)"
     raise KilnUnavailable(f"kilnd is not reachable at {endpoint.describe()}{hint}")
 
 
