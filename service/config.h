@@ -42,6 +42,8 @@ struct Config {
   // File of "TENANT SHA256-HEX-OF-TOKEN" lines: a client sending one of those
   // tokens (authorization: Bearer TOKEN) is that tenant. Reread when changed.
   std::string client_tokens;
+  // Compiles of one tenant running at once; 0: half of compile_workers.
+  int tenant_compiles = 0;
   uint64_t max_cache_size = 10ull << 30;
   uint64_t max_request_size = 64ull << 20;
   uint64_t inline_threshold = 0;  // 0: the store's measured default

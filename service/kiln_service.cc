@@ -110,6 +110,7 @@ KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistr
       data_dir_(std::move(data_dir)),
       tcp_access_(std::move(tcp_access)),
       claims_(claim_timeout),
+      tenant_compile_slots_(tcp_access_.compiles_per_tenant),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}
 
 absl::StatusOr<Caller> KilnService::Authenticate(
@@ -339,29 +340,40 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
     const Caller caller = IdentifyCaller(*context);
     const std::string alias_ns = CompileAliasNamespace(caller, *request);
     claims_.MarkCompiling(alias_ns, request->cache_key());
-    coordinator_.Compile(
-        *request, caller,
-        [request, response, finish](absl::StatusOr<CompileOutcome> outcome) {
-          if (!outcome.ok()) return finish(outcome.status());
-          response->set_cache_hit(outcome->cache_hit);
-          response->set_ptxas_log(outcome->ptxas_log);
-          response->mutable_stage_seconds()->insert(outcome->stage_seconds.begin(),
-                                                    outcome->stage_seconds.end());
-          if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
-            FillEntry(std::move(*entry), *response->mutable_entry());
-          } else {
-            FillError(std::get<compiler::CompileFailure>(outcome->result),
-                      *response->mutable_error());
-          }
-          finish(absl::OkStatus());
-        },
-        // Stored under the caller's key, or failed: clients waiting on it look again.
-        [this, caller, alias_ns,
-         client_ns = request->namespace_().empty() ? "triton" : request->namespace_(),
-         key = request->cache_key()] {
-          claims_.Release(alias_ns, key);
-          ServeAheadOfLookups(caller, alias_ns, client_ns, key);
-        });
+    // A farm tenant's compiles take turns in its own queue (tenant_compiles).
+    const bool queued = absl::StartsWith(caller.trust_domain, kTenantDomainPrefix);
+    auto compile = [this, request, response, finish, caller, alias_ns, queued] {
+      coordinator_.Compile(
+          *request, caller,
+          [this, request, response, finish, queued,
+           tenant = caller.trust_domain](absl::StatusOr<CompileOutcome> outcome) {
+            if (queued) tenant_compile_slots_.Done(tenant);
+            if (!outcome.ok()) return finish(outcome.status());
+            response->set_cache_hit(outcome->cache_hit);
+            response->set_ptxas_log(outcome->ptxas_log);
+            response->mutable_stage_seconds()->insert(outcome->stage_seconds.begin(),
+                                                      outcome->stage_seconds.end());
+            if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
+              FillEntry(std::move(*entry), *response->mutable_entry());
+            } else {
+              FillError(std::get<compiler::CompileFailure>(outcome->result),
+                        *response->mutable_error());
+            }
+            finish(absl::OkStatus());
+          },
+          // Stored under the caller's key, or failed: clients waiting on it look again.
+          [this, caller, alias_ns,
+           client_ns = request->namespace_().empty() ? "triton" : request->namespace_(),
+           key = request->cache_key()] {
+            claims_.Release(alias_ns, key);
+            ServeAheadOfLookups(caller, alias_ns, client_ns, key);
+          });
+    };
+    if (queued) {
+      tenant_compile_slots_.Run(caller.trust_domain, std::move(compile));
+    } else {
+      compile();
+    }
   });
 }
 
@@ -419,6 +431,7 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
     response->set_launcher_builds(compiles.launcher_builds);
     response->set_launcher_cache_hits(compiles.launcher_cache_hits);
     response->set_lookups_waited(lookups_waited_.load());
+    response->set_tenant_compiles_waiting(tenant_compile_slots_.waiting());
     response->set_compile_seconds(compiles.compile_seconds);
     const compiler::PoolStats workers = toolchains_.TotalStats();
     response->set_workers_started(workers.workers_started);

@@ -13,6 +13,7 @@
 #include "service/compile_claims.h"
 #include "service/compile_coordinator.h"
 #include "service/rpc_stats.h"
+#include "service/tenant_compile_slots.h"
 
 namespace kiln::service {
 
@@ -34,6 +35,7 @@ struct TcpAccess {
   bool tls = false;                             // tcp_listen is TLS
   bool client_certificates = false;             // tls_client_ca is set
   std::shared_ptr<ClientTokens> client_tokens;  // null: no client_tokens file
+  int compiles_per_tenant = 1;                  // the rest of a tenant's queue
 
   bool identifies_clients() const { return client_certificates || client_tokens != nullptr; }
 };
@@ -129,6 +131,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   mutable std::atomic<uint64_t> next_request_id_{1};  // also names revoked callers' domains
   std::atomic<uint64_t> lookups_waited_{0};
   CompileClaims claims_;
+  TenantCompileSlots tenant_compile_slots_;
   // Served files written ahead of lookups: one thread of its own, so this
   // background work never queues before a client's put, and a backlog
   // beyond kMaxServeAheadBacklog is dropped (a lookup writes them then).

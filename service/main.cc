@@ -128,6 +128,9 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
     server_options.tls_key = config.tls_key;
     server_options.tls_client_ca = config.tls_client_ca;
     server_options.client_tokens = config.client_tokens;
+    // Half the workers by default: another tenant always finds one free.
+    server_options.compiles_per_tenant =
+        config.tenant_compiles > 0 ? config.tenant_compiles : std::max(1, workers / 2);
   }
   server_options.max_request_size = config.max_request_size;
   server_options.data_dir = config.data_dir.string();

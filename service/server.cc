@@ -147,6 +147,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
   tcp_access.tokenless_allowed = !options.tcp_address.empty();
   tcp_access.tls = !options.tls_cert.empty();
   tcp_access.client_certificates = !options.tls_client_ca.empty();
+  tcp_access.compiles_per_tenant = options.compiles_per_tenant;
   if (!options.client_tokens.empty()) {
     ASSIGN_OR_RETURN(tcp_access.client_tokens, ClientTokens::Load(options.client_tokens));
   }

@@ -27,6 +27,8 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;
   std::string client_tokens;
+  // How many compiles of one tenant may run at once (the rest queue).
+  int compiles_per_tenant = 1;
   // The token listener for local clients where there is no Unix socket
   // (Windows): kilnd listens on 127.0.0.1:`local_port` (0: a free port) and
   // writes "127.0.0.1:PORT\nTOKEN\n" to this file, in a directory only its

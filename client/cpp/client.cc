@@ -413,6 +413,10 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       stats.compile_cache_hits(), stats.single_flight_joins(), stats.compile_failures(),
       stats.workers_started(), stats.workers_lost(), stats.live_workers(), stats.launcher_builds(),
       stats.launcher_cache_hits());
+  if (stats.tenant_compiles_waiting() > 0) {
+    absl::StrAppend(&text, absl::StrFormat("farm tenants' compiles waiting their turn: %d\n",
+                                           stats.tenant_compiles_waiting()));
+  }
   for (const v1::NamespaceLookups& by_namespace : stats.lookups_by_namespace()) {
     absl::StrAppend(&text, absl::StrFormat("  %-22s %d hits, %d misses\n", by_namespace.namespace_(),
                                            by_namespace.hits(), by_namespace.misses()));

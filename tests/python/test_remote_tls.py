@@ -230,6 +230,36 @@ def test_the_kiln_cli_reaches_the_farm_with_tls_settings_from_the_environment(pk
     assert missing.returncode == 3 and "KILN_CA_FILE" in missing.stderr, missing.stderr
 
 
+def test_a_tenant_flooding_the_farm_delays_only_itself(pki, farm):
+    """The farm runs one compile of a tenant at a time (tenant_compiles, here
+    half of its one worker): alpha queues five kernels, then beta asks for
+    one, and beta's is done right after alpha's first, not after all five."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, address, _ = farm
+    alpha, beta = stub(pki, address, "alpha"), stub(pki, address, "beta")
+    target = GPUTarget("cuda", 90, 32)
+    flood = [triton_frontend.run_frontend(case, target) for case in kernel_suite.SUITE[9:14]]
+    asked = triton_frontend.run_frontend(kernel_suite.SUITE[3], GPUTarget("cuda", 80, 32))
+    finished = []
+
+    def compile_as(client, name, frontend):
+        response = client.Compile(compile_request(frontend), timeout=300)
+        assert response.WhichOneof("result") == "entry", response.error
+        finished.append(name)
+
+    with ThreadPoolExecutor(6) as pool:
+        flooding = [pool.submit(compile_as, alpha, f"alpha{i}", frontend) for i, frontend in enumerate(flood)]
+        deadline = time.monotonic() + 60
+        while server.stats().tenant_compiles_waiting < 3:  # alpha's are queued at kilnd
+            assert time.monotonic() < deadline and not all(f.done() for f in flooding), finished
+            time.sleep(0.01)
+        beta_done = pool.submit(compile_as, beta, "beta", asked)
+        for future in [*flooding, beta_done]:
+            future.result()
+    assert finished.index("beta") <= 2, f"beta waited behind alpha's queue: {finished}"
+
+
 def valid_requests():
     """One well-formed request per RPC, the seeds the fuzzer mutates."""
     frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 90, 32))
