@@ -1,8 +1,6 @@
 #include "service/client_identity.h"
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
@@ -38,11 +36,10 @@ absl::StatusOr<std::map<std::string, std::string>> ParseClientTokens(absl::strin
                              return absl::ascii_isxdigit(static_cast<unsigned char>(c));
                            });
     if (!digest_ok || !IsValidTenantName(fields[0])) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: expected 'TENANT SHA256-HEX' (a tenant of [A-Za-z0-9._-], "
-                          "then the SHA-256 of "
-                          "its token, e.g. from `printf %%s TOKEN | sha256sum`)",
-                          origin, line_number));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: expected 'TENANT SHA256-HEX' (a tenant of [A-Za-z0-9._-], then the SHA-256 of "
+          "its token, e.g. from `printf %%s TOKEN | sha256sum`)",
+          origin, line_number));
     }
     tenant_of_digest[absl::AsciiStrToLower(fields[1])] = std::string(fields[0]);
   }
@@ -53,13 +50,12 @@ namespace {
 
 absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(
     const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  absl::StatusOr<std::string> text = platform::ReadWholeFile(path);
+  if (!text.ok()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("cannot read client_tokens file %s; check the path", path.string()));
   }
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return ParseClientTokens(text, path.string());
+  return ParseClientTokens(*text, path.string());
 }
 
 }  // namespace
@@ -92,16 +88,14 @@ void ClientTokens::RefreshLocked() {
 }
 
 absl::StatusOr<std::string> ClientTokens::TenantOf(absl::string_view token) {
-  // Only the digest is compared, so the lookup's timing tells nothing of the
-  // token.
+  // Only the digest is compared, so the lookup's timing tells nothing of the token.
   const std::string digest = DigestHex(DigestBytes(Sha256(token)));
   std::lock_guard lock(mutex_);
   RefreshLocked();
   const auto found = tenant_of_digest_.find(digest);
   if (found == tenant_of_digest_.end()) {
     return absl::UnauthenticatedError(
-        "kilnd does not know this token (revoked, mistyped, or for another "
-        "kilnd); ask the farm's "
+        "kilnd does not know this token (revoked, mistyped, or for another kilnd); ask the farm's "
         "admin for one, and check KILN_TOKEN_FILE");
   }
   return found->second;

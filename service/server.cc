@@ -3,7 +3,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <limits>
 #include <random>
 
@@ -105,9 +104,8 @@ absl::Status WriteServedFilesPointer(const std::string& endpoint, const std::str
 }
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view setting) {
-  std::ifstream in(path, std::ios::binary);
-  std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (pem.find("-----BEGIN ") == std::string::npos) {
+  absl::StatusOr<std::string> pem = platform::ReadWholeFile(path);
+  if (!pem.ok() || pem->find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s %s is not a readable PEM file; check the path and that kilnd's account may read it",
         setting, path));

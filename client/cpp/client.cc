@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <limits>
 #include <thread>
 #include <utility>
@@ -61,12 +60,12 @@ std::string EnvOrEmpty(const char* name) {
 absl::StatusOr<std::string> FileNamedBy(const char* variable) {
   const std::string path = EnvOrEmpty(variable);
   if (path.empty()) return std::string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  absl::StatusOr<std::string> content = platform::ReadWholeFile(path);
+  if (!content.ok()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s=%s cannot be read; fix the path", variable, path));
   }
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return content;
 }
 
 // TLS to a farm's kilnd: the CA bundle that signed its certificate
@@ -168,18 +167,17 @@ std::optional<v1::CompileError> CompileErrorOf(const absl::Status& status) {
   return error;
 }
 
-Client::Client(ClientOptions options) : options_(std::move(options)) { Connect(); }
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  Connect(ResolveEndpoint(options_));
+}
 
-void Client::Connect() {
-  ResolvedEndpoint resolved = ResolveEndpoint(options_);
+void Client::Connect(ResolvedEndpoint resolved) {
   endpoint_ = std::move(resolved.target);
   token_ = std::move(resolved.token);
   endpoint_problem_ = std::move(resolved.problem);
-  if (!endpoint_problem_.empty()) {
-    channel_.reset();
-    stub_.reset();
-    return;
-  }
+  channel_.reset();
+  stub_.reset();
+  if (!endpoint_problem_.empty()) return;
   std::shared_ptr<grpc::ChannelCredentials> credentials = options_.credentials;
   std::string target = endpoint_;
   if (absl::StartsWith(target, kTlsScheme)) {
@@ -189,8 +187,6 @@ void Client::Connect() {
           TlsCredentialsFromEnvironment();
       if (!from_environment.ok()) {
         endpoint_problem_ = std::string(from_environment.status().message());
-        channel_.reset();
-        stub_.reset();
         return;
       }
       credentials = *std::move(from_environment);
@@ -253,10 +249,9 @@ absl::Status Client::WaitUntilServing(absl::Duration deadline) {
     absl::Status status = CheckHealth();
     if (status.ok() || absl::Now() >= give_up) return status;
     absl::SleepFor(try_until - absl::Now());
-    const std::string endpoint = endpoint_, token = token_;
     if (ResolvedEndpoint now = ResolveEndpoint(options_);
-        now.target != endpoint || now.token != token || !now.problem.empty()) {
-      Connect();
+        now.target != endpoint_ || now.token != token_ || !now.problem.empty()) {
+      Connect(std::move(now));
     }
   }
 }

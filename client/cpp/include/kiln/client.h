@@ -134,8 +134,9 @@ class Client {
   absl::StatusOr<v1::VerifyResponse> Verify();
 
  private:
-  // Resolves the endpoint and opens a channel to it (none when unresolved).
-  void Connect();
+  // Takes `resolved` as this client's endpoint and opens a channel to it
+  // (none when it is unresolved or its TLS settings cannot be read).
+  void Connect(ResolvedEndpoint resolved);
   // Runs `call` with a fresh context per attempt, retrying UNAVAILABLE and
   // ABORTED; converts the final status.
   template <typename Call>
