@@ -131,7 +131,8 @@ class ArtifactStore::ReaderLease {
 ArtifactStore::ArtifactStore(StoreOptions options)
     : options_(std::move(options)),
       trusted_blob_files_(options_.trust_files_changed_before),
-      served_files_(options_.data_dir / "files", options_.trust_files_changed_before) {}
+      served_files_(options_.data_dir / "files", options_.trust_files_changed_before),
+      hit_journal_(served_files_.hits_dir()) {}
 
 ArtifactStore::~ArtifactStore() {
   {
@@ -445,6 +446,16 @@ absl::StatusOr<uint64_t> ArtifactStore::RecordHits(absl::string_view ns,
     ++recorded;
   }
   return recorded;
+}
+
+uint64_t ArtifactStore::CollectJournaledHits() {
+  return hit_journal_.Collect([this](absl::string_view ns, const std::vector<std::string>& keys) {
+    const std::string scoped = absl::StrCat(options_.served_namespace_prefix, ns);
+    if (absl::StatusOr<uint64_t> recorded = RecordHits(scoped, keys); !recorded.ok()) {
+      spdlog::warn("cache: journaled hits in {} not counted: {}", scoped,
+                   recorded.status().message());
+    }
+  });
 }
 
 void ArtifactStore::CountLookup(absl::string_view ns, bool hit) {
@@ -809,6 +820,7 @@ void ArtifactStore::MaintenanceLoop() {
     if (stopping_) break;
     eviction_needed_ = false;
     lock.unlock();
+    CollectJournaledHits();
     {
       std::lock_guard writer_lock(writer_mutex_);
       if (absl::Status status = FlushTouches(); !status.ok()) {
@@ -851,6 +863,7 @@ absl::StatusOr<ArtifactStore::VerifyReport> ArtifactStore::VerifyAll() {
 }
 
 absl::StatusOr<StoreStats> ArtifactStore::Stats() {
+  CollectJournaledHits();
   StoreStats stats;
   stats.hits = hits_.load();
   stats.misses = misses_.load();

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cache/hit_journal.h"
 #include "cache/served_files.h"
 #include "cache/trusted_stamps.h"
 #include "common/platform.h"
@@ -90,6 +91,10 @@ struct StoreOptions {
   // Accounts besides this one that may read served files (Windows: the users
   // a machine service serves; see platform::EnsurePrivateDirectory).
   std::vector<std::string> served_file_readers;
+  // What a client namespace in the served files' index is stored under
+  // (kilnd's own account's trust domain, "local/"): hits that clients journal
+  // (hit_journal.h) count for `served_namespace_prefix` + their namespace.
+  std::string served_namespace_prefix;
 };
 
 struct StoreStats {
@@ -154,6 +159,11 @@ class ArtifactStore {
                                               std::vector<BlobInput> blobs,
                                               const NamedDigests& stored = {});
 
+  // Counts the hits clients journaled since the last collection (which the
+  // maintenance thread runs every lru_flush_interval). Returns how many.
+  uint64_t CollectJournaledHits();
+
+  // Collects journaled hits first, so the counts include every client that exited.
   absl::StatusOr<StoreStats> Stats();
 
   // Where blobs are served as files (served_files.h).
@@ -252,6 +262,7 @@ class ArtifactStore {
   TrustedStamps trusted_blob_files_;
 
   ServedFiles served_files_;
+  HitJournal hit_journal_;
 
   std::atomic<uint64_t> stored_bytes_{0};
   std::atomic<uint64_t> hits_{0};

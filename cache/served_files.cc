@@ -80,7 +80,10 @@ ServedFiles::ServedFiles(fs::path dir, absl::Duration trust_changed_before)
     : dir_(std::move(dir)), trusted_(trust_changed_before) {}
 
 absl::Status ServedFiles::Initialize(const std::vector<std::string>& readers) {
-  return platform::EnsurePrivateDirectory(dir_, readers);
+  RETURN_IF_ERROR(platform::EnsurePrivateDirectory(dir_, readers));
+  std::error_code error;
+  fs::create_directories(hits_dir(), error);  // without it clients call RecordHits instead
+  return absl::OkStatus();
 }
 
 std::optional<std::string> ServedFiles::ExtensionOf(absl::string_view name) {
@@ -222,7 +225,7 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
   for (auto it = fs::recursive_directory_iterator(dir_, error);
        it != fs::recursive_directory_iterator(); it.increment(error)) {
     const fs::directory_entry& file = *it;
-    if (file.path() == index_dir || file.path() == links_dir) {
+    if (file.path() == index_dir || file.path() == links_dir || file.path() == hits_dir()) {
       it.disable_recursion_pending();
       continue;
     }

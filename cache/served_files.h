@@ -29,6 +29,8 @@
 // A link whose file is gone dangles, which a client sees as a miss. Where
 // this account may not make links (Windows without the privilege), the index
 // alone serves.
+//
+// Clients report the hits they served themselves in <dir>/hits (hit_journal.h).
 
 #include <atomic>
 #include <filesystem>
@@ -52,6 +54,8 @@ class ServedFiles {
   ServedFiles(std::filesystem::path dir, absl::Duration trust_changed_before);
 
   const std::filesystem::path& dir() const { return dir_; }
+  // Where clients journal their hits (HitJournal); left alone by RemoveOrphans.
+  std::filesystem::path hits_dir() const { return dir_ / "hits"; }
 
   // Creates the directory, readable by this account and `readers` (Windows
   // accounts a machine service serves; see platform::EnsurePrivateDirectory).

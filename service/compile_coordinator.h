@@ -29,9 +29,13 @@ namespace kiln::service {
 // Who is asking. Writes go to the caller's trust domain; only a caller that is
 // provably the service's own user may have an interpreter path run.
 struct Caller {
-  std::string trust_domain;  // "local": the per-user Unix socket; "net": TCP
+  std::string trust_domain;  // kLocalDomain, "net" (TCP), or a farm tenant's
   bool same_local_user = false;
 };
+
+// The trust domain of kilnd's own account: its Unix socket, or the token of its
+// endpoint file. Only it reads served files.
+inline constexpr absl::string_view kLocalDomain = "local";
 
 // "local/triton": the store namespace of a client namespace in a trust domain.
 std::string ScopedNamespace(const Caller& caller, absl::string_view ns);

@@ -116,10 +116,10 @@ KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistr
 absl::StatusOr<Caller> KilnService::Authenticate(
     const grpc::CallbackServerContext& context) const {
   // The socket lives in a directory only the service's user may enter.
-  if (absl::StartsWith(context.peer(), "unix:")) return Caller{"local", true};
+  if (absl::StartsWith(context.peer(), "unix:")) return Caller{std::string(kLocalDomain), true};
   if (const std::optional<absl::string_view> token = SentToken(context); token.has_value()) {
     if (!tcp_access_.token.empty() && SameSecret(*token, tcp_access_.token)) {
-      return Caller{"local", true};
+      return Caller{std::string(kLocalDomain), true};
     }
     return absl::UnauthenticatedError(absl::StrFormat(
         "the access token does not match this kilnd's (it writes a new one each start); read "

@@ -67,6 +67,9 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   store_options.zstd_level = config.zstd_level;
   if (config.inline_threshold > 0) store_options.inline_threshold_bytes = config.inline_threshold;
   store_options.served_file_readers = config.allowed_users;
+  // Served files are for kilnd's own account, whose calls come as kLocalDomain.
+  store_options.served_namespace_prefix =
+      kiln::service::ScopedNamespace({std::string(kiln::service::kLocalDomain), true}, "");
   ASSIGN_OR_RETURN(std::unique_ptr<kiln::cache::ArtifactStore> store,
                    kiln::cache::ArtifactStore::Open(store_options));
 

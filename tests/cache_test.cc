@@ -126,6 +126,42 @@ TEST_F(ArtifactStoreTest, HitsServedByAClientsOwnCopiesAreCountedForStoredKeysOn
   EXPECT_EQ(stats->lookups_by_namespace.at("triton").first, 2u);
 }
 
+void WriteText(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+TEST_F(ArtifactStoreTest, HitsClientsJournalBesideServedFilesAreCountedOnceInTheirScope) {
+  StoreOptions options = Options();
+  options.served_namespace_prefix = "local/";
+  options.lru_flush_interval = absl::Hours(1);  // no collection but the test's
+  auto store = OpenStore(options);
+  ASSERT_TRUE(store->Put("local/triton", "key1", KernelBlobs(1)).ok());
+  ASSERT_TRUE(store->Put("other/triton", "key2", KernelBlobs(2)).ok());
+  const fs::path hits = dir_.path() / "data" / "files" / "hits";
+  ASSERT_TRUE(fs::is_directory(hits));
+  // Two clients' batches; lines that do not parse, keys not stored and another
+  // scope's key count for nothing.
+  WriteText(hits / "a.hits", "triton\tkey1\ntriton\tkey1\ntriton\tgone\nno tab here\n\ttriton\n");
+  WriteText(hits / "b.hits", "triton\tkey2\ntriton\tkey1");
+  // Not complete yet (a client writes, then renames): left for later.
+  WriteText(hits / ".c.tmp", "triton\tkey1\n");
+  // Larger than any client writes: dropped unread.
+  WriteText(hits / "huge.hits", std::string(HitJournal::kMaxFileBytes + 1, 'x'));
+  EXPECT_EQ(store->CollectJournaledHits(), 5u);  // read, stored or not
+  absl::StatusOr<StoreStats> stats = store->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->hits, 3u);
+  EXPECT_EQ(stats->lookups_by_namespace.at("local/triton").first, 3u);
+  EXPECT_EQ(stats->lookups_by_namespace.count("other/triton"), 0u);
+  EXPECT_FALSE(fs::exists(hits / "a.hits"));
+  EXPECT_FALSE(fs::exists(hits / "b.hits"));
+  EXPECT_FALSE(fs::exists(hits / "huge.hits"));
+  EXPECT_TRUE(fs::exists(hits / ".c.tmp"));
+  // Each file counts once: nothing is left to collect.
+  EXPECT_EQ(store->CollectJournaledHits(), 0u);
+  EXPECT_EQ(store->Stats()->hits, 3u);
+}
+
 TEST_F(ArtifactStoreTest, ManifestReferencesStoredBlobsBesideNewOnes) {
   auto store = OpenStore(Options());
   absl::StatusOr<std::vector<StoredBlob>> stored = store->Put("shared", "result", KernelBlobs(1));

@@ -2,7 +2,7 @@
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
 usage: client_probe.py suite|ptxas-error|launcher LIBCUDA_DIR|spawn-child|frontend-error|
-                       where-warning|override FILE [--enable] [--as-inductor]
+                       where-warning|override FILE [--enable] [--as-inductor] [--note-grpc-import FILE]
 Prints one JSON object on stdout."""
 
 import contextlib
@@ -160,7 +160,19 @@ def spawn_child():
     return json.loads(child.stdout.splitlines()[-1])
 
 
+def _note_grpc_import(path):
+    """Writes to `path` if this process ever imports gRPC, up to its very end
+    (an audit hook sees imports that atexit handlers make)."""
+    def hook(event, args):
+        if event == "import" and args[0] == "grpc" and not Path(path).exists():
+            Path(path).write_text("imported")
+
+    sys.addaudithook(hook)
+
+
 def main():
+    if "--note-grpc-import" in sys.argv:
+        _note_grpc_import(sys.argv[sys.argv.index("--note-grpc-import") + 1])
     if "--as-inductor" in sys.argv:
         # Only the module's name, not inductor: what Kiln decides by (whether
         # inductor is loaded in this process) is what the test checks.

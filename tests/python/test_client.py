@@ -88,6 +88,23 @@ def test_a_process_with_no_files_of_its_own_reads_kilnds_files(kilnd, kiln_env, 
     assert kilnd.stats().hits - before.hits >= len(stock_suite)
 
 
+def test_a_process_whose_every_lookup_hits_kilnds_files_never_imports_grpc_yet_kilnd_counts_each_hit(
+        kilnd, kiln_env, tmp_path, stock_suite):
+    run_probe(kiln_env, "suite")  # kilnd has every kernel now
+    fresh = dict(kiln_env, KILN_FILES_DIR=str(tmp_path / "new-files"), TRITON_CACHE_DIR=str(tmp_path / "new-cache"))
+    run_probe(fresh, "suite")  # kilnd serves every kernel as files by now, if not ahead of this
+    again = dict(fresh, TRITON_CACHE_DIR=str(tmp_path / "newer-cache"))
+    before = kilnd.stats()
+    marker = tmp_path / "grpc-imported"
+    result = probe_json(run_probe(again, "suite", "--note-grpc-import", str(marker)))
+    assert result["kernels"] == stock_suite
+    # Not while it ran, not at its exit: its hits went to kilnd as a journal file ...
+    assert not marker.exists()
+    # ... which kilnd took and counted.
+    assert kilnd.stats().hits - before.hits >= len(stock_suite)
+    assert not list((kilnd.root / "data" / "files" / "hits").glob("*.hits"))
+
+
 def test_enable_in_code_reaches_an_inductor_style_worker(kilnd, base_env, stock_suite):
     env = dict(base_env, KILN_ENDPOINT=f"unix:{kilnd.socket}")
     before = kilnd.stats().hits

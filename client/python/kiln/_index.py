@@ -19,8 +19,13 @@ one file (a launcher module) under the same digest,
     <root>/links/<hh>/<62 hex><extension>  -> the file
 
 so that Triton's get_file costs one stat, as in its own file cache; a link
-whose file is gone is a miss. Hits served here reach kilnd later, in batches,
-for its stats and LRU.
+whose file is gone is a miss.
+
+Hits served here reach kilnd later, in batches, for its stats and LRU: those
+from kilnd's files as a journal file kilnd collects (<root>/hits, see
+cache/hit_journal.h), so a process that only hits never imports gRPC, not even
+at exit; those from this client's own index with a RecordHits call, made once
+this process has gRPC loaded anyway, or at exit.
 """
 
 import atexit
@@ -28,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import threading
 import uuid
 
@@ -36,7 +42,8 @@ from . import _files, _paths
 log = logging.getLogger("kiln")
 
 _FLUSH_DELAY = 2.0  # seconds after the first unrecorded hit: off the program's startup
-_pending = {}  # namespace -> [key], hits not yet sent to kilnd
+_pending = {}  # namespace -> [key]: hits from this client's own index, for RecordHits
+_journal = {}  # kilnd's served files dir -> [(namespace, key)]: hits from its files
 _pending_lock = threading.Lock()
 _flush_timer = None
 
@@ -89,7 +96,7 @@ def lookup(namespace, key, name):
             continue
         files = _read(_entry_path(root, namespace, key), name)
         if files is not None:
-            _count_hit(namespace, key)
+            _count_hit(namespace, key, root if root_of is _paths.served_files_dir else None)
             return files
     return None
 
@@ -105,7 +112,7 @@ def lookup_file(namespace, key, name):
         except OSError:
             pass
         else:
-            _count_hit(namespace, key)
+            _count_hit(namespace, key, root)
             return link
     files = lookup(namespace, key, name)
     return None if files is None else files[name]
@@ -126,21 +133,61 @@ def record(namespace, key, files):
         log.debug("no local index entry for %s/%s: %s", namespace, key, error)
 
 
-def _count_hit(namespace, key):
+def _count_hit(namespace, key, served_root):
+    """Remembers a hit for kilnd: `served_root` is kilnd's served files dir when
+    its files served it, None when this client's own index did."""
     global _flush_timer
     with _pending_lock:
-        _pending.setdefault(namespace, []).append(key)
+        if served_root is not None:
+            _journal.setdefault(served_root, []).append((namespace, key))
+        else:
+            _pending.setdefault(namespace, []).append(key)
         if _flush_timer is None:
             _flush_timer = threading.Timer(_FLUSH_DELAY, flush)
             _flush_timer.daemon = True
             _flush_timer.start()
 
 
-def flush(timeout=5.0):
-    """Sends the hits served here to kilnd (RecordHits); lost if kilnd is unreachable."""
+def _write_journal(root, hits):
+    """Hands `hits` to kilnd as a journal file; False when it cannot be written
+    (a kilnd older than the journal, a key a line cannot hold)."""
+    if any("\t" in key or "\n" in key or "\t" in namespace or "\n" in namespace for namespace, key in hits):
+        return False
+    name = uuid.uuid4().hex
+    directory = f"{root}{os.sep}hits"
+    temp = f"{directory}{os.sep}.{name}.tmp"
+    try:
+        with open(temp, "w", encoding="utf-8", newline="\n") as out:
+            out.write("".join(f"{namespace}\t{key}\n" for namespace, key in hits))
+        os.replace(temp, f"{directory}{os.sep}{name}.hits")
+    except OSError as error:
+        log.debug("hits not journaled in %s: %s", directory, error)
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        return False
+    return True
+
+
+def flush(timeout=5.0, at_exit=False):
+    """Hands the hits served here to kilnd: journaled where its files served
+    them, else sent with RecordHits, which waits (no gRPC import mid-run) until
+    this process has gRPC loaded or exits. Statistics only: lost if kilnd is
+    unreachable."""
     global _flush_timer
     with _pending_lock:
-        batches, _flush_timer = dict(_pending), None
+        journal, _flush_timer = dict(_journal), None
+        _journal.clear()
+    for root, hits in journal.items():
+        if not _write_journal(root, hits):
+            with _pending_lock:
+                for namespace, key in hits:
+                    _pending.setdefault(namespace, []).append(key)
+    if not at_exit and "grpc" not in sys.modules:
+        return
+    with _pending_lock:
+        batches = dict(_pending)
         _pending.clear()
     if not batches:
         return
@@ -158,7 +205,7 @@ def flush(timeout=5.0):
 
 @atexit.register
 def _flush_at_exit():
-    # A short program that only hit locally imports gRPC here, at its exit, so
-    # that kilnd's stats and LRU still see every hit.
-    if _pending:
-        flush(timeout=1.0)
+    # Only hits from this client's own index make a program that imported
+    # no gRPC import it here, at its exit.
+    if _pending or _journal:
+        flush(timeout=1.0, at_exit=True)
