@@ -1,7 +1,10 @@
 #include "compiler/build_environment.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace kiln::compiler {
 namespace {
@@ -39,6 +42,29 @@ absl::StatusOr<std::vector<std::string>> WindowsCommand(const CCompiler& compile
 }
 
 }  // namespace
+
+absl::Status LinkStubWithoutDriver(const BuildEnvironment& environment, LauncherRequest& request) {
+  for (std::string& library : request.libraries) {
+    if (!absl::StartsWith(library, "libcuda.so")) continue;
+    const bool found = std::any_of(request.library_dirs.begin(), request.library_dirs.end(),
+                                   [&](const std::string& dir) {
+                                     return fs::exists(fs::path(dir) / library);
+                                   });
+    if (found) continue;
+    const auto stub = std::find_if(
+        environment.cuda_stub_dirs.begin(), environment.cuda_stub_dirs.end(),
+        [](const fs::path& dir) { return fs::exists(dir / "libcuda.so"); });
+    if (stub == environment.cuda_stub_dirs.end()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "no %s to link the launcher against: install the CUDA toolkit (its lib64/stubs) or a "
+          "GPU driver on this machine, or set CUDA_HOME for kilnd",
+          library));
+    }
+    library = "cuda";  // -lcuda finds the stub's libcuda.so
+    request.library_dirs.push_back(stub->string());
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<std::string>> LauncherCompileCommand(
     const CCompiler& compiler, const BuildEnvironment& environment,

@@ -56,6 +56,9 @@ struct BuildEnvironment {
   std::vector<CCompiler> compilers;
   std::vector<std::filesystem::path> cuda_include_dirs;
   std::vector<std::filesystem::path> cuda_library_dirs;  // Windows: cuda.lib
+  // Linux: the CUDA toolkit's link stubs (libcuda.so), for a machine without
+  // a GPU driver (see LinkStubWithoutDriver).
+  std::vector<std::filesystem::path> cuda_stub_dirs;
   // Python headers and import libraries Kiln provides for embedded Pythons
   // (platform::KilnPythonDir).
   std::filesystem::path kiln_python_dir;
@@ -75,6 +78,12 @@ absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(
 absl::StatusOr<std::vector<std::string>> LauncherCompileCommand(
     const CCompiler& compiler, const BuildEnvironment& environment,
     const LauncherRequest& request, const std::filesystem::path& scratch);
+
+// A launcher built where no GPU driver is installed (a build farm) has no
+// libcuda.so.1 to link: links the CUDA toolkit's stub instead, whose SONAME is
+// libcuda.so.1, so the module loads the driver of the machine it runs on.
+// FAILED_PRECONDITION when neither is here, naming what to install.
+absl::Status LinkStubWithoutDriver(const BuildEnvironment& environment, LauncherRequest& request);
 
 }  // namespace kiln::compiler
 

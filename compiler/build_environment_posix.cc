@@ -43,12 +43,18 @@ absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& con
         "no C compiler found (tried %s) for launcher builds; install gcc or set CC",
         absl::StrJoin(candidates, ", ")));
   }
+  std::vector<fs::path> cuda_roots;
   for (const char* variable : {"CUDA_PATH", "CUDA_HOME"}) {
     if (const char* root = std::getenv(variable); root != nullptr && root[0] != '\0') {
-      environment.cuda_include_dirs.push_back(fs::path(root) / "include");
+      cuda_roots.emplace_back(root);
     }
   }
-  environment.cuda_include_dirs.push_back("/usr/local/cuda/include");
+  cuda_roots.emplace_back("/usr/local/cuda");
+  for (const fs::path& root : cuda_roots) {
+    environment.cuda_include_dirs.push_back(root / "include");
+    environment.cuda_stub_dirs.push_back(root / "lib64" / "stubs");
+    environment.cuda_stub_dirs.push_back(root / "targets" / "x86_64-linux" / "lib" / "stubs");
+  }
   return environment;
 }
 

@@ -126,18 +126,7 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   request.mutable_env()->insert(job.env.begin(), job.env.end());
   request.set_hash(job.hash);
   request.set_metadata_json(job.metadata_json);
-  absl::StatusOr<WorkerReply> reply = absl::AbortedError("no worker tried");
-  // An idle worker may have died (killed, OOM) since its last job; the job
-  // then never ran, so it moves on to another worker.
-  for (int attempt = 0; attempt < 3 && absl::IsAborted(reply.status()); ++attempt) {
-    ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire(job.priority));
-    reply = worker->Call(request, {{"ir", job.ir}}, options_.job_timeout);
-    Release(std::move(worker));
-  }
-  {
-    std::lock_guard lock(mutex_);
-    ++stats_.jobs;
-  }
+  absl::StatusOr<WorkerReply> reply = Call(request, {{"ir", job.ir}}, job.priority);
   if (absl::IsDeadlineExceeded(reply.status())) {
     return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
   }
@@ -158,6 +147,50 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
     return absl::InvalidArgumentError(header.message());
   }
   return CompileFailure{kind->second, header.message(), header.log()};
+}
+
+absl::StatusOr<WorkerReply> WorkerPool::Call(const worker::Request& request, const Parts& parts,
+                                             Priority priority) {
+  absl::StatusOr<WorkerReply> reply = absl::AbortedError("no worker tried");
+  // An idle worker may have died (killed, OOM) since its last job; the job
+  // then never ran, so it moves on to another worker.
+  for (int attempt = 0; attempt < 3 && absl::IsAborted(reply.status()); ++attempt) {
+    ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire(priority));
+    reply = worker->Call(request, parts, options_.job_timeout);
+    Release(std::move(worker));
+  }
+  std::lock_guard lock(mutex_);
+  ++stats_.jobs;
+  return reply;
+}
+
+absl::StatusOr<GeneratedLauncher> WorkerPool::LauncherSource(const LauncherSourceJob& job) {
+  worker::Request request;
+  request.set_op("launcher_source");
+  request.set_make_launcher_args(job.make_launcher_args);
+  request.set_cuda_utils(job.cuda_utils);
+  absl::StatusOr<WorkerReply> reply = Call(request, {}, Priority::kInteractive);
+  if (!reply.ok()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "the %s toolchain's worker did not answer for the launcher source: %s",
+        info_.python_executable, reply.status().message()));
+  }
+  const worker::Reply& header = reply->header;
+  if (!header.ok()) return absl::InvalidArgumentError(header.message());
+  const auto source = std::find_if(reply->parts.begin(), reply->parts.end(),
+                                   [](const auto& part) { return part.first == "source"; });
+  if (source == reply->parts.end()) {
+    return absl::InternalError("the worker sent no launcher source");
+  }
+  const worker::LauncherBuild& build = header.launcher();
+  GeneratedLauncher launcher;
+  launcher.source = source->second;
+  launcher.abi = {build.python_version(), build.abiflags(), build.ext_suffix(), build.platform(),
+                  build.python_include_dir()};
+  launcher.include_dirs.assign(build.include_dirs().begin(), build.include_dirs().end());
+  launcher.library_dirs.assign(build.library_dirs().begin(), build.library_dirs().end());
+  launcher.libraries.assign(build.libraries().begin(), build.libraries().end());
+  return launcher;
 }
 
 PoolStats WorkerPool::Stats() {

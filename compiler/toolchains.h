@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "compiler/build_environment.h"
 #include "compiler/worker_process.h"
 
 namespace kiln::compiler {
@@ -74,6 +75,23 @@ struct CompileFailure {
 
 using CompileResult = std::variant<CompileOutput, CompileFailure>;
 
+// A launcher to make from what the client's Triton generated it from
+// (kiln.v1.LauncherOrigin): make_launcher's arguments, or cuda_utils.
+struct LauncherSourceJob {
+  std::string make_launcher_args;
+  bool cuda_utils = false;
+};
+
+// The source a toolchain's Triton generates for a launcher, and how its
+// Python builds it: ready to be a LauncherRequest.
+struct GeneratedLauncher {
+  std::string source;
+  PythonAbi abi;
+  std::vector<std::string> include_dirs;
+  std::vector<std::string> library_dirs;
+  std::vector<std::string> libraries;
+};
+
 struct PoolStats {
   uint64_t jobs = 0;
   uint64_t workers_started = 0;
@@ -96,6 +114,10 @@ class WorkerPool {
   // unknown target); FAILED_PRECONDITION when no worker can be started.
   absl::StatusOr<CompileResult> Compile(const CompileJob& job);
 
+  // INVALID_ARGUMENT when this Triton generates no launcher from the job's
+  // arguments; UNAVAILABLE when no worker could answer.
+  absl::StatusOr<GeneratedLauncher> LauncherSource(const LauncherSourceJob& job);
+
   // Adds an already started worker (registration's identifying worker) as idle.
   void Adopt(std::unique_ptr<WorkerProcess> worker);
 
@@ -103,6 +125,10 @@ class WorkerPool {
   PoolStats Stats();
 
  private:
+  // Runs one job on a worker: on another one if the worker it got had died
+  // idle (the job never ran there).
+  absl::StatusOr<WorkerReply> Call(const worker::Request& request, const Parts& parts,
+                                   Priority priority);
   absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire(Priority priority);
   void Release(std::unique_ptr<WorkerProcess> worker);
   void RetireIdleLoop();

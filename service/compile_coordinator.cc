@@ -279,13 +279,55 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
 void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& request,
                                                const Caller& caller, Done done) {
   if (launcher_builder_ == nullptr) return done(launcher_unavailable_);
-  if (!caller.same_local_user) {
-    // The request names include and library directories on the client's
-    // machine; building for a remote client needs its SDK paths mapped first.
-    return done(absl::FailedPreconditionError(
-        "launcher builds are served to local clients only; build launchers on the client"));
+  absl::StatusOr<compiler::LauncherRequest> launcher =
+      caller.same_local_user ? ToLauncherRequest(request) : RemoteLauncherRequest(request);
+  if (!launcher.ok()) return done(launcher.status());
+  BuildLauncher(*std::move(launcher), std::move(done));
+}
+
+absl::StatusOr<compiler::LauncherRequest> CompileCoordinator::RemoteLauncherRequest(
+    const v1::BuildLauncherRequest& request) {
+  // A remote client's C is never compiled here (an #include of this machine's
+  // files would hand them over): its Triton's generator runs here instead.
+  if (request.triton_key().empty() ||
+      request.origin().generator_case() == v1::LauncherOrigin::GENERATOR_NOT_SET) {
+    return absl::FailedPreconditionError(
+        "kilnd builds a remote client's launcher only from what generated its source: send "
+        "triton_key and origin (the kiln Python client does for Triton's own launchers); build "
+        "this one on the client");
   }
-  const compiler::LauncherRequest launcher = ToLauncherRequest(request);
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, toolchains_.Find(request.triton_key()));
+  compiler::LauncherSourceJob job;
+  job.make_launcher_args = request.origin().make_launcher_args();
+  job.cuda_utils = request.origin().cuda_utils();
+  ASSIGN_OR_RETURN(compiler::GeneratedLauncher generated, pool->LauncherSource(job));
+  const v1::PythonAbi& client = request.python_abi();
+  const compiler::PythonAbi& farm = generated.abi;
+  if (client.version() != farm.version || client.abiflags() != farm.abiflags ||
+      client.ext_suffix() != farm.ext_suffix || client.platform() != farm.platform) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "this kilnd's toolchain of your Triton (%s) is Python %s%s on %s (%s); you run Python "
+        "%s%s on %s (%s). Register a toolchain of your Python and Triton version on this machine "
+        "(toolchain = PATH in kilnd.conf), or build launchers on the client",
+        pool->info().triton_version, farm.version, farm.abiflags, farm.platform, farm.ext_suffix,
+        client.version(), client.abiflags(), client.platform(), client.ext_suffix()));
+  }
+  if (generated.source != request.c_source()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the launcher source sent is not what this kilnd's Triton %s generates from its origin; "
+        "kilnd builds a remote client's launcher only from source it generated itself (is the "
+        "client's Triton patched?)",
+        pool->info().triton_version));
+  }
+  compiler::LauncherRequest launcher{request.module_name(), std::move(generated.source),
+                                     std::move(generated.abi), std::move(generated.include_dirs),
+                                     std::move(generated.library_dirs),
+                                     std::move(generated.libraries)};
+  RETURN_IF_ERROR(LinkStubWithoutDriver(launcher_builder_->environment(), launcher));
+  return launcher;
+}
+
+void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher, Done done) {
   const std::string shared_key = launcher_builder_->CacheKey(launcher);
   absl::StatusOr<std::optional<cache::CacheEntry>> hit =
       LookupShared(kLauncherNamespace, shared_key, {}, Alias{});

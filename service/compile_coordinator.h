@@ -127,6 +127,12 @@ class CompileCoordinator {
   // entry is aliased under the caller's key when it has one.
   cache::CacheEntry ForCaller(const cache::CacheEntry& entry,
                               const absl::flat_hash_set<std::string>& have, const Alias& alias);
+  // What to build for a client on another machine: the source its Triton's
+  // generator makes here (which must equal what it sent), with this machine's
+  // Python and CUDA files. FAILED_PRECONDITION names what the farm lacks.
+  absl::StatusOr<compiler::LauncherRequest> RemoteLauncherRequest(
+      const v1::BuildLauncherRequest& request);
+  void BuildLauncher(compiler::LauncherRequest launcher, Done done);
   absl::StatusOr<compiler::WorkerPool*> ResolveToolchain(const v1::CompileRequest& request,
                                                          const Caller& caller);
   // Records `entry` under the caller's own key too, if it sent one.

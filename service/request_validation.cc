@@ -184,6 +184,13 @@ absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request) {
     return absl::InvalidArgumentError(
         "python_abi needs version and ext_suffix (sysconfig.get_config_var('EXT_SUFFIX'))");
   }
+  // What Triton's make_launcher takes for the widest kernels is a few KiB.
+  constexpr size_t kMaxLauncherArgs = 64 << 10;
+  if (request.origin().make_launcher_args().size() > kMaxLauncherArgs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "origin.make_launcher_args is %d bytes, more than the %d a launcher's arguments take",
+        request.origin().make_launcher_args().size(), kMaxLauncherArgs));
+  }
   return absl::OkStatus();
 }
 

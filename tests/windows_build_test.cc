@@ -208,5 +208,33 @@ TEST(WindowsCommandTest, LauncherBuildForAnEmbeddedPythonLinksKilnsCopyOfItsLibr
   EXPECT_NE(std::find(linux_command->begin(), linux_command->end(), "-lcuda"), linux_command->end());
 }
 
+TEST(LauncherLinkTest, WithoutAGpuDriverTheCudaToolkitsStubIsLinked) {
+  kiln::testing::TestDir dir;
+  LauncherRequest request;
+  request.libraries = {"libcuda.so.1"};
+  request.library_dirs = {(dir.path() / "triton" / "lib").string()};
+  BuildEnvironment environment;
+  environment.cuda_stub_dirs = {dir.path() / "cuda" / "lib64" / "stubs"};
+
+  // Neither a driver nor a toolkit: what to install is named.
+  absl::Status none = LinkStubWithoutDriver(environment, request);
+  EXPECT_TRUE(absl::IsFailedPrecondition(none)) << none;
+  EXPECT_NE(none.message().find("CUDA toolkit"), absl::string_view::npos);
+
+  // The toolkit's stub (SONAME libcuda.so.1) stands in for the driver's library.
+  Touch(dir.path() / "cuda" / "lib64" / "stubs" / "libcuda.so");
+  LauncherRequest with_stub = request;
+  ASSERT_TRUE(LinkStubWithoutDriver(environment, with_stub).ok());
+  EXPECT_EQ(with_stub.libraries, std::vector<std::string>{"cuda"});
+  EXPECT_EQ(with_stub.library_dirs.back(), (dir.path() / "cuda" / "lib64" / "stubs").string());
+
+  // A driver's libcuda.so.1 among the library dirs is linked as Triton links it.
+  Touch(dir.path() / "triton" / "lib" / "libcuda.so.1");
+  LauncherRequest with_driver = request;
+  ASSERT_TRUE(LinkStubWithoutDriver(environment, with_driver).ok());
+  EXPECT_EQ(with_driver.libraries, request.libraries);
+  EXPECT_EQ(with_driver.library_dirs, request.library_dirs);
+}
+
 }  // namespace
 }  // namespace kiln::compiler

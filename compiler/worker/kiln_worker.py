@@ -9,6 +9,9 @@ jobs never share a process concurrently). Requests and replies are messages:
 
 Jobs:
   hello    -> the toolchain's identity: triton_key, versions, backends.
+  launcher_source -> header {make_launcher_args} or {cuda_utils}: the C source
+              this Triton generates for that launcher (part "source"), and
+              how this Python builds it (header "launcher").
   compile  -> header {target, options_json, env, hash, stage, metadata_json},
               parts {"ir"}: IR of `stage` (frontend TTIR, TTGIR, LLIR or PTX);
               runs the backend's stages from there to make_cubin exactly as
@@ -27,6 +30,7 @@ import json
 import os
 import re
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -313,7 +317,63 @@ def compile_job(header, parts):
     return {"ok": True, "timings": timings, "ptxas_log": ptxas_log}, outputs
 
 
-JOBS = {"hello": hello, "compile": compile_job}
+# A remote client's make_launcher arguments are a few hundred characters; a
+# literal this long is not one.
+_MAX_LAUNCHER_ARGS = 1 << 16
+
+
+def _launcher_build():
+    """How this Python and Triton build a launcher module, as Triton's driver does."""
+    import sysconfig
+
+    from triton.backends.nvidia import driver
+
+    try:
+        library_dirs = driver.library_dirs()
+    except (AssertionError, OSError, subprocess.SubprocessError):
+        # No GPU driver on this machine (a build farm): kilnd links the CUDA
+        # toolkit's stub of libcuda instead.
+        library_dirs = [driver.libdevice_dir]
+    return {
+        "python_version": "%d.%d" % sys.version_info[:2],
+        "abiflags": getattr(sys, "abiflags", ""),
+        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+        "platform": sysconfig.get_platform(),
+        "python_include_dir": sysconfig.get_paths()["include"],
+        "include_dirs": list(driver.include_dirs),
+        "library_dirs": [d for d in library_dirs if os.path.isdir(d)],
+        "libraries": list(driver.libraries),
+    }
+
+
+def launcher_source(header, _parts):
+    """The C source this toolchain's Triton generates for a launcher: from
+    make_launcher's arguments (a Python literal, never evaluated as code), or
+    the cuda_utils module's."""
+    import ast
+
+    from triton.backends.nvidia import driver
+
+    if header.get("cuda_utils"):
+        with open(os.path.join(driver.dirname, "driver.c"), encoding="utf-8") as source:
+            text = source.read()
+    else:
+        literal = header.get("make_launcher_args", "")
+        if not literal or len(literal) > _MAX_LAUNCHER_ARGS:
+            return _error("invalid_request", "make_launcher's arguments are missing or too long")
+        try:
+            arguments = ast.literal_eval(literal)
+            if not isinstance(arguments, tuple):
+                raise TypeError("not a tuple of arguments")
+            text = driver.make_launcher(*arguments)
+        except (ValueError, TypeError, SyntaxError, KeyError, IndexError, AttributeError, AssertionError,
+                RecursionError, MemoryError) as error:
+            return _error("invalid_request", "this Triton makes no launcher of those arguments (%s: %s)"
+                          % (type(error).__name__, error))
+    return {"ok": True, "launcher": _launcher_build()}, {"source": text.encode()}
+
+
+JOBS = {"hello": hello, "compile": compile_job, "launcher_source": launcher_source}
 
 
 def main():

@@ -3,20 +3,25 @@ signed by the farm's CA, or bearer tokens from client_tokens) and tenants that
 cannot see each other's puts. On loopback, with a CA the test makes (openssl)."""
 
 import hashlib
+import os
 import re
 import subprocess
 import sys
+import sysconfig
 import time
 
 import grpc
 import pytest
 from kiln import _api
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia import driver as nvidia_driver
 
 import kernel_suite
 import triton_frontend
 from conftest import BUILD, Kilnd
 from pipeline_client import compile_request
+from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
+from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
 
 def openssl(*args, cwd):
@@ -230,6 +235,78 @@ def test_the_kiln_cli_reaches_the_farm_with_tls_settings_from_the_environment(pk
     assert missing.returncode == 3 and "KILN_CA_FILE" in missing.stderr, missing.stderr
 
 
+def remote_client_env(pki, address, tmp_path, tenant):
+    """A Triton program on another machine, whose kiln client reaches the farm over TLS."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    return dict(env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"grpcs://{address}",
+                KILN_CA_FILE=str(pki / "farm-ca.pem"), KILN_CLIENT_CERT=str(pki / f"{tenant}.pem"),
+                KILN_CLIENT_KEY=str(pki / f"{tenant}.key"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
+                KILN_FILES_DIR=str(tmp_path / "kiln-files"))
+
+
+def test_a_remote_client_compiles_the_suite_over_tls_as_stock_does_and_gets_launchers_built_by_the_farm(
+        pki, farm, tmp_path, stock_suite, libcuda_dir):  # noqa: F811
+    server, address, _ = farm
+    env = remote_client_env(pki, address, tmp_path, "beta")
+    # KILN_STRICT: any call the farm refused would have failed the program.
+    result = probe_json(run_probe(env, "suite"))
+    assert result["kernels"] == stock_suite
+    before = server.stats()
+    launcher = probe_json(run_probe(dict(env, LD_LIBRARY_PATH=str(libcuda_dir)), "launcher", str(libcuda_dir)))
+    assert launcher["launch"] is True
+    # The farm built the module (the client has no build of its own to fall back on in strict mode).
+    after = server.stats()
+    assert after.launcher_builds + after.launcher_cache_hits > before.launcher_builds + before.launcher_cache_hits
+
+
+def remote_launcher_request(source, origin):
+    from triton.runtime.cache import triton_key
+
+    return _api.BuildLauncherRequest(
+        module_name="__triton_launcher", c_source=source,
+        python_abi=_api.PythonAbi(version="%d.%d" % sys.version_info[:2], abiflags=getattr(sys, "abiflags", ""),
+                                  ext_suffix=sysconfig.get_config_var("EXT_SUFFIX"),
+                                  platform=sysconfig.get_platform(), include_dir="/client/python/include"),
+        include_dirs=["/client/include"], library_dirs=["/client/lib"], libraries=["libcuda.so.1"],
+        triton_key=triton_key(), origin=origin)
+
+
+LAUNCHER_ARGS = ({(4,): 1024}, {0: "*fp32", 1: "*fp32", 2: "*fp32", 3: "i32", 4: "constexpr"}, None)
+
+
+def test_the_farm_compiles_no_c_a_remote_client_wrote_and_says_what_it_needs(pki, farm, tmp_path):
+    server, address, _ = farm
+    beta = stub(pki, address, "beta")
+    generated = nvidia_driver.make_launcher(*LAUNCHER_ARGS)
+    origin = _api.LauncherOrigin(make_launcher_args=repr(LAUNCHER_ARGS))
+    built = beta.BuildLauncher(remote_launcher_request(generated, origin), timeout=120)
+    assert built.WhichOneof("result") == "module", built.error
+    assert built.module.data.startswith(b"\x7fELF")
+    # C that Triton did not generate: one that would hand over this machine's files ...
+    leak = '#include "/etc/passwd"\n' + generated
+    for request in (remote_launcher_request(leak, None), remote_launcher_request(leak, origin)):
+        refused = refusal(lambda: beta.BuildLauncher(request, timeout=120))
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "generated" in refused.details(), refused.details()
+    # ... arguments that are code, not values, are never run ...
+    marker = tmp_path / "ran"
+    code = _api.LauncherOrigin(make_launcher_args=f"__import__('pathlib').Path({str(marker)!r}).touch()")
+    refused = refusal(lambda: beta.BuildLauncher(remote_launcher_request(generated, code), timeout=120))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and "makes no launcher" in refused.details()
+    assert not marker.exists()
+    # ... and what the farm lacks is named.
+    other_python = remote_launcher_request(generated, origin)
+    other_python.python_abi.version, other_python.python_abi.ext_suffix = "3.99", ".cpython-399-x86_64-linux-gnu.so"
+    refused = refusal(lambda: beta.BuildLauncher(other_python, timeout=120))
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "Register a toolchain" in refused.details() and "3.99" in refused.details()
+    unknown_triton = remote_launcher_request(generated, origin)
+    unknown_triton.triton_key = "0" * 64
+    refused = refusal(lambda: beta.BuildLauncher(unknown_triton, timeout=120))
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert server.stub.GetStats(_api.GetStatsRequest()).launcher_builds >= 1  # still serving
+
+
 def test_a_tenant_flooding_the_farm_delays_only_itself(pki, farm):
     """The farm runs one compile of a tenant at a time (tenant_compiles, here
     half of its one worker): alpha queues five kernels, then beta asks for
@@ -269,7 +346,8 @@ def valid_requests():
         "Put": _api.PutRequest(namespace="triton", key="k-fuzz", blobs=[_api.blob("k.cubin", b"\x7fELF" * 64)]),
         "RecordHits": _api.RecordHitsRequest(namespace="triton", keys=["k-fuzz"]),
         "Compile": compile_request(frontend),
-        "BuildLauncher": _api.BuildLauncherRequest(module_name="m", c_source="int main(void) { return 0; }"),
+        "BuildLauncher": remote_launcher_request(nvidia_driver.make_launcher(*LAUNCHER_ARGS),
+                                                 _api.LauncherOrigin(make_launcher_args=repr(LAUNCHER_ARGS))),
         "GetStats": _api.GetStatsRequest(),
         "ListToolchains": _api.ListToolchainsRequest(),
         "Evict": _api.EvictRequest(target_bytes=0),

@@ -13,7 +13,7 @@ import sys
 from triton import knobs
 from triton.runtime.cache import CacheManager
 
-from . import _MANAGER, _files, _frontend, _index
+from . import _MANAGER, _files, _frontend, _index, _launcher_origin
 
 
 # Base32's alphabet as the digits of int(_, 32); the other digits int() would
@@ -102,3 +102,4 @@ def release_knob():
 
 
 claim_knob()  # Triton imports this module on its first cache access
+_launcher_origin.follow()

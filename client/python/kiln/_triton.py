@@ -26,7 +26,7 @@ import threading
 
 import grpc
 
-from . import _api, _cache, _files, _frontend, _index, _service
+from . import _api, _cache, _files, _frontend, _index, _launcher_origin, _service
 
 log = logging.getLogger("kiln")
 
@@ -423,17 +423,31 @@ def _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries):
             knobs.build.impl = saved
 
 
+def _origin(name, source):
+    """kiln.v1.LauncherOrigin of a source Triton's nvidia driver generated; None otherwise."""
+    args = _launcher_origin.arguments_of(source)
+    if args is not None:
+        return _api.LauncherOrigin(make_launcher_args=args)
+    if _launcher_origin.is_cuda_utils(name, source):
+        return _api.LauncherOrigin(cuda_utils=True)
+    return None
+
+
 def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
     """knobs.build.impl: kilnd builds the module (and caches it for every process)."""
     if not _installed:
         return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+    from triton.runtime.cache import triton_key
+
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    source = _files.read(src).decode()
     request = _api.BuildLauncherRequest(
-        module_name=name, c_source=_files.read(src).decode(),
+        module_name=name, c_source=source,
         python_abi=_api.PythonAbi(version="%d.%d" % sys.version_info[:2], abiflags=getattr(sys, "abiflags", ""),
                                   ext_suffix=suffix, platform=sysconfig.get_platform(),
                                   include_dir=sysconfig.get_paths()["include"]),
-        include_dirs=[d for d in include_dirs if d], library_dirs=list(library_dirs), libraries=list(libraries))
+        include_dirs=[d for d in include_dirs if d], library_dirs=list(library_dirs), libraries=list(libraries),
+        triton_key=triton_key(), origin=_origin(name, source))
     try:
         response = _stub().BuildLauncher(request)
     except grpc.RpcError as error:

@@ -1,0 +1,59 @@
+"""What generated a launcher's C source. kilnd builds a remote client's
+launcher only from what generated it (it compiles no C a remote client wrote):
+Triton's nvidia driver's make_launcher arguments, or its cuda_utils source.
+
+Triton generates a launcher's source and builds it in one call
+(CudaLauncher.__init__: make_launcher, then compile_module_from_src), on one
+thread: follow() wraps make_launcher to keep, per thread, the last source and
+its arguments, which the build that follows sends. It is set up on Triton's
+first cache access (_cache), which comes before any launcher is made.
+"""
+
+import ast
+import os
+import threading
+
+_generated = threading.local()
+
+
+def follow():
+    """Wraps the nvidia driver's make_launcher, once; costs a kernel load two attribute stores."""
+    try:
+        from triton.backends.nvidia import driver
+    except ImportError:  # a Triton without the nvidia backend: nothing Kiln builds
+        return
+    make_launcher = getattr(driver, "make_launcher", None)
+    if make_launcher is None or getattr(make_launcher, "_kiln_follows", False):
+        return
+
+    def following(*args):
+        source = make_launcher(*args)
+        _generated.source, _generated.args = source, args
+        return source
+
+    following._kiln_follows = True
+    driver.make_launcher = following
+
+
+def arguments_of(source):
+    """make_launcher's arguments for `source` as a Python literal, when this
+    thread's last make_launcher made it from plain values; None otherwise."""
+    if getattr(_generated, "source", None) != source:
+        return None
+    literal = repr(_generated.args)
+    try:
+        return literal if ast.literal_eval(literal) == _generated.args else None
+    except (ValueError, SyntaxError, TypeError, RecursionError):
+        return None  # arguments that are not plain values
+
+
+def is_cuda_utils(name, source):
+    if name != "cuda_utils":
+        return False
+    from triton.backends.nvidia import driver
+
+    try:
+        with open(os.path.join(driver.dirname, "driver.c"), encoding="utf-8") as shipped:
+            return shipped.read() == source
+    except OSError:
+        return False
