@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache/sqlite.h"
@@ -68,6 +69,15 @@ constexpr int kEvictionBatch = 64;
 
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
+// "tenant:alpha" of "tenant:alpha/triton": the trust domain a namespace is in.
+absl::string_view DomainOf(absl::string_view ns) { return ns.substr(0, ns.find('/')); }
+
+// The namespaces of `domain` as a range [from, to): "<domain>/" up to
+// "<domain>0", '0' being the character after '/'.
+std::pair<std::string, std::string> DomainRange(absl::string_view domain) {
+  return {absl::StrCat(domain, "/"), absl::StrCat(domain, "0")};
+}
+
 }  // namespace
 
 // Blob rows a transaction deleted; their files go only after it commits.
@@ -96,6 +106,9 @@ struct ArtifactStore::Writer {
   sqlite::Statement delete_blob;
   sqlite::Statement touch_entry;
   sqlite::Statement least_recently_used;
+  sqlite::Statement least_recently_used_in_range;
+  sqlite::Statement bytes_in_range;
+  sqlite::Statement entry_bytes;
   sqlite::Statement entries_with_blob;
   sqlite::Statement file_blob_exists;
   sqlite::Statement blob_exists;
@@ -213,6 +226,16 @@ absl::Status ArtifactStore::Initialize() {
        "UPDATE entries SET last_use = max(last_use, ?2) WHERE id = ?1"},
       {&Writer::least_recently_used,
        "SELECT id FROM entries ORDER BY last_use LIMIT ?1"},
+      // Namespaces in [?1, ?2): one trust domain's (see DomainRange).
+      {&Writer::least_recently_used_in_range,
+       "SELECT id FROM entries WHERE namespace >= ?1 AND namespace < ?2 ORDER BY last_use "
+       "LIMIT ?3"},
+      {&Writer::bytes_in_range,
+       "SELECT total(b.stored_size) FROM entries e JOIN entry_blobs eb ON eb.entry_id = e.id "
+       "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace >= ?1 AND e.namespace < ?2"},
+      {&Writer::entry_bytes,
+       "SELECT total(b.stored_size) FROM entry_blobs eb JOIN blobs b ON b.id = eb.blob_id "
+       "WHERE eb.entry_id = ?1"},
       {&Writer::entries_with_blob,
        "SELECT b.id, eb.entry_id FROM blobs b LEFT JOIN entry_blobs eb ON eb.blob_id = b.id "
        "WHERE b.digest = ?1"},
@@ -562,10 +585,14 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
   std::sort(manifest.begin(), manifest.end(),
             [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
   if (!prepared.empty()) puts_.fetch_add(1, std::memory_order_relaxed);
-  if (stored_bytes_.load() > options_.max_size_bytes) {
+  const absl::string_view domain = DomainOf(ns);
+  const bool capped = options_.max_domain_bytes > 0 && !options_.capped_domain_prefix.empty() &&
+                      absl::StartsWith(domain, options_.capped_domain_prefix);
+  if (capped || stored_bytes_.load() > options_.max_size_bytes) {
     {
       std::lock_guard lock(maintenance_mutex_);
-      eviction_needed_ = true;
+      if (capped) domains_put_to_.emplace(domain);
+      if (stored_bytes_.load() > options_.max_size_bytes) eviction_needed_ = true;
     }
     maintenance_wakeup_.notify_one();
   }
@@ -766,6 +793,85 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   return evicted;
 }
 
+absl::StatusOr<uint64_t> ArtifactStore::DomainBytes(absl::string_view domain) {
+  std::lock_guard lock(writer_mutex_);
+  return DomainBytesLocked(domain);
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::DomainBytesLocked(absl::string_view domain) {
+  const auto [from, to] = DomainRange(domain);
+  sqlite::Statement& bytes = writer_->bytes_in_range;
+  bytes.BindText(1, from).BindText(2, to);
+  absl::StatusOr<bool> row = bytes.Step();
+  const uint64_t total = row.ok() && *row ? static_cast<uint64_t>(bytes.ColumnInt(0)) : 0;
+  bytes.Reset();
+  RETURN_IF_ERROR(row.status());
+  return total;
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EnforceDomainCaps() {
+  absl::flat_hash_set<std::string> domains;
+  {
+    std::lock_guard lock(maintenance_mutex_);
+    domains.swap(domains_put_to_);
+  }
+  uint64_t evicted = 0;
+  for (const std::string& domain : domains) {
+    std::lock_guard lock(writer_mutex_);
+    RETURN_IF_ERROR(FlushTouches());  // the LRU order as lookups left it
+    ASSIGN_OR_RETURN(uint64_t held, DomainBytesLocked(domain));
+    if (held <= options_.max_domain_bytes) continue;
+    // Below the cap, not just to it, so the next put does not evict again.
+    ASSIGN_OR_RETURN(uint64_t went,
+                     EvictDomainLocked(domain, held, options_.max_domain_bytes / 10 * 9));
+    spdlog::info("cache: {} held {} bytes, over its cap of {}: evicted its {} least recently "
+                 "used entries",
+                 domain, held, options_.max_domain_bytes, went);
+    evicted += went;
+  }
+  return evicted;
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EvictDomainLocked(absl::string_view domain, uint64_t held,
+                                                          uint64_t target_bytes) {
+  Writer& w = *writer_;
+  const auto [from, to] = DomainRange(domain);
+  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+  FreedBlobs freed;
+  uint64_t evicted = 0;
+  while (held > target_bytes) {
+    std::vector<int64_t> candidates;
+    w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, w.least_recently_used_in_range.Step());
+      if (!row) break;
+      candidates.push_back(w.least_recently_used_in_range.ColumnInt(0));
+    }
+    w.least_recently_used_in_range.Reset();
+    if (candidates.empty()) break;
+    for (int64_t entry_id : candidates) {
+      if (held <= target_bytes) break;
+      w.entry_bytes.Bind(1, entry_id);
+      ASSIGN_OR_RETURN(bool row, w.entry_bytes.Step());
+      const uint64_t entry_bytes = row ? static_cast<uint64_t>(w.entry_bytes.ColumnInt(0)) : 0;
+      w.entry_bytes.Reset();
+      std::vector<int64_t> blob_ids;
+      RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
+      ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
+      freed.bytes += entry_freed.bytes;
+      freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
+      freed.digests.insert(freed.digests.end(), entry_freed.digests.begin(),
+                           entry_freed.digests.end());
+      held -= std::min(held, entry_bytes);
+      ++evicted;
+    }
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  ReleaseFreedBlobs(freed);
+  evicted_entries_ += evicted;
+  return evicted;
+}
+
 absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
   uint64_t evicted = 0;
   while (stored_bytes_.load() > target_bytes) {
@@ -821,6 +927,10 @@ void ArtifactStore::MaintenanceLoop() {
     eviction_needed_ = false;
     lock.unlock();
     CollectJournaledHits();
+    if (absl::StatusOr<uint64_t> evicted = EnforceDomainCaps(); !evicted.ok()) {
+      spdlog::error("cache: eviction of a domain over its cap failed: {}",
+                    evicted.status().message());
+    }
     {
       std::lock_guard writer_lock(writer_mutex_);
       if (absl::Status status = FlushTouches(); !status.ok()) {

@@ -91,6 +91,13 @@ struct StoreOptions {
   // Accounts besides this one that may read served files (Windows: the users
   // a machine service serves; see platform::EnsurePrivateDirectory).
   std::vector<std::string> served_file_readers;
+  // Trust domains (a namespace's part before its first '/') starting with
+  // `capped_domain_prefix` may hold at most `max_domain_bytes` (0: no cap):
+  // beyond it the domain's own least recently used entries go, within
+  // lru_flush_interval of the put, so that it cannot evict another's.
+  // An entry counts the stored size of each blob it names.
+  std::string capped_domain_prefix;
+  uint64_t max_domain_bytes = 0;
   // What a client namespace in the served files' index is stored under
   // (kilnd's own account's trust domain, "local/"): hits that clients journal
   // (hit_journal.h) count for `served_namespace_prefix` + their namespace.
@@ -158,6 +165,13 @@ class ArtifactStore {
   absl::StatusOr<std::vector<StoredBlob>> Put(absl::string_view ns, absl::string_view key,
                                               std::vector<BlobInput> blobs,
                                               const NamedDigests& stored = {});
+
+  // The bytes trust domain `domain`'s entries hold (see max_domain_bytes).
+  absl::StatusOr<uint64_t> DomainBytes(absl::string_view domain);
+  // Evicts the least recently used entries of every capped domain a put went
+  // over its cap since the last call (the maintenance thread calls it too).
+  // Returns how many entries went.
+  absl::StatusOr<uint64_t> EnforceDomainCaps();
 
   // Counts the hits clients journaled since the last collection (which the
   // maintenance thread runs every lru_flush_interval). Returns how many.
@@ -237,6 +251,11 @@ class ArtifactStore {
   // store fits `target_bytes`.
   absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);
   absl::Status FlushTouches();
+  absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
+  // Evicts `domain`'s least recently used entries while the bytes it holds
+  // (`held` now) are above `target_bytes`.
+  absl::StatusOr<uint64_t> EvictDomainLocked(absl::string_view domain, uint64_t held,
+                                             uint64_t target_bytes);
   void RecordTouch(int64_t entry_id);
   void CountLookup(absl::string_view ns, bool hit);
   void MaintenanceLoop();
@@ -276,6 +295,8 @@ class ArtifactStore {
   std::condition_variable maintenance_wakeup_;
   bool stopping_ = false;       // guarded by maintenance_mutex_
   bool eviction_needed_ = false;  // guarded by maintenance_mutex_
+  // Capped domains with puts since EnforceDomainCaps last looked at them.
+  absl::flat_hash_set<std::string> domains_put_to_;  // guarded by maintenance_mutex_
   std::thread maintenance_thread_;
 };
 

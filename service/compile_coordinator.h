@@ -36,6 +36,8 @@ struct Caller {
 // The trust domain of kilnd's own account: its Unix socket, or the token of its
 // endpoint file. Only it reads served files.
 inline constexpr absl::string_view kLocalDomain = "local";
+// The trust domain of a farm tenant: its store namespaces are "tenant:NAME/...".
+inline constexpr absl::string_view kTenantDomainPrefix = "tenant:";
 
 // "local/triton": the store namespace of a client namespace in a trust domain.
 std::string ScopedNamespace(const Caller& caller, absl::string_view ns);

@@ -102,6 +102,10 @@ const std::vector<Setting>& Settings() {
       {"tenant_compiles",
        "compiles of one tenant running at once, the rest queued; 0 for half the workers (0)",
        Integer(&Config::tenant_compiles, 0, 1024)},
+      {"tenant_max_size",
+       "bytes one tenant's entries may hold; its own least recently used go beyond it (0: a "
+       "quarter of max_cache_size)",
+       ByteSize(&Config::tenant_max_size)},
       {"max_cache_size", "evict least recently used entries above this size (10GiB)",
        ByteSize(&Config::max_cache_size)},
       {"max_request_size", "largest request accepted (64MiB)",

@@ -44,6 +44,8 @@ struct Config {
   std::string client_tokens;
   // Compiles of one tenant running at once; 0: half of compile_workers.
   int tenant_compiles = 0;
+  // Bytes one tenant's entries may hold; 0: a quarter of max_cache_size.
+  uint64_t tenant_max_size = 0;
   uint64_t max_cache_size = 10ull << 30;
   uint64_t max_request_size = 64ull << 20;
   uint64_t inline_threshold = 0;  // 0: the store's measured default

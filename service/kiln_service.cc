@@ -62,9 +62,6 @@ std::optional<absl::string_view> SentBearerToken(const grpc::CallbackServerConte
   return value.substr(kBearer.size());
 }
 
-// The trust domain of a tenant: its store namespaces are "tenant:NAME/...".
-constexpr absl::string_view kTenantDomainPrefix = "tenant:";
-
 // Compares in time independent of where the strings differ, so the token
 // cannot be guessed byte by byte from response times.
 bool SameSecret(absl::string_view a, absl::string_view b) {

@@ -64,6 +64,11 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   kiln::cache::StoreOptions store_options;
   store_options.data_dir = config.data_dir;
   store_options.max_size_bytes = config.max_cache_size;
+  // A farm tenant can then evict only its own entries (as long as the caps of
+  // the tenants at work fit max_cache_size together).
+  store_options.capped_domain_prefix = std::string(kiln::service::kTenantDomainPrefix);
+  store_options.max_domain_bytes =
+      config.tenant_max_size > 0 ? config.tenant_max_size : config.max_cache_size / 4;
   store_options.zstd_level = config.zstd_level;
   if (config.inline_threshold > 0) store_options.inline_threshold_bytes = config.inline_threshold;
   store_options.served_file_readers = config.allowed_users;

@@ -162,6 +162,39 @@ TEST_F(ArtifactStoreTest, HitsClientsJournalBesideServedFilesAreCountedOnceInThe
   EXPECT_EQ(store->Stats()->hits, 3u);
 }
 
+TEST_F(ArtifactStoreTest, ATenantOverItsCapLosesItsOwnLeastRecentlyUsedEntriesOnly) {
+  StoreOptions options = Options();
+  options.zstd_level = 0;
+  options.capped_domain_prefix = "tenant:";
+  options.max_domain_bytes = 500 * 1024;
+  options.lru_flush_interval = absl::Hours(1);  // no enforcement but the test's
+  auto store = OpenStore(options);
+  auto one_blob = [](uint32_t seed) {
+    return std::vector<BlobInput>{{"k.cubin", TestBytes(100 * 1024, seed), ""}};
+  };
+  // Older than anything alpha puts: a global LRU would evict these first.
+  ASSERT_TRUE(store->Put("tenant:beta/triton", "beta", one_blob(1)).ok());
+  ASSERT_TRUE(store->Put("local/triton", "mine", one_blob(2)).ok());
+  for (uint32_t i = 0; i < 10; ++i) {
+    ASSERT_TRUE(store->Put("tenant:alpha/triton", absl::StrCat("alpha-", i), one_blob(10 + i)).ok());
+  }
+  EXPECT_EQ(store->DomainBytes("tenant:alpha").value_or(0), 10u * 100 * 1024);
+  ASSERT_TRUE(store->Lookup("tenant:alpha/triton", "alpha-0").ok());  // used: kept over alpha-1
+  absl::StatusOr<uint64_t> evicted = store->EnforceDomainCaps();
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  // Down to 90% of the cap: four entries of 100 KiB, alpha's most recently used.
+  EXPECT_EQ(*evicted, 6u);
+  EXPECT_EQ(store->DomainBytes("tenant:alpha").value_or(0), 4u * 100 * 1024);
+  EXPECT_TRUE(store->Lookup("tenant:alpha/triton", "alpha-0").ok());
+  EXPECT_TRUE(store->Lookup("tenant:alpha/triton", "alpha-9").ok());
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("tenant:alpha/triton", "alpha-1").status()));
+  EXPECT_TRUE(store->Lookup("tenant:beta/triton", "beta").ok());
+  EXPECT_TRUE(store->Lookup("local/triton", "mine").ok());
+  // Its blobs went with them; nothing is left to enforce.
+  EXPECT_EQ(store->Stats()->stored_bytes, 6u * 100 * 1024);
+  EXPECT_EQ(store->EnforceDomainCaps().value_or(99), 0u);
+}
+
 TEST_F(ArtifactStoreTest, ManifestReferencesStoredBlobsBesideNewOnes) {
   auto store = OpenStore(Options());
   absl::StatusOr<std::vector<StoredBlob>> stored = store->Put("shared", "result", KernelBlobs(1));

@@ -307,6 +307,40 @@ def test_the_farm_compiles_no_c_a_remote_client_wrote_and_says_what_it_needs(pki
     assert server.stub.GetStats(_api.GetStatsRequest()).launcher_builds >= 1  # still serving
 
 
+def test_a_tenant_storing_past_its_cap_evicts_only_its_own_entries(pki, tmp_path):
+    import random
+
+    config = tmp_path / "kilnd.conf"
+    config.write_text(f"tcp_listen = 127.0.0.1:0\ntls_cert = {pki / 'server.pem'}\ntls_key = {pki / 'server.key'}\n"
+                      f"tls_client_ca = {pki / 'farm-ca.pem'}\ntenant_max_size = 1MiB\nzstd_level = 0\n")
+    server = Kilnd(tmp_path / "kilnd", f"--config={config}")
+    try:
+        address = "127.0.0.1:" + re.search(r"127\.0\.0\.1:(\d+)", (server.root / "kilnd.out").read_text()).group(1)
+        alpha, beta = stub(pki, address, "alpha"), stub(pki, address, "beta")
+        rng = random.Random(7)
+
+        def put(client, key):
+            client.Put(_api.PutRequest(namespace="triton", key=key, blobs=[_api.blob("k.cubin", rng.randbytes(100_000))]),
+                       timeout=30)
+
+        def found(client, key):
+            return client.Lookup(_api.LookupRequest(namespace="triton", key=key), timeout=30).found
+
+        put(beta, "beta-early")  # the least recently used entry of the whole cache
+        for i in range(30):  # 3 MB: three times alpha's cap
+            put(alpha, f"alpha-{i}")
+        deadline = time.monotonic() + 30
+        while server.stats().evictions == 0:  # not a lookup: that would make the entry recently used
+            assert time.monotonic() < deadline, "alpha's entries were never evicted"
+            time.sleep(0.2)
+        assert not found(alpha, "alpha-0")
+        assert found(beta, "beta-early")
+        assert found(alpha, "alpha-29")
+        assert sum(found(alpha, f"alpha-{i}") for i in range(30)) <= 10
+    finally:
+        server.stop()
+
+
 def test_a_tenant_flooding_the_farm_delays_only_itself(pki, farm):
     """The farm runs one compile of a tenant at a time (tenant_compiles, here
     half of its one worker): alpha queues five kernels, then beta asks for
