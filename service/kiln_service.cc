@@ -170,21 +170,8 @@ absl::StatusOr<Caller> KilnService::Authenticate(
       certificates && tokens ? " or " : "", tokens ? "send a token (KILN_TOKEN_FILE)" : ""));
 }
 
-Caller KilnService::IdentifyCaller(const grpc::CallbackServerContext& context) const {
-  absl::StatusOr<Caller> caller = Authenticate(context);
-  if (caller.ok()) return *std::move(caller);
-  // Admitted, then its token was revoked before this: a domain of its own
-  // that nobody else can ever name, so what it does reaches no one.
-  return Caller{absl::StrCat("revoked:", next_request_id_.fetch_add(1), ":", context.peer()),
-                false};
-}
-
-absl::Status KilnService::Admit(const grpc::CallbackServerContext& context) const {
-  return Authenticate(context).status();
-}
-
-absl::Status KilnService::RequireLocalUser(const grpc::CallbackServerContext& context) const {
-  if (IdentifyCaller(context).same_local_user) return absl::OkStatus();
+absl::Status KilnService::RequireLocalUser(const Caller& caller) const {
+  if (caller.same_local_user) return absl::OkStatus();
   return absl::PermissionDeniedError(
       "maintenance RPCs are served only to kilnd's own user: over its local socket, or with the "
       "access token from its endpoint file");
@@ -195,12 +182,13 @@ grpc::ServerUnaryReactor* KilnService::ServeAsync(grpc::CallbackServerContext* c
                                                   Handler handler) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  if (absl::Status admitted = Admit(*context); !admitted.ok()) {
+  const absl::StatusOr<Caller> caller = Authenticate(*context);
+  if (!caller.ok()) {
     rpc_stats_.Record(rpc, absl::Now() - start, false);
-    reactor->Finish(ToGrpcStatus(admitted));
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  handler([this, reactor, rpc, start](const absl::Status& status) {
+  handler(*caller, [this, reactor, rpc, start](const absl::Status& status) {
     rpc_stats_.Record(rpc, absl::Now() - start, status.ok());
     if (IsServerSideError(status)) {
       spdlog::error("[req {}] {} failed: {}", next_request_id_.fetch_add(1), RpcName(rpc),
@@ -218,9 +206,10 @@ template <typename Handler>
 grpc::ServerUnaryReactor* KilnService::Serve(grpc::CallbackServerContext* context, Rpc rpc,
                                              Where where, Handler handler) {
   return ServeAsync(context, rpc,
-                    [this, where, handler = std::move(handler)](auto finish) mutable {
-                      auto run = [handler = std::move(handler), finish]() mutable {
-                        finish(handler());
+                    [this, where, handler = std::move(handler)](const Caller& caller,
+                                                                auto finish) mutable {
+                      auto run = [handler = std::move(handler), caller, finish]() mutable {
+                        finish(handler(caller));
                       };
                       if (where == Where::kBlockingPool) {
                         blocking_pool_.Schedule(std::move(run));
@@ -269,9 +258,8 @@ void KilnService::ServeAheadOfLookups(const Caller& caller, const std::string& n
 grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* context,
                                               const v1::LookupRequest* request,
                                               v1::LookupResponse* response) {
-  return ServeAsync(context, Rpc::kLookup, [&](auto finish) {
+  return ServeAsync(context, Rpc::kLookup, [&](const Caller& caller, auto finish) {
     if (absl::Status status = ValidateLookup(*request); !status.ok()) return finish(status);
-    const Caller caller = IdentifyCaller(*context);
     const std::string ns = ScopedNamespace(caller, request->namespace_());
     if (absl::Status status = LookupInto(caller, ns, *request, *response);
         !status.ok() || response->found() || !request->wait_for_compile()) {
@@ -296,11 +284,10 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
                                            const v1::PutRequest* request,
                                            v1::PutResponse* response) {
-  const Caller caller = IdentifyCaller(*context);
   return Serve(context, Rpc::kPut, Where::kBlockingPool,
-               [this, caller, ns = ScopedNamespace(caller, request->namespace_()), request,
-                response] {
+               [this, request, response](const Caller& caller) {
     RETURN_IF_ERROR(ValidatePut(*request));
+    const std::string ns = ScopedNamespace(caller, request->namespace_());
     std::vector<cache::BlobInput> blobs;
     blobs.reserve(request->blobs_size());
     for (const v1::Blob& blob : request->blobs()) {
@@ -319,11 +306,11 @@ grpc::ServerUnaryReactor* KilnService::RecordHits(grpc::CallbackServerContext* c
                                                   const v1::RecordHitsRequest* request,
                                                   v1::RecordHitsResponse* response) {
   return Serve(context, Rpc::kRecordHits, Where::kBlockingPool,
-               [this, ns = ScopedNamespace(IdentifyCaller(*context), request->namespace_()),
-                request, response] {
+               [this, request, response](const Caller& caller) {
     RETURN_IF_ERROR(ValidateRecordHits(*request));
     ASSIGN_OR_RETURN(uint64_t recorded,
-                     store_.RecordHits(ns, {request->keys().begin(), request->keys().end()}));
+                     store_.RecordHits(ScopedNamespace(caller, request->namespace_()),
+                                       {request->keys().begin(), request->keys().end()}));
     response->set_recorded(recorded);
     return absl::OkStatus();
   });
@@ -332,9 +319,8 @@ grpc::ServerUnaryReactor* KilnService::RecordHits(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* context,
                                                const v1::CompileRequest* request,
                                                v1::CompileResponse* response) {
-  return ServeAsync(context, Rpc::kCompile, [&](auto finish) {
+  return ServeAsync(context, Rpc::kCompile, [&](const Caller& caller, auto finish) {
     if (absl::Status status = ValidateCompile(*request); !status.ok()) return finish(status);
-    const Caller caller = IdentifyCaller(*context);
     const std::string alias_ns = CompileAliasNamespace(caller, *request);
     claims_.MarkCompiling(alias_ns, request->cache_key());
     // A farm tenant's compiles take turns in its own queue (tenant_compiles).
@@ -377,10 +363,10 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* KilnService::BuildLauncher(grpc::CallbackServerContext* context,
                                                      const v1::BuildLauncherRequest* request,
                                                      v1::BuildLauncherResponse* response) {
-  return ServeAsync(context, Rpc::kBuildLauncher, [&](auto finish) {
+  return ServeAsync(context, Rpc::kBuildLauncher, [&](const Caller& caller, auto finish) {
     if (absl::Status status = ValidateBuildLauncher(*request); !status.ok()) return finish(status);
     coordinator_.BuildLauncher(
-        *request, IdentifyCaller(*context),
+        *request, caller,
         [response, finish](absl::StatusOr<CompileOutcome> outcome) {
           if (!outcome.ok()) return finish(outcome.status());
           response->set_cache_hit(outcome->cache_hit);
@@ -400,7 +386,7 @@ grpc::ServerUnaryReactor* KilnService::BuildLauncher(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* context,
                                                 const v1::GetStatsRequest* /*request*/,
                                                 v1::GetStatsResponse* response) {
-  return Serve(context, Rpc::kGetStats, Where::kInline, [this, response] {
+  return Serve(context, Rpc::kGetStats, Where::kInline, [this, response](const Caller&) {
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_hits(stats.hits);
     response->set_misses(stats.misses);
@@ -442,8 +428,9 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* context,
                                              const v1::EvictRequest* request,
                                              v1::EvictResponse* response) {
-  return Serve(context, Rpc::kEvict, Where::kBlockingPool, [this, context, request, response] {
-    RETURN_IF_ERROR(RequireLocalUser(*context));
+  return Serve(context, Rpc::kEvict, Where::kBlockingPool,
+               [this, request, response](const Caller& caller) {
+    RETURN_IF_ERROR(RequireLocalUser(caller));
     ASSIGN_OR_RETURN(uint64_t evicted, store_.EvictToSize(request->target_bytes()));
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_evicted_entries(evicted);
@@ -455,8 +442,9 @@ grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* KilnService::Verify(grpc::CallbackServerContext* context,
                                               const v1::VerifyRequest* /*request*/,
                                               v1::VerifyResponse* response) {
-  return Serve(context, Rpc::kVerify, Where::kBlockingPool, [this, context, response] {
-    RETURN_IF_ERROR(RequireLocalUser(*context));
+  return Serve(context, Rpc::kVerify, Where::kBlockingPool,
+               [this, response](const Caller& caller) {
+    RETURN_IF_ERROR(RequireLocalUser(caller));
     ASSIGN_OR_RETURN(cache::ArtifactStore::VerifyReport report, store_.VerifyAll());
     response->set_blobs_checked(report.blobs_checked);
     response->set_corrupt_blobs(report.corrupt_blobs);
@@ -467,7 +455,7 @@ grpc::ServerUnaryReactor* KilnService::Verify(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KilnService::ListToolchains(grpc::CallbackServerContext* context,
                                                       const v1::ListToolchainsRequest* /*request*/,
                                                       v1::ListToolchainsResponse* response) {
-  return Serve(context, Rpc::kListToolchains, Where::kInline, [this, response] {
+  return Serve(context, Rpc::kListToolchains, Where::kInline, [this, response](const Caller&) {
     for (const compiler::ToolchainInfo& info : toolchains_.List()) {
       v1::Toolchain* toolchain = response->add_toolchains();
       toolchain->set_triton_key(info.triton_key);

@@ -89,13 +89,10 @@ class KilnService final : public v1::Kiln::CallbackService {
 
   // The caller's trust domain (see TcpAccess); UNAUTHENTICATED, naming what
   // to send, for a wrong token or a client that must but does not identify.
+  // Every call asks once, before its handler runs.
   absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext& context) const;
-  // The same for a call already admitted.
-  Caller IdentifyCaller(const grpc::CallbackServerContext& context) const;
-  // Authenticate's verdict alone.
-  absl::Status Admit(const grpc::CallbackServerContext& context) const;
   // Maintenance changes the service user's cache: nobody else may ask for it.
-  absl::Status RequireLocalUser(const grpc::CallbackServerContext& context) const;
+  absl::Status RequireLocalUser(const Caller& caller) const;
 
   // The store lookup behind Lookup; a miss is found = false. Blobs come as
   // served files when the request asks and the caller is kilnd's own user
@@ -109,14 +106,15 @@ class KilnService final : public v1::Kiln::CallbackService {
   void ServeAheadOfLookups(const Caller& caller, const std::string& ns,
                            const std::string& client_ns, const std::string& key);
 
-  // Runs `handler` (returning absl::Status) inline or on the blocking pool,
-  // records its latency, logs server-side failures once with a request id, and
-  // finishes the call with the converted status.
+  // Authenticates the caller, runs `handler(caller)` (returning absl::Status)
+  // inline or on the blocking pool, records its latency, logs server-side
+  // failures once with a request id, and finishes the call with the converted
+  // status.
   template <typename Handler>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Rpc rpc, Where where,
                                   Handler handler);
-  // The same for a handler that finishes later: it receives the finish
-  // callback and must call it exactly once, from any thread.
+  // The same for a handler that finishes later: it receives the caller and the
+  // finish callback, which it must call exactly once, from any thread.
   template <typename Handler>
   grpc::ServerUnaryReactor* ServeAsync(grpc::CallbackServerContext* context, Rpc rpc,
                                        Handler handler);
@@ -128,7 +126,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   const TcpAccess tcp_access_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
-  mutable std::atomic<uint64_t> next_request_id_{1};  // also names revoked callers' domains
+  mutable std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> lookups_waited_{0};
   CompileClaims claims_;
   TenantCompileSlots tenant_compile_slots_;

@@ -23,10 +23,10 @@ class KilnService::LookupOrClaimCall final
 
   void Start(const grpc::CallbackServerContext& context) {
     self_ = shared_from_this();
-    absl::Status status = service_.Admit(context);
-    if (status.ok()) status = ValidateLookup(request_);
+    absl::StatusOr<Caller> caller = service_.Authenticate(context);
+    absl::Status status = caller.ok() ? ValidateLookup(request_) : caller.status();
     if (!status.ok()) return Answer(status);
-    caller_ = service_.IdentifyCaller(context);
+    caller_ = *std::move(caller);
     ns_ = ScopedNamespace(caller_, request_.namespace_());
     status = service_.LookupInto(caller_, ns_, request_, response_);
     if (!status.ok() || response_.found()) return Answer(status);
