@@ -761,6 +761,17 @@ absl::Status ArtifactStore::FlushTouches() {
   return txn.Commit();
 }
 
+absl::Status ArtifactStore::EvictEntryLocked(int64_t entry_id, FreedBlobs& freed) {
+  std::vector<int64_t> blob_ids;
+  RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
+  ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
+  freed.bytes += entry_freed.bytes;
+  freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
+  freed.digests.insert(freed.digests.end(), entry_freed.digests.begin(),
+                       entry_freed.digests.end());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) {
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
@@ -778,13 +789,7 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   // Entry by entry, so eviction stops as soon as the store fits the target.
   for (int64_t entry_id : candidates) {
     if (stored - std::min(stored, freed.bytes) <= target_bytes) break;
-    std::vector<int64_t> blob_ids;
-    RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
-    ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
-    freed.bytes += entry_freed.bytes;
-    freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
-    freed.digests.insert(freed.digests.end(), entry_freed.digests.begin(),
-                         entry_freed.digests.end());
+    RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
     ++evicted;
   }
   RETURN_IF_ERROR(txn.Commit());
@@ -855,13 +860,7 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictDomainLocked(absl::string_view doma
       ASSIGN_OR_RETURN(bool row, w.entry_bytes.Step());
       const uint64_t entry_bytes = row ? static_cast<uint64_t>(w.entry_bytes.ColumnInt(0)) : 0;
       w.entry_bytes.Reset();
-      std::vector<int64_t> blob_ids;
-      RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
-      ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
-      freed.bytes += entry_freed.bytes;
-      freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
-      freed.digests.insert(freed.digests.end(), entry_freed.digests.begin(),
-                           entry_freed.digests.end());
+      RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
       held -= std::min(held, entry_bytes);
       ++evicted;
     }

@@ -250,6 +250,9 @@ class ArtifactStore {
   // Evicts up to one batch of least recently used entries, stopping once the
   // store fits `target_bytes`.
   absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);
+  // Deletes the entry and the blobs only it used, adding those to `freed`
+  // (ReleaseFreedBlobs once the transaction commits).
+  absl::Status EvictEntryLocked(int64_t entry_id, FreedBlobs& freed);
   absl::Status FlushTouches();
   absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
   // Evicts `domain`'s least recently used entries while the bytes it holds
