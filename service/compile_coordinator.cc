@@ -61,8 +61,10 @@ std::string CompileAliasNamespace(const Caller& caller, const v1::CompileRequest
 CompileCoordinator::CompileCoordinator(cache::ArtifactStore& store,
                                        compiler::ToolchainRegistry& toolchains,
                                        std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
-                                       absl::Status launcher_unavailable, int threads)
+                                       absl::Status launcher_unavailable, int threads,
+                                       cache::SharedTier* shared_tier)
     : store_(store),
+      shared_tier_(shared_tier),
       toolchains_(toolchains),
       launcher_builder_(std::move(launcher_builder)),
       launcher_unavailable_(std::move(launcher_unavailable)),
@@ -126,6 +128,15 @@ absl::StatusOr<std::optional<cache::CacheEntry>> CompileCoordinator::LookupShare
     absl::string_view shared_ns, const std::string& shared_key,
     const absl::flat_hash_set<std::string>& have, const Alias& alias) {
   absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(shared_ns, shared_key, have);
+  if (absl::IsNotFound(entry.status()) && shared_tier_ != nullptr) {
+    // Another kilnd of the fleet may have made it: its checked blobs fill ours.
+    if (std::optional<cache::NamedContent> fetched = shared_tier_->Fetch(shared_ns, shared_key)) {
+      std::vector<cache::BlobInput> inputs;
+      for (auto& [name, data] : *fetched) inputs.push_back({name, std::move(data), ""});
+      RETURN_IF_ERROR(store_.Put(shared_ns, shared_key, std::move(inputs)).status());
+      entry = store_.Lookup(shared_ns, shared_key, have);
+    }
+  }
   if (absl::IsNotFound(entry.status())) return std::nullopt;
   RETURN_IF_ERROR(entry.status());
   RecordAlias(*entry, alias);
@@ -139,6 +150,10 @@ absl::StatusOr<cache::CacheEntry> CompileCoordinator::StoreShared(absl::string_v
   for (const auto& [name, data] : artifacts) inputs.push_back({name, data, ""});
   ASSIGN_OR_RETURN(std::vector<cache::StoredBlob> manifest,
                    store_.Put(shared_ns, shared_key, std::move(inputs)));
+  if (shared_tier_ != nullptr) {
+    shared_tier_->Offer(std::string(shared_ns), shared_key,
+                        cache::NamedContent(artifacts.begin(), artifacts.end()));
+  }
   cache::CacheEntry entry;
   entry.created = absl::Now();
   for (cache::StoredBlob& blob : manifest) {
@@ -357,6 +372,11 @@ void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher, Done 
                                            std::move(std::get<std::string>(built))}}));
             return produced;
           });
+}
+
+std::optional<cache::SharedTierStats> CompileCoordinator::SharedTierStats() const {
+  if (shared_tier_ == nullptr) return std::nullopt;
+  return shared_tier_->Stats();
 }
 
 CoordinatorStats CompileCoordinator::Stats() const {

@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "cache/artifact_store.h"
+#include "cache/shared_tier.h"
 #include "common/thread_pool.h"
 #include "compiler/launcher_builder.h"
 #include "compiler/toolchains.h"
@@ -69,9 +70,12 @@ class CompileCoordinator {
 
   // `launcher_builder` may be null when no C compiler was found; launcher
   // requests then fail with its reason, `launcher_unavailable`.
+  // `shared_tier` (may be null): the fleet's cache behind `store` for kilnd's
+  // own results (shared_tier.h).
   CompileCoordinator(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
                      std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
-                     absl::Status launcher_unavailable, int threads);
+                     absl::Status launcher_unavailable, int threads,
+                     cache::SharedTier* shared_tier = nullptr);
 
   // Calls `done` exactly once, on one of the coordinator's threads, then
   // `recorded` once the result is also stored under the caller's key (or the
@@ -86,6 +90,8 @@ class CompileCoordinator {
   void BuildLauncher(v1::BuildLauncherRequest request, Caller caller, Done done);
 
   CoordinatorStats Stats() const;
+  // The shared tier's, when there is one.
+  std::optional<cache::SharedTierStats> SharedTierStats() const;
 
  private:
   // What a job produced, already stored: the entry with every blob's data, or
@@ -145,6 +151,7 @@ class CompileCoordinator {
       const absl::flat_hash_set<std::string>& have, const Alias& alias);
 
   cache::ArtifactStore& store_;
+  cache::SharedTier* const shared_tier_;
   compiler::ToolchainRegistry& toolchains_;
   const std::unique_ptr<compiler::LauncherBuilder> launcher_builder_;
   const absl::Status launcher_unavailable_;

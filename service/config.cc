@@ -106,6 +106,12 @@ const std::vector<Setting>& Settings() {
        "bytes one tenant's entries may hold; its own least recently used go beyond it (0: a "
        "quarter of max_cache_size)",
        ByteSize(&Config::tenant_max_size)},
+      {"redis_url",
+       "redis://[:PASSWORD@]HOST[:PORT][/DB]: a cache of compile results shared by a fleet of "
+       "kilnds",
+       Text(&Config::redis_url)},
+      {"redis_prefix", "the start of every key kilnd writes in Redis (kiln:)",
+       Text(&Config::redis_prefix)},
       {"max_cache_size", "evict least recently used entries above this size (10GiB)",
        ByteSize(&Config::max_cache_size)},
       {"max_request_size", "largest request accepted (64MiB)",

@@ -47,6 +47,10 @@ struct Config {
   // Bytes one tenant's entries may hold; 0: a quarter of max_cache_size.
   uint64_t tenant_max_size = 0;
   uint64_t max_cache_size = 10ull << 30;
+  // The fleet's shared cache of compile results and launchers (shared_tier.h):
+  // redis://[:PASSWORD@]HOST[:PORT][/DB]; empty: none. Keys start with redis_prefix.
+  std::string redis_url;
+  std::string redis_prefix = "kiln:";
   uint64_t max_request_size = 64ull << 20;
   uint64_t inline_threshold = 0;  // 0: the store's measured default
   int zstd_level = 1;

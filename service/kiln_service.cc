@@ -415,6 +415,15 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
     response->set_launcher_cache_hits(compiles.launcher_cache_hits);
     response->set_lookups_waited(lookups_waited_.load());
     response->set_tenant_compiles_waiting(tenant_compile_slots_.waiting());
+    if (std::optional<cache::SharedTierStats> shared = coordinator_.SharedTierStats()) {
+      response->set_shared_cache_state(shared->state);
+      response->set_shared_cache_hits(shared->hits);
+      response->set_shared_cache_misses(shared->misses);
+      response->set_shared_cache_errors(shared->errors);
+      response->set_shared_cache_stores(shared->stores);
+    } else {
+      response->set_shared_cache_state("off");
+    }
     response->set_compile_seconds(compiles.compile_seconds);
     const compiler::PoolStats workers = toolchains_.TotalStats();
     response->set_workers_started(workers.workers_started);

@@ -119,9 +119,16 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Threads beyond the workers let cache hits and joins proceed while every
   // worker is busy.
+  std::unique_ptr<kiln::cache::SharedTier> shared_tier;
+  if (!config.redis_url.empty()) {
+    ASSIGN_OR_RETURN(shared_tier, kiln::cache::OpenRedisTier({config.redis_url,
+                                                              config.redis_prefix}));
+    spdlog::info("compile results and launchers shared through Redis (keys {}*)",
+                 config.redis_prefix);
+  }
   kiln::service::CompileCoordinator coordinator(*store, toolchains, std::move(launcher_builder),
                                                 build_environment.status(),
-                                                std::max(8, 4 * workers));
+                                                std::max(8, 4 * workers), shared_tier.get());
 
   kiln::service::ServerOptions server_options;
   if (config.local_socket != "none") server_options.local_socket = config.local_socket;

@@ -408,6 +408,13 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       stats.compile_cache_hits(), stats.single_flight_joins(), stats.compile_failures(),
       stats.workers_started(), stats.workers_lost(), stats.live_workers(), stats.launcher_builds(),
       stats.launcher_cache_hits());
+  if (!stats.shared_cache_state().empty() && stats.shared_cache_state() != "off") {
+    absl::StrAppend(&text, absl::StrFormat(
+                               "shared cache (Redis): %s; %d hits, %d misses, %d errors, %d stored\n",
+                               stats.shared_cache_state(), stats.shared_cache_hits(),
+                               stats.shared_cache_misses(), stats.shared_cache_errors(),
+                               stats.shared_cache_stores()));
+  }
   if (stats.tenant_compiles_waiting() > 0) {
     absl::StrAppend(&text, absl::StrFormat("farm tenants' compiles waiting their turn: %d\n",
                                            stats.tenant_compiles_waiting()));

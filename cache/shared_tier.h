@@ -1,0 +1,62 @@
+#ifndef KILN_CACHE_SHARED_TIER_H_
+#define KILN_CACHE_SHARED_TIER_H_
+
+// A second cache level that a fleet of kilnds shares (Redis), behind each
+// kilnd's own store. It holds only what kilnd derives the keys of itself
+// (compile results, launcher modules): their content is a function of the key,
+// so every kilnd of the fleet may serve them.
+//
+// It never fails a request: a lookup it cannot answer is a miss, a store it
+// cannot make is dropped, and an outage is logged once and shown in the stats
+// while kilnd goes on with its own store. Every blob read back is checked
+// against its SHA-256 before it is used.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace kiln::cache {
+
+// {blob name, content}
+using NamedContent = std::vector<std::pair<std::string, std::string>>;
+
+struct SharedTierStats {
+  std::string state;  // "off", "up", or "down since ...: reason"
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t errors = 0;  // failed calls and values that failed their check
+  uint64_t stores = 0;
+};
+
+class SharedTier {
+ public:
+  virtual ~SharedTier() = default;
+  // The blobs of (ns, key), each checked against its digest; nullopt on a
+  // miss, an outage or a value that fails its check (logged).
+  virtual std::optional<NamedContent> Fetch(absl::string_view ns, absl::string_view key) = 0;
+  // Stores (ns, key) in the background; dropped while the tier is down or
+  // its backlog is full.
+  virtual void Offer(std::string ns, std::string key, NamedContent blobs) = 0;
+  virtual SharedTierStats Stats() = 0;
+};
+
+struct RedisOptions {
+  std::string url;     // redis://[:PASSWORD@]HOST[:PORT][/DB]
+  std::string prefix;  // every key starts with it: one farm's keys apart from others'
+  absl::Duration timeout = absl::Seconds(2);
+};
+
+// INVALID_ARGUMENT for a URL that does not parse; FAILED_PRECONDITION in a
+// kilnd built without Redis support. Connects on first use, not here.
+absl::StatusOr<std::unique_ptr<SharedTier>> OpenRedisTier(const RedisOptions& options);
+
+}  // namespace kiln::cache
+
+#endif  // KILN_CACHE_SHARED_TIER_H_

@@ -1,0 +1,158 @@
+"""A fleet of kilnds sharing compile results through Redis (redis_url): a real
+redis-server (Debian's) on loopback, with a password, and real kilnd processes."""
+
+import os
+import sys
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+from kiln import _api
+from triton.backends.compiler import GPUTarget
+
+import kernel_suite
+import triton_frontend
+from conftest import Kilnd
+from pipeline_client import blobs_by_name, compile_request
+from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
+
+PASSWORD = "fleet-secret"
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Redis:
+    def __init__(self, directory, port):
+        self.directory, self.port = directory, port
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", PASSWORD,
+             "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while self.cli("PING").strip() != "PONG":
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+    def cli(self, *args):
+        return subprocess.run(["redis-cli", "-p", str(self.port), "-a", PASSWORD, "--no-auth-warning", *args],
+                              capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/install-deps installs it)")
+    server = Redis(tmp_path_factory.mktemp("redis"), free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+def fleet_kilnd(directory, redis, prefix, *flags):
+    config = directory / "kilnd.conf"
+    directory.mkdir(parents=True, exist_ok=True)
+    config.write_text(f"redis_url = redis://:{PASSWORD}@127.0.0.1:{redis.port}\nredis_prefix = {prefix}\n")
+    return Kilnd(directory / "kilnd", f"--config={config}", f"--toolchain={sys.executable}", *flags)
+
+
+def wait_for(condition, what, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_kilnd_with_an_empty_cache_serves_what_another_compiled_from_redis_without_compiling(
+        redis, tmp_path, stock_suite):  # noqa: F811
+    first = fleet_kilnd(tmp_path / "first", redis, "fleet1:")
+    second = None
+    try:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        client = dict(base, KILN="1", KILN_STRICT="1")
+        run_probe(dict(client, KILN_ENDPOINT=f"unix:{first.socket}", TRITON_CACHE_DIR=str(tmp_path / "c1"),
+                       KILN_FILES_DIR=str(tmp_path / "f1")), "suite")
+        assert first.stats().compiles == 30
+        wait_for(lambda: first.stats().shared_cache_stores >= 30, "the compiles never reached Redis")
+        second = fleet_kilnd(tmp_path / "second", redis, "fleet1:")
+        result = probe_json(run_probe(dict(client, KILN_ENDPOINT=f"unix:{second.socket}",
+                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
+                                      "suite"))
+        assert result["kernels"] == stock_suite
+        stats = second.stats()
+        assert stats.compiles == 0
+        assert stats.shared_cache_hits >= 30 and stats.shared_cache_state == "up"
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def compile_one(kilnd, case_index=0, arch=90):
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[case_index], GPUTarget("cuda", arch, 32))
+    response = kilnd.stub.Compile(compile_request(frontend), timeout=300)
+    assert response.WhichOneof("result") == "entry", response.error
+    return blobs_by_name(response.entry)
+
+
+def test_a_value_corrupted_in_redis_is_never_served(redis, tmp_path):
+    maker = fleet_kilnd(tmp_path / "maker", redis, "fleet2:")
+    try:
+        made = compile_one(maker)
+        wait_for(lambda: maker.stats().shared_cache_stores >= 1, "the compile never reached Redis")
+    finally:
+        maker.stop()
+    blob_keys = redis.cli("--scan", "--pattern", "fleet2:b:*").split()
+    assert blob_keys
+    for key in blob_keys:
+        redis.cli("SET", key, "not what the entry lists")
+    reader = fleet_kilnd(tmp_path / "reader", redis, "fleet2:")
+    try:
+        got = compile_one(reader)
+        assert got == made  # compiled again here, not taken from Redis
+        stats = reader.stats()
+        assert stats.compiles == 1 and stats.shared_cache_hits == 0 and stats.shared_cache_errors >= 1
+        assert "poisoned or truncated" in (reader.root / "kilnd.out").read_text()
+    finally:
+        reader.stop()
+
+
+def test_redis_going_away_fails_no_request_and_the_fleet_fills_again_once_it_is_back(redis, tmp_path):
+    kilnd = fleet_kilnd(tmp_path / "kilnd", redis, "fleet3:")
+    try:
+        redis.stop()
+        compile_one(kilnd, case_index=1)  # compiled here; Redis is not asked again for a while
+        stats = kilnd.stats()
+        assert stats.compiles == 1 and stats.shared_cache_state.startswith("down since"), stats.shared_cache_state
+        redis.start()
+        time.sleep(2.5)  # past the pause after a failure
+        compile_one(kilnd, case_index=2)
+        wait_for(lambda: kilnd.stats().shared_cache_state == "up", "kilnd never used Redis again")
+        assert redis.cli("--scan", "--pattern", "fleet3:e:*").split()
+    finally:
+        kilnd.stop()
+        if redis.process.poll() is not None:
+            redis.start()
+
+
+def test_a_redis_url_that_does_not_parse_stops_kilnd_with_the_form_to_write(tmp_path):
+    from conftest import BUILD
+
+    config = tmp_path / "kilnd.conf"
+    config.write_text("redis_url = http://127.0.0.1:6379\n")
+    result = subprocess.run([str(BUILD / "service" / "kilnd"), f"--config={config}", f"--data-dir={tmp_path / 'data'}",
+                             f"--local-socket={tmp_path / 's'}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "redis://[:PASSWORD@]HOST[:PORT][/DB]" in result.stdout + result.stderr
