@@ -1,20 +1,27 @@
 // SharedTier on Redis through hiredis (Debian's libhiredis-dev).
 //
 // Layout under the configured prefix, content-addressed so that two entries
-// sharing a blob store it once:
-//   <prefix>b:<sha256 hex>            a blob's content
-//   <prefix>e:<sha256 hex of ns\0key> the entry: "<name>\t<sha256 hex>\n" per blob
-// Blobs are written before the entry that names them. Eviction is Redis's own
-// (maxmemory-policy allkeys-lru): an entry whose blob went is a miss.
+// sharing a blob store it once (<h>: the SHA-256 hex of "ns\0key"):
+//   <prefix>b:<sha256 hex>  a blob's content
+//   <prefix>e:<h>           the entry: "<name>\t<sha256 hex>\n" per blob
+//   <prefix>c:<h>           the claim of the kilnd compiling it: its id, with a
+//                           lease it renews while it compiles
+//   <prefix>d:<h>           the channel on which the claim's end is published
+// Blobs are written before the entry that names them, and the claim ends
+// after the entry is written. Eviction is Redis's own (maxmemory-policy
+// allkeys-lru): an entry whose blob went is a miss.
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
 
 #include <atomic>
+#include <random>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -34,6 +41,25 @@ namespace {
 constexpr size_t kMaxBacklog = 256;
 // After a failure, the tier is not tried again for this long.
 constexpr absl::Duration kRetryAfter = absl::Seconds(2);
+// A claim lapses this long after its kilnd last renewed it (a kilnd that died
+// holds up the others at most this long); renewed every kRenewEvery.
+constexpr int kLeaseMillis = 30000;
+constexpr absl::Duration kRenewEvery = absl::Seconds(10);
+// A waiter also looks for itself this often, in case a notice went missing.
+constexpr absl::Duration kLookEvery = absl::Seconds(1);
+
+// Compare-and-renew and compare-and-delete of a claim: only its holder's id.
+constexpr char kRenewScript[] =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], "
+    "ARGV[2]) else return 0 end";
+constexpr char kReleaseScript[] =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else "
+    "return 0 end";
+
+std::string RandomId() {
+  std::random_device random;
+  return absl::StrFormat("%08x%08x", random(), random());
+}
 
 struct RedisAddress {
   std::string host;
@@ -94,6 +120,33 @@ class Connection {
     if (context_ == nullptr) RETURN_IF_ERROR(Connect());
     Reply reply(static_cast<redisReply*>(redisCommand(context_.get(), format, args...)));
     return Checked(std::move(reply));
+  }
+
+  // After SUBSCRIBE: whether a message came within `wait` (consumed).
+  absl::StatusOr<bool> AwaitMessage(absl::Duration wait) {
+    if (context_ == nullptr) return absl::UnavailableError("not connected");
+    void* buffered = nullptr;
+    if (redisReaderGetReply(context_->reader, &buffered) == REDIS_OK && buffered != nullptr) {
+      freeReplyObject(buffered);
+      return true;
+    }
+    // poll(), not a socket timeout: hiredis gives up a connection that timed out.
+    pollfd socket{context_->fd, POLLIN, 0};
+    const int ready = poll(&socket, 1, static_cast<int>(absl::ToInt64Milliseconds(wait)));
+    if (ready == 0) return false;
+    if (ready < 0 || redisBufferRead(context_.get()) != REDIS_OK) {
+      const std::string why = context_->errstr;
+      context_.reset();
+      return absl::UnavailableError(why.empty() ? "lost the connection" : why);
+    }
+    void* reply = nullptr;
+    if (redisReaderGetReply(context_->reader, &reply) != REDIS_OK) {
+      context_.reset();
+      return absl::UnavailableError("unreadable message");
+    }
+    if (reply == nullptr) return false;  // part of a message so far
+    freeReplyObject(reply);
+    return true;
   }
 
   absl::StatusOr<Reply> CommandArgv(const std::vector<std::string>& arguments) {
@@ -222,16 +275,61 @@ class RedisTier final : public SharedTier {
   }
 
   void Offer(std::string ns, std::string key, NamedContent blobs) override {
+    bool storable = Usable();
     for (const auto& [name, data] : blobs) {
-      if (name.empty() || name.find_first_of("\t\n") != std::string::npos) return;
+      if (name.empty() || name.find_first_of("\t\n") != std::string::npos) storable = false;
     }
-    if (!Usable()) return;
     {
       std::lock_guard lock(backlog_mutex_);
-      if (backlog_.size() >= kMaxBacklog) return;
-      backlog_.push_back({std::move(ns), std::move(key), std::move(blobs)});
+      if (storable && backlog_.size() < kMaxBacklog) {
+        backlog_.push_back({std::move(ns), std::move(key), std::move(blobs)});
+        storable = true;
+      } else {
+        storable = false;
+      }
     }
+    if (!storable) return Release(ns, key);
     backlog_changed_.notify_one();
+  }
+
+  Turn AwaitTurn(absl::string_view ns, absl::string_view key, absl::Duration patience) override {
+    if (!Usable()) return Turn::kCompileHere;
+    const std::string hash = KeyHash(ns, key);
+    const std::string claim_key = absl::StrCat(options_.prefix, "c:", hash);
+    const std::string channel = absl::StrCat(options_.prefix, "d:", hash);
+    const std::string entry_key = absl::StrCat(options_.prefix, "e:", hash);
+    const absl::Time deadline = absl::Now() + patience;
+    absl::StatusOr<Turn> turn = TryClaim(claim_key, entry_key);
+    if (!turn.ok()) return CompileHereAfter(turn.status());
+    if (*turn != Turn::kCompileHere) return *turn;
+    // Another kilnd compiles it: wait for the notice that its claim ended, on
+    // a connection of our own (a subscribed connection takes no commands).
+    Connection notices(address_, options_.timeout);
+    absl::StatusOr<Reply> subscribed =
+        notices.Command("SUBSCRIBE %b", channel.data(), channel.size());
+    if (!subscribed.ok()) return CompileHereAfter(subscribed.status());
+    while (true) {
+      // Also right after subscribing: the claim may have ended before.
+      turn = TryClaim(claim_key, entry_key);
+      if (!turn.ok()) return CompileHereAfter(turn.status());
+      if (*turn == Turn::kDone) compiles_awaited_.fetch_add(1);
+      if (*turn != Turn::kCompileHere) return *turn;
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        spdlog::warn("shared cache: waited {} for another kilnd's compile of {}; compiling here",
+                     absl::FormatDuration(patience), entry_key);
+        return Turn::kCompileHere;
+      }
+      absl::StatusOr<bool> noticed = notices.AwaitMessage(std::min(left, kLookEvery));
+      if (!noticed.ok()) return CompileHereAfter(noticed.status());
+    }
+  }
+
+  void Release(absl::string_view ns, absl::string_view key) override {
+    const std::string hash = KeyHash(ns, key);
+    if (!Forget(absl::StrCat(options_.prefix, "c:", hash))) return;
+    std::lock_guard lock(reader_mutex_);
+    if (absl::Status status = EndClaim(reader_, hash); !status.ok()) Failed(status);
   }
 
   SharedTierStats Stats() override {
@@ -248,6 +346,7 @@ class RedisTier final : public SharedTier {
     stats.misses = misses_.load();
     stats.errors = errors_.load();
     stats.stores = stores_.load();
+    stats.compiles_awaited = compiles_awaited_.load();
     return stats;
   }
 
@@ -258,10 +357,58 @@ class RedisTier final : public SharedTier {
     NamedContent blobs;
   };
 
+  static std::string KeyHash(absl::string_view ns, absl::string_view key) {
+    return DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key))));
+  }
   std::string EntryKey(absl::string_view ns, absl::string_view key) const {
-    return absl::StrCat(
-        options_.prefix, "e:",
-        DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key)))));
+    return absl::StrCat(options_.prefix, "e:", KeyHash(ns, key));
+  }
+
+  // kClaimed when this kilnd got the claim, kDone when the entry is there,
+  // kCompileHere when another kilnd holds the claim.
+  absl::StatusOr<Turn> TryClaim(const std::string& claim_key, const std::string& entry_key) {
+    std::lock_guard lock(reader_mutex_);
+    ASSIGN_OR_RETURN(Reply exists, reader_.Command("EXISTS %b", entry_key.data(), entry_key.size()));
+    if (exists->type == REDIS_REPLY_INTEGER && exists->integer == 1) return Turn::kDone;
+    ASSIGN_OR_RETURN(Reply claimed, reader_.Command("SET %b %b NX PX %d", claim_key.data(),
+                                                    claim_key.size(), id_.data(), id_.size(),
+                                                    kLeaseMillis));
+    Succeeded();
+    if (claimed->type != REDIS_REPLY_STATUS) return Turn::kCompileHere;  // nil: held by another
+    std::lock_guard held(claims_mutex_);
+    claims_held_.insert(claim_key);
+    return Turn::kClaimed;
+  }
+
+  // Whether this kilnd held `claim_key`, which it no longer does.
+  bool Forget(const std::string& claim_key) {
+    std::lock_guard lock(claims_mutex_);
+    return claims_held_.erase(claim_key) > 0;
+  }
+
+  // Deletes this kilnd's claim of <h> and tells the waiters.
+  absl::Status EndClaim(Connection& connection, const std::string& hash) {
+    const std::string claim_key = absl::StrCat(options_.prefix, "c:", hash);
+    const std::string channel = absl::StrCat(options_.prefix, "d:", hash);
+    RETURN_IF_ERROR(connection
+                        .Command("EVAL %s 1 %b %b", kReleaseScript, claim_key.data(),
+                                 claim_key.size(), id_.data(), id_.size())
+                        .status());
+    return connection.Command("PUBLISH %b ended", channel.data(), channel.size()).status();
+  }
+
+  void RenewClaims() {
+    std::vector<std::string> held;
+    {
+      std::lock_guard lock(claims_mutex_);
+      held.assign(claims_held_.begin(), claims_held_.end());
+    }
+    for (const std::string& claim_key : held) {
+      absl::StatusOr<Reply> renewed =
+          writer_.Command("EVAL %s 1 %b %b %d", kRenewScript, claim_key.data(), claim_key.size(),
+                          id_.data(), id_.size(), kLeaseMillis);
+      if (!renewed.ok()) return static_cast<void>(Failed(renewed.status()));
+    }
   }
   std::string BlobKey(absl::string_view hex_digest) const {
     return absl::StrCat(options_.prefix, "b:", hex_digest);
@@ -287,6 +434,11 @@ class RedisTier final : public SharedTier {
     return std::nullopt;
   }
 
+  Turn CompileHereAfter(const absl::Status& status) {
+    Failed(status);
+    return Turn::kCompileHere;
+  }
+
   void Succeeded() {
     std::lock_guard lock(state_mutex_);
     if (!down_reason_.empty()) {
@@ -304,17 +456,32 @@ class RedisTier final : public SharedTier {
 
   void WriteLoop() {
     std::unique_lock lock(backlog_mutex_);
+    absl::Time renewed = absl::Now();
     while (true) {
-      backlog_changed_.wait(lock, [this] { return stopping_ || !backlog_.empty(); });
+      backlog_changed_.wait_for(lock, absl::ToChronoMilliseconds(kRenewEvery),
+                                [this] { return stopping_ || !backlog_.empty(); });
       if (stopping_) return;
+      if (absl::Now() - renewed >= kRenewEvery) {
+        lock.unlock();
+        RenewClaims();
+        renewed = absl::Now();
+        lock.lock();
+      }
+      if (backlog_.empty()) continue;
       Pending pending = std::move(backlog_.front());
       backlog_.pop_front();
       lock.unlock();
-      if (absl::Status status = Write(pending); status.ok()) {
+      absl::Status status = Write(pending);
+      if (status.ok()) {
         stores_.fetch_add(1);
         Succeeded();
       } else {
         Failed(status);
+      }
+      // The entry is there (or never will be): waiters may look now.
+      const std::string hash = KeyHash(pending.ns, pending.key);
+      if (Forget(absl::StrCat(options_.prefix, "c:", hash))) {
+        if (absl::Status ended = EndClaim(writer_, hash); !ended.ok()) Failed(ended);
       }
       lock.lock();
     }
@@ -353,6 +520,11 @@ class RedisTier final : public SharedTier {
   std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> stores_{0};
+  std::atomic<uint64_t> compiles_awaited_{0};
+
+  const std::string id_ = RandomId();  // this kilnd's, in the claims it holds
+  std::mutex claims_mutex_;
+  absl::flat_hash_set<std::string> claims_held_;  // guarded by claims_mutex_
 
   std::mutex backlog_mutex_;
   std::condition_variable backlog_changed_;

@@ -2,7 +2,7 @@
 #define KILN_CACHE_SHARED_TIER_H_
 
 // A second cache level that a fleet of kilnds shares (Redis), behind each
-// kilnd's own store. It holds only what kilnd derives the keys of itself
+// kilnd's own store, and the claims that make the fleet run each compile once. It holds only what kilnd derives the keys of itself
 // (compile results, launcher modules): their content is a function of the key,
 // so every kilnd of the fleet may serve them.
 //
@@ -33,6 +33,7 @@ struct SharedTierStats {
   uint64_t misses = 0;
   uint64_t errors = 0;  // failed calls and values that failed their check
   uint64_t stores = 0;
+  uint64_t compiles_awaited = 0;  // another kilnd's compile, waited for instead of run here
 };
 
 class SharedTier {
@@ -42,8 +43,23 @@ class SharedTier {
   // miss, an outage or a value that fails its check (logged).
   virtual std::optional<NamedContent> Fetch(absl::string_view ns, absl::string_view key) = 0;
   // Stores (ns, key) in the background; dropped while the tier is down or
-  // its backlog is full.
+  // its backlog is full. Ends this kilnd's claim on it (AwaitTurn) once the
+  // entry is written, or at once if it cannot be.
   virtual void Offer(std::string ns, std::string key, NamedContent blobs) = 0;
+
+  // One compile of (ns, key) across the fleet: the first kilnd to ask claims
+  // it (a lease in the tier, renewed while it lasts); the others wait,
+  // notified when it ends, and then Fetch the result.
+  enum class Turn {
+    kClaimed,      // this kilnd compiles; Offer or Release ends the claim
+    kDone,         // another kilnd's result is in the tier now
+    kCompileHere,  // no claim to be had or waited for (tier down, claimant gone
+                   // without a result, waited `patience`): compile here
+  };
+  virtual Turn AwaitTurn(absl::string_view ns, absl::string_view key, absl::Duration patience) = 0;
+  // Ends this kilnd's claim without a result (the compile failed): waiters
+  // compile themselves at once and meet the same failure.
+  virtual void Release(absl::string_view ns, absl::string_view key) = 0;
   virtual SharedTierStats Stats() = 0;
 };
 

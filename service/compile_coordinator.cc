@@ -62,9 +62,11 @@ CompileCoordinator::CompileCoordinator(cache::ArtifactStore& store,
                                        compiler::ToolchainRegistry& toolchains,
                                        std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
                                        absl::Status launcher_unavailable, int threads,
-                                       cache::SharedTier* shared_tier)
+                                       cache::SharedTier* shared_tier,
+                                       absl::Duration fleet_patience)
     : store_(store),
       shared_tier_(shared_tier),
+      fleet_patience_(fleet_patience),
       toolchains_(toolchains),
       launcher_builder_(std::move(launcher_builder)),
       launcher_unavailable_(std::move(launcher_unavailable)),
@@ -268,10 +270,19 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   job.metadata_json = request.metadata_json();
   bool joined = false;
   RunOnce(shared_key, std::move(finish), &joined, [&]() -> absl::StatusOr<Produced> {
+    if (std::optional<cache::CacheEntry> fleet = AwaitFleetCompile(shared_key, have)) {
+      Produced produced;
+      produced.entry = *std::move(fleet);
+      return produced;
+    }
     compiles_.fetch_add(1);
     const absl::Time start = absl::Now();
     absl::StatusOr<compiler::CompileResult> compiled = (*pool)->Compile(job);
     compile_micros_.fetch_add(absl::ToInt64Microseconds(absl::Now() - start));
+    if (shared_tier_ != nullptr &&
+        (!compiled.ok() || std::holds_alternative<compiler::CompileFailure>(*compiled))) {
+      shared_tier_->Release(kCompileNamespace, shared_key);
+    }
     ASSIGN_OR_RETURN(compiler::CompileResult result, std::move(compiled));
     Produced produced;
     if (auto* failure = std::get_if<compiler::CompileFailure>(&result)) {
@@ -284,11 +295,29 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     produced.stage_seconds = output.stage_seconds;
     answer(CompileOutcome{UnstoredEntry(output.artifacts, have), false, produced.ptxas_log,
                           produced.stage_seconds});
-    ASSIGN_OR_RETURN(produced.entry,
-                     StoreShared(kCompileNamespace, shared_key, std::move(output.artifacts)));
+    absl::StatusOr<cache::CacheEntry> stored =
+        StoreShared(kCompileNamespace, shared_key, std::move(output.artifacts));
+    if (!stored.ok() && shared_tier_ != nullptr) {
+      shared_tier_->Release(kCompileNamespace, shared_key);  // StoreShared never offered it
+    }
+    ASSIGN_OR_RETURN(produced.entry, std::move(stored));
     return produced;
   });
   if (joined) single_flight_joins_.fetch_add(1);
+}
+
+std::optional<cache::CacheEntry> CompileCoordinator::AwaitFleetCompile(
+    const std::string& shared_key, const absl::flat_hash_set<std::string>& have) {
+  if (shared_tier_ == nullptr) return std::nullopt;
+  const cache::SharedTier::Turn turn =
+      shared_tier_->AwaitTurn(kCompileNamespace, shared_key, fleet_patience_);
+  if (turn != cache::SharedTier::Turn::kDone) return std::nullopt;
+  // The other kilnd's result, checked, into this kilnd's store.
+  absl::StatusOr<std::optional<cache::CacheEntry>> fetched =
+      LookupShared(kCompileNamespace, shared_key, have, Alias{});
+  // Evicted or rejected since it was written: compiled here.
+  if (!fetched.ok() || !fetched->has_value()) return std::nullopt;
+  return **std::move(fetched);
 }
 
 void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& request,

@@ -71,11 +71,13 @@ class CompileCoordinator {
   // `launcher_builder` may be null when no C compiler was found; launcher
   // requests then fail with its reason, `launcher_unavailable`.
   // `shared_tier` (may be null): the fleet's cache behind `store` for kilnd's
-  // own results (shared_tier.h).
+  // own results (shared_tier.h); a compile another kilnd of the fleet is
+  // running is waited for up to `fleet_patience`, then compiled here.
   CompileCoordinator(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
                      std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
                      absl::Status launcher_unavailable, int threads,
-                     cache::SharedTier* shared_tier = nullptr);
+                     cache::SharedTier* shared_tier = nullptr,
+                     absl::Duration fleet_patience = absl::Minutes(10));
 
   // Calls `done` exactly once, on one of the coordinator's threads, then
   // `recorded` once the result is also stored under the caller's key (or the
@@ -145,6 +147,11 @@ class CompileCoordinator {
                                                          const Caller& caller);
   // Records `entry` under the caller's own key too, if it sent one.
   void RecordAlias(const cache::CacheEntry& entry, const Alias& alias);
+  // The result of a compile of `shared_key` that another kilnd of the fleet
+  // made (waiting for it if it is compiling); nullopt: compile here (claimed
+  // in the fleet when the tier is up).
+  std::optional<cache::CacheEntry> AwaitFleetCompile(const std::string& shared_key,
+                                                     const absl::flat_hash_set<std::string>& have);
   // A hit for `shared_key`, aliased under the caller's key when it has one.
   absl::StatusOr<std::optional<cache::CacheEntry>> LookupShared(
       absl::string_view shared_ns, const std::string& shared_key,
@@ -152,6 +159,7 @@ class CompileCoordinator {
 
   cache::ArtifactStore& store_;
   cache::SharedTier* const shared_tier_;
+  const absl::Duration fleet_patience_;
   compiler::ToolchainRegistry& toolchains_;
   const std::unique_ptr<compiler::LauncherBuilder> launcher_builder_;
   const absl::Status launcher_unavailable_;

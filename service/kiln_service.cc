@@ -421,6 +421,7 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
       response->set_shared_cache_misses(shared->misses);
       response->set_shared_cache_errors(shared->errors);
       response->set_shared_cache_stores(shared->stores);
+      response->set_shared_cache_compiles_awaited(shared->compiles_awaited);
     } else {
       response->set_shared_cache_state("off");
     }

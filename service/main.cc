@@ -128,7 +128,8 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   }
   kiln::service::CompileCoordinator coordinator(*store, toolchains, std::move(launcher_builder),
                                                 build_environment.status(),
-                                                std::max(8, 4 * workers), shared_tier.get());
+                                                std::max(8, 4 * workers), shared_tier.get(),
+                                                absl::Seconds(config.compile_timeout_seconds));
 
   kiln::service::ServerOptions server_options;
   if (config.local_socket != "none") server_options.local_socket = config.local_socket;

@@ -410,10 +410,11 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       stats.launcher_cache_hits());
   if (!stats.shared_cache_state().empty() && stats.shared_cache_state() != "off") {
     absl::StrAppend(&text, absl::StrFormat(
-                               "shared cache (Redis): %s; %d hits, %d misses, %d errors, %d stored\n",
+                               "shared cache (Redis): %s; %d hits, %d misses, %d errors, %d stored, "
+                               "%d compiles of other kilnds awaited\n",
                                stats.shared_cache_state(), stats.shared_cache_hits(),
                                stats.shared_cache_misses(), stats.shared_cache_errors(),
-                               stats.shared_cache_stores()));
+                               stats.shared_cache_stores(), stats.shared_cache_compiles_awaited()));
   }
   if (stats.tenant_compiles_waiting() > 0) {
     absl::StrAppend(&text, absl::StrFormat("farm tenants' compiles waiting their turn: %d\n",

@@ -1,22 +1,22 @@
 """A fleet of kilnds sharing compile results through Redis (redis_url): a real
 redis-server (Debian's) on loopback, with a password, and real kilnd processes."""
 
+import json
 import os
-import sys
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
-from kiln import _api
 from triton.backends.compiler import GPUTarget
 
 import kernel_suite
 import triton_frontend
 from conftest import Kilnd
 from pipeline_client import blobs_by_name, compile_request
-from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
+from test_client import PROBE, probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 
 PASSWORD = "fleet-secret"
 
@@ -98,6 +98,28 @@ def test_a_kilnd_with_an_empty_cache_serves_what_another_compiled_from_redis_wit
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_three_kilnds_compiling_the_suite_at_once_compile_each_kernel_once_across_the_fleet(
+        redis, tmp_path, stock_suite):  # noqa: F811
+    fleet = [fleet_kilnd(tmp_path / f"kilnd{i}", redis, "fleet4:") for i in range(3)]
+    try:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        clients = [subprocess.Popen(
+            [sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+                     TRITON_CACHE_DIR=str(tmp_path / f"c{i}"), KILN_FILES_DIR=str(tmp_path / f"f{i}")))
+            for i, kilnd in enumerate(fleet)]
+        for client in clients:
+            out, err = client.communicate(timeout=600)
+            assert client.returncode == 0, err[-3000:]
+            assert json.loads(out.splitlines()[-1])["kernels"] == stock_suite
+        stats = [kilnd.stats() for kilnd in fleet]
+        assert sum(s.compiles for s in stats) == 30, [s.compiles for s in stats]
+        assert sum(s.shared_cache_compiles_awaited + s.shared_cache_hits for s in stats) >= 60
+    finally:
+        for kilnd in fleet:
+            kilnd.stop()
 
 
 def compile_one(kilnd, case_index=0, arch=90):
