@@ -178,3 +178,56 @@ def test_a_redis_url_that_does_not_parse_stops_kilnd_with_the_form_to_write(tmp_
                              f"--local-socket={tmp_path / 's'}"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "redis://[:PASSWORD@]HOST[:PORT][/DB]" in result.stdout + result.stderr
+
+
+def test_a_kilnd_waits_for_another_kilnds_claim_and_compiles_itself_once_the_claimants_lease_lapses(
+        redis, tmp_path):
+    import threading
+
+    maker = fleet_kilnd(tmp_path / "maker", redis, "fleet5:")
+    try:
+        made = compile_one(maker)
+        wait_for(lambda: maker.stats().shared_cache_stores >= 1, "the compile never reached Redis")
+    finally:
+        maker.stop()
+    [entry_key] = redis.cli("--scan", "--pattern", "fleet5:e:*").split()
+    digest = entry_key[len("fleet5:e:"):]
+    manifest = redis.cli("GET", entry_key)
+    claim, channel = f"fleet5:c:{digest}", f"fleet5:d:{digest}"
+
+    # A kilnd of the fleet is compiling it (its claim, as kilnd writes one): the
+    # waiter takes its result as soon as it is announced.
+    redis.cli("DEL", entry_key)
+    redis.cli("SET", claim, "another-kilnd", "PX", "60000")
+    waiter = fleet_kilnd(tmp_path / "waiter", redis, "fleet5:")
+    try:
+        answer = {}
+        started = time.monotonic()
+        thread = threading.Thread(target=lambda: answer.update(blobs=compile_one(waiter)))
+        thread.start()
+        wait_for(lambda: waiter.stats().shared_cache_misses + waiter.stats().shared_cache_hits >= 1,
+                 "the waiter never looked in Redis")
+        time.sleep(1.5)
+        assert thread.is_alive()  # waiting on the claim
+        redis.cli("SET", entry_key, manifest.rstrip("\n") + "\n")
+        redis.cli("DEL", claim)
+        redis.cli("PUBLISH", channel, "ended")
+        thread.join(timeout=30)
+        assert answer["blobs"] == made
+        stats = waiter.stats()
+        assert stats.compiles == 0 and stats.shared_cache_compiles_awaited == 1
+        assert time.monotonic() - started < 20
+    finally:
+        waiter.stop()
+
+    # A claimant that died: its lease lapses and the waiter compiles itself.
+    redis.cli("DEL", entry_key)
+    redis.cli("SET", claim, "a-kilnd-that-died", "PX", "3000")
+    orphan = fleet_kilnd(tmp_path / "orphan", redis, "fleet5:")
+    try:
+        started = time.monotonic()
+        assert compile_one(orphan) == made
+        assert 2 < time.monotonic() - started < 30
+        assert orphan.stats().compiles == 1
+    finally:
+        orphan.stop()
