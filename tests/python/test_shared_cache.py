@@ -231,3 +231,36 @@ def test_a_kilnd_waits_for_another_kilnds_claim_and_compiles_itself_once_the_cla
         assert orphan.stats().compiles == 1
     finally:
         orphan.stop()
+
+
+def test_a_client_listing_the_fleet_finishes_on_the_others_when_one_kilnd_is_killed(redis, tmp_path, stock_suite):  # noqa: F811
+    import re
+    import signal
+
+    fleet, addresses = [], []
+    try:
+        for i in range(3):
+            directory = tmp_path / f"kilnd{i}"
+            directory.mkdir()
+            config = directory / "kilnd.conf"
+            config.write_text(f"tcp_listen = 127.0.0.1:0\nredis_url = redis://:{PASSWORD}@127.0.0.1:{redis.port}\n"
+                              "redis_prefix = fleet6:\n")
+            kilnd = Kilnd(directory / "kilnd", f"--config={config}", f"--toolchain={sys.executable}")
+            fleet.append(kilnd)
+            addresses.append(re.search(r"127\.0\.0\.1:(\d+)", (kilnd.root / "kilnd.out").read_text()).group(0))
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        client = subprocess.Popen(
+            [sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=",".join(addresses),
+                     TRITON_CACHE_DIR=str(tmp_path / "c"), KILN_FILES_DIR=str(tmp_path / "f")))
+        # Calls go round robin: once the first kilnd has compiled, kill it mid-run.
+        wait_for(lambda: fleet[0].stats().compiles >= 1, "the first kilnd never got a compile", 300)
+        fleet[0].process.send_signal(signal.SIGKILL)
+        fleet[0].process.wait()
+        out, err = client.communicate(timeout=600)
+        assert client.returncode == 0, err[-3000:]
+        assert json.loads(out.splitlines()[-1])["kernels"] == stock_suite
+        assert sum(kilnd.stats().compiles for kilnd in fleet[1:]) >= 1
+    finally:
+        for kilnd in fleet:
+            kilnd.stop()

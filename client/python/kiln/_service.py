@@ -1,8 +1,10 @@
 """The connection to kilnd: endpoint, auto-start, and the one warning on fallback."""
 
+import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -72,14 +74,61 @@ def _tls_credentials():
     return credentials
 
 
+# For a TCP endpoint, which may be a fleet of kilnds: calls go round robin over
+# every address, and one that finds its kilnd gone is tried again on another.
+_FLEET_SERVICE_CONFIG = json.dumps({
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "methodConfig": [{
+        "name": [{"service": "kiln.v1.Kiln"}],
+        "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+    }],
+})
+
+
+def _fleet_target(target):
+    """(gRPC target, TLS name to check) of KILN_ENDPOINT: one HOST:PORT (every
+    address DNS gives it), or several, comma-separated ("grpcs://a:7733,b:7733"):
+    then their addresses as one target. Raises KilnUnavailable for a name that
+    does not resolve."""
+    hosts = [part.strip()[len(_TLS_SCHEME):] if part.strip().startswith(_TLS_SCHEME) else part.strip()
+             for part in target.split(",") if part.strip()]
+    if len(hosts) == 1:
+        return hosts[0], None
+    addresses = {socket.AF_INET: [], socket.AF_INET6: []}
+    for host_port in hosts:
+        host, _, port = host_port.rpartition(":")
+        try:
+            found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+        except (OSError, ValueError) as error:
+            raise KilnUnavailable(f"KILN_ENDPOINT lists {host_port}, which does not resolve ({error}); "
+                                  "list HOST:PORT entries") from None
+        for family, _, _, _, address in found:
+            if family in addresses:
+                entry = f"{address[0]}:{address[1]}" if family == socket.AF_INET else f"[{address[0]}]:{address[1]}"
+                if entry not in addresses[family]:
+                    addresses[family].append(entry)
+    # gRPC takes one address family per target.
+    family, scheme = (socket.AF_INET, "ipv4") if addresses[socket.AF_INET] else (socket.AF_INET6, "ipv6")
+    # The fleet's certificate names the first kilnd listed (a name all of them share, usually).
+    return f"{scheme}:{','.join(addresses[family])}", hosts[0].rpartition(":")[0].strip("[]")
+
+
 class Connection:
     def __init__(self, endpoint):
         self.endpoint = endpoint
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        if endpoint.target.startswith(_TLS_SCHEME):
-            self.channel = grpc.secure_channel(endpoint.target[len(_TLS_SCHEME):], _tls_credentials(), options)
-        else:
+        if endpoint.target.startswith("unix:"):
             self.channel = grpc.insecure_channel(endpoint.target, options=options)
+        else:
+            target, tls_name = _fleet_target(endpoint.target)
+            options += [("grpc.service_config", _FLEET_SERVICE_CONFIG), ("grpc.enable_retries", 1)]
+            if endpoint.target.startswith(_TLS_SCHEME):
+                if tls_name:
+                    options.append(("grpc.ssl_target_name_override", tls_name))
+                self.channel = grpc.secure_channel(target, _tls_credentials(), options)
+            else:
+                self.channel = grpc.insecure_channel(target, options=options)
         channel = self.channel
         if endpoint.token:
             channel = grpc.intercept_channel(channel, _TokenInterceptor(endpoint.token))
