@@ -5,9 +5,11 @@ Warm runs take a few milliseconds per kernel, within the noise of one process,
 so they are repeated (--rounds, interleaved) and each kernel's median is shown.
 Run on the GPU machine (see README):
 
-  python3 bench/gpu_bench.py gpu_bundle [--rounds 3] [--phases]
+  python3 bench/gpu_bench.py gpu_bundle [--rounds 3] [--phases] [--cold-phases N]
 
---phases also shows where the warm runs spend their time (gpu_bench_client.py).
+--phases also shows where the warm runs spend their time (gpu_bench_client.py),
+--cold-phases N where cold runs do, over N more rounds of a stock cold run and a
+Kiln cold run against a fresh kilnd (medians).
 """
 
 import argparse
@@ -50,11 +52,39 @@ def median_phases(runs, skip):
                        for name in runs[0] if name != skip) for phase in phases}
 
 
+def start_kilnd(bundle, base, data_dir, socket):
+    """A kilnd of the bundle with an empty cache, and the environment of its clients."""
+    lib_env = dict(base, LD_LIBRARY_PATH=str(bundle / "lib"))
+    kilnd = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={data_dir}", f"--local-socket={socket}",
+                              f"--toolchain={sys.executable}", "--log-level=warn"], env=lib_env)
+    subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "health", "--wait", "60"],
+                   env=lib_env, check=True, stdout=subprocess.DEVNULL)
+    return kilnd, dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}")
+
+
+def cold_phases(bundle, base, work, rounds, skip):
+    """Phase sums (after the first kernel) of cold runs, stock and Kiln, each against
+    empty caches: a fresh kilnd for every Kiln run."""
+    runs = {"stock": [], "kiln": []}
+    for round_ in range(rounds):
+        runs["stock"].append(run(dict(base, TRITON_CACHE_DIR=str(work / f"cs-{round_}")), "--cold-phases"))
+        kilnd, kiln_env = start_kilnd(bundle, base, work / f"cd-{round_}", work / f"cs{round_}")
+        try:
+            runs["kiln"].append(run(dict(kiln_env, TRITON_CACHE_DIR=str(work / f"ck-{round_}"),
+                                         KILN_FILES_DIR=str(work / f"cf-{round_}")), "--cold-phases"))
+        finally:
+            kilnd.terminate()
+            kilnd.wait()
+    return {kind: median_phases(kind_runs, skip) for kind, kind_runs in runs.items()}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--phases", action="store_true", help="also time the steps of the warm runs")
+    parser.add_argument("--cold-phases", type=int, default=0, metavar="N",
+                        help="also time the steps of cold runs, over N more rounds")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-bench-"))
@@ -62,12 +92,7 @@ def main():
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
     stock_cold = run(stock_env)
 
-    lib_env = dict(base, LD_LIBRARY_PATH=str(bundle / "lib"))
-    kilnd = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={work / 'data'}", f"--local-socket={work / 's'}",
-                              f"--toolchain={sys.executable}", "--log-level=warn"], env=lib_env)
-    subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{work / 's'}", "health", "--wait", "60"],
-                   env=lib_env, check=True, stdout=subprocess.DEVNULL)
-    kiln_env = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{work / 's'}")
+    kilnd, kiln_env = start_kilnd(bundle, base, work / "data", work / "s")
     warm_runs = {"stock": [], "absent": [], "present": []}
     phase_runs = {"stock": [], "absent": [], "present": []}
     try:
@@ -121,6 +146,15 @@ def main():
         for phase in sorted(by_kind["stock"], key=lambda p: p == "total"):
             print(f"{phase:28} {by_kind['stock'][phase]:10.3f} {by_kind['absent'].get(phase, 0):11.3f} "
                   f"{by_kind['present'].get(phase, 0):12.3f}")
+
+
+    if args.cold_phases:
+        first = next(iter(stock_cold))
+        by_kind = cold_phases(bundle, base, work, args.cold_phases, first)
+        print(f"\ncold, after the first kernel, by phase (ms, sum of per-kernel medians of {args.cold_phases} rounds)")
+        print(f"{'phase':28} {'stock':>10} {'kiln':>10}")
+        for phase in sorted(set(by_kind["stock"]) | set(by_kind["kiln"]), key=lambda p: (p == "total", p)):
+            print(f"{phase:28} {by_kind['stock'].get(phase, 0):10.1f} {by_kind['kiln'].get(phase, 0):10.1f}")
 
 
 if __name__ == "__main__":

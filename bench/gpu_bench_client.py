@@ -3,9 +3,13 @@ target, the time from asking Triton for it to having it loaded and launchable
 (triton.compile, then loading the cubin and the launcher module). Prints JSON:
 {"kernels": {kernel name: milliseconds}, "grpc_imported": whether it called kilnd}.
 
-With --phases, each kernel's time is split into the steps of a warm hit, the
-same steps for stock Triton and Kiln ({phase: ms} for each kernel); the timing
-wrappers cost a little, the same for both."""
+With --phases, each kernel's time is split into the steps of a warm hit, with
+--cold-phases into those of a cold compile (each of Triton's stages, where
+Kiln's first remote stage holds its Compile call, and the launcher build):
+{phase: ms} for each kernel, the same steps for stock Triton and Kiln. The timing wrappers cost
+a little, the same for both. "kilnd ..." phases are what kilnd reported its
+worker spent in a stage: they lie inside the client's stage times, so they are
+not part of the sum that "other" completes."""
 
 import json
 import sys
@@ -50,6 +54,51 @@ class _TimedManager:
         return getattr(self._manager, name)
 
 
+_inside = {}  # what kilnd reported of its own stages (ms), inside the client's phases
+
+
+def _report_kilnd_stages():
+    """Records the stage times kilnd reports with each Compile (once Kiln's hook is in)."""
+    triton_side = sys.modules.get("kiln._triton")
+    if triton_side is None or getattr(triton_side._stub, "reports_stages", False):
+        return
+    stub = triton_side._stub
+
+    class _ReportingStub:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def Compile(self, request):
+            response = self._inner.Compile(request)
+            for stage, seconds in response.stage_seconds.items():
+                _inside[f"kilnd {stage}"] = _inside.get(f"kilnd {stage}", 0.0) + seconds * 1e3
+            return response
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    def reporting_stub():
+        return _ReportingStub(stub())
+
+    reporting_stub.reports_stages = True
+    triton_side._stub = reporting_stub
+
+
+def _time_cold_phases():
+    from triton.backends.nvidia import compiler as nvidia, driver as nvidia_driver
+
+    add_stages = nvidia.CUDABackend.add_stages
+
+    def timed_add_stages(self, stages, options, language):
+        add_stages(self, stages, options, language)  # Kiln's hook has wrapped them by now
+        _report_kilnd_stages()
+        for ext in list(stages):
+            stages[ext] = _timed(f"stage {ext}", stages[ext])
+
+    nvidia.CUDABackend.add_stages = timed_add_stages
+    nvidia_driver.compile_module_from_src = _timed("launcher build", nvidia_driver.compile_module_from_src)
+
+
 def _time_phases():
     from triton.compiler import compiler
     from triton.runtime import build, driver
@@ -66,19 +115,22 @@ def _time_phases():
 def main():
     from triton.runtime.cache import triton_key
 
-    phases = "--phases" in sys.argv[1:]
-    if phases:
+    phases = "--phases" in sys.argv[1:] or "--cold-phases" in sys.argv[1:]
+    if "--phases" in sys.argv[1:]:
         _time_phases()
+    elif phases:
+        _time_cold_phases()
     triton_key()  # every Triton process pays this first, stock or not
     times = {}
     for case in kernel_suite.SUITE:
         _spent.clear()
+        _inside.clear()
         start = time.perf_counter()
         kernel = triton.compile(ASTSource(case.fn, case.signature, case.constexprs), options=case.options)
         kernel._init_handles()
         total = (time.perf_counter() - start) * 1e3
         if phases:
-            times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total)
+            times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total, **_inside)
         else:
             times[case.name] = total
     print(json.dumps({"kernels": times, "grpc_imported": "grpc" in sys.modules}))

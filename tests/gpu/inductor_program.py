@@ -70,6 +70,7 @@ def main():
     from torch._dynamo.utils import counters
 
     result["inductor"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
+    result["grpc_imported"] = "grpc" in sys.modules  # whether a Kiln client called kilnd
     print(json.dumps(result))
 
 
