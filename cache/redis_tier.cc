@@ -226,51 +226,9 @@ class RedisTier final : public SharedTier {
 
   std::optional<NamedContent> Fetch(absl::string_view ns, absl::string_view key) override {
     if (!Usable()) return std::nullopt;
-    std::lock_guard lock(reader_mutex_);
-    const std::string entry_key = EntryKey(ns, key);
-    absl::StatusOr<Reply> entry = reader_.Command("GET %b", entry_key.data(), entry_key.size());
-    if (!entry.ok()) return Failed(entry.status());
-    Succeeded();
-    if ((*entry)->type == REDIS_REPLY_NIL) {
-      misses_.fetch_add(1);
-      return std::nullopt;
-    }
-    // name -> digest (hex), as the entry lists them
-    std::vector<std::pair<std::string, std::string>> listed;
-    bool well_formed = (*entry)->type == REDIS_REPLY_STRING;
-    if (well_formed) {
-      for (absl::string_view line :
-           absl::StrSplit(absl::string_view((*entry)->str, (*entry)->len), '\n',
-                          absl::SkipEmpty())) {
-        const std::pair<absl::string_view, absl::string_view> named =
-            absl::StrSplit(line, absl::MaxSplits('\t', 1));
-        if (named.first.empty() || named.second.size() != 2 * kSha256Size) well_formed = false;
-        listed.emplace_back(named.first, named.second);
-      }
-    }
-    if (!well_formed || listed.empty()) return Rejected(entry_key, "the entry does not parse");
-    std::vector<std::string> command = {"MGET"};
-    for (const auto& [name, digest] : listed) command.push_back(BlobKey(digest));
-    absl::StatusOr<Reply> blobs = reader_.CommandArgv(command);
-    if (!blobs.ok()) return Failed(blobs.status());
-    if ((*blobs)->type != REDIS_REPLY_ARRAY || (*blobs)->elements != listed.size()) {
-      return Rejected(entry_key, "MGET answered something else than its blobs");
-    }
-    NamedContent content;
-    for (size_t i = 0; i < listed.size(); ++i) {
-      const redisReply* blob = (*blobs)->element[i];
-      if (blob->type == REDIS_REPLY_NIL) {
-        misses_.fetch_add(1);  // evicted by Redis since the entry was written
-        return std::nullopt;
-      }
-      std::string data = blob->type == REDIS_REPLY_STRING ? std::string(blob->str, blob->len) : "";
-      if (DigestHex(DigestBytes(Sha256(data))) != listed[i].second) {
-        return Rejected(entry_key, absl::StrCat("blob '", listed[i].first,
-                                                "' does not have the SHA-256 the entry lists"));
-      }
-      content.emplace_back(listed[i].first, std::move(data));
-    }
-    hits_.fetch_add(1);
+    const absl::Time start = absl::Now();
+    std::optional<NamedContent> content = FetchChecked(ns, key);
+    (content.has_value() ? hit_latency_ : miss_latency_).Record(absl::Now() - start);
     return content;
   }
 
@@ -347,10 +305,62 @@ class RedisTier final : public SharedTier {
     stats.errors = errors_.load();
     stats.stores = stores_.load();
     stats.compiles_awaited = compiles_awaited_.load();
+    stats.hit_latency = hit_latency_.Summarize();
+    stats.miss_latency = miss_latency_.Summarize();
     return stats;
   }
 
  private:
+  // Fetch, on the reader connection, without the timing.
+  std::optional<NamedContent> FetchChecked(absl::string_view ns, absl::string_view key) {
+    std::lock_guard lock(reader_mutex_);
+    const std::string entry_key = EntryKey(ns, key);
+    absl::StatusOr<Reply> entry = reader_.Command("GET %b", entry_key.data(), entry_key.size());
+    if (!entry.ok()) return Failed(entry.status());
+    Succeeded();
+    if ((*entry)->type == REDIS_REPLY_NIL) {
+      misses_.fetch_add(1);
+      return std::nullopt;
+    }
+    // name -> digest (hex), as the entry lists them
+    std::vector<std::pair<std::string, std::string>> listed;
+    bool well_formed = (*entry)->type == REDIS_REPLY_STRING;
+    if (well_formed) {
+      for (absl::string_view line :
+           absl::StrSplit(absl::string_view((*entry)->str, (*entry)->len), '\n',
+                          absl::SkipEmpty())) {
+        const std::pair<absl::string_view, absl::string_view> named =
+            absl::StrSplit(line, absl::MaxSplits('\t', 1));
+        if (named.first.empty() || named.second.size() != 2 * kSha256Size) well_formed = false;
+        listed.emplace_back(named.first, named.second);
+      }
+    }
+    if (!well_formed || listed.empty()) return Rejected(entry_key, "the entry does not parse");
+    std::vector<std::string> command = {"MGET"};
+    for (const auto& [name, digest] : listed) command.push_back(BlobKey(digest));
+    absl::StatusOr<Reply> blobs = reader_.CommandArgv(command);
+    if (!blobs.ok()) return Failed(blobs.status());
+    if ((*blobs)->type != REDIS_REPLY_ARRAY || (*blobs)->elements != listed.size()) {
+      return Rejected(entry_key, "MGET answered something else than its blobs");
+    }
+    NamedContent content;
+    for (size_t i = 0; i < listed.size(); ++i) {
+      const redisReply* blob = (*blobs)->element[i];
+      if (blob->type == REDIS_REPLY_NIL) {
+        misses_.fetch_add(1);  // evicted by Redis since the entry was written
+        return std::nullopt;
+      }
+      std::string data = blob->type == REDIS_REPLY_STRING ? std::string(blob->str, blob->len) : "";
+      if (DigestHex(DigestBytes(Sha256(data))) != listed[i].second) {
+        return Rejected(entry_key, absl::StrCat("blob '", listed[i].first,
+                                                "' does not have the SHA-256 the entry lists"));
+      }
+      content.emplace_back(listed[i].first, std::move(data));
+    }
+    hits_.fetch_add(1);
+    return content;
+  }
+
   struct Pending {
     std::string ns;
     std::string key;
@@ -517,6 +527,8 @@ class RedisTier final : public SharedTier {
   absl::Time retry_at_;      // guarded by state_mutex_
 
   std::atomic<uint64_t> hits_{0};
+  LatencyHistogram hit_latency_;
+  LatencyHistogram miss_latency_;
   std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> stores_{0};

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/latency_histogram.h"
 
 namespace kiln::cache {
 
@@ -34,6 +35,10 @@ struct SharedTierStats {
   uint64_t errors = 0;  // failed calls and values that failed their check
   uint64_t stores = 0;
   uint64_t compiles_awaited = 0;  // another kilnd's compile, waited for instead of run here
+  // What a Fetch cost, round trips and digest checks included: what an L2
+  // hit adds to a compile it saves, and what a miss adds to one it does not.
+  LatencyHistogram::Summary hit_latency;
+  LatencyHistogram::Summary miss_latency;
 };
 
 class SharedTier {

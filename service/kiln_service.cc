@@ -422,6 +422,10 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
       response->set_shared_cache_errors(shared->errors);
       response->set_shared_cache_stores(shared->stores);
       response->set_shared_cache_compiles_awaited(shared->compiles_awaited);
+      *response->mutable_shared_cache_hit_latency() =
+          ToRpcLatency("shared cache hit", shared->hit_latency, 0);
+      *response->mutable_shared_cache_miss_latency() =
+          ToRpcLatency("shared cache miss", shared->miss_latency, shared->errors);
     } else {
       response->set_shared_cache_state("off");
     }

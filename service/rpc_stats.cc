@@ -12,6 +12,19 @@ double Millis(absl::Duration duration) { return absl::ToDoubleMilliseconds(durat
 
 absl::string_view RpcName(Rpc rpc) { return kRpcNames[static_cast<size_t>(rpc)]; }
 
+v1::RpcLatency ToRpcLatency(absl::string_view method, const LatencyHistogram::Summary& summary,
+                            uint64_t errors) {
+  v1::RpcLatency latency;
+  latency.set_method(std::string(method));
+  latency.set_count(summary.count);
+  latency.set_errors(errors);
+  latency.set_p50_ms(Millis(summary.p50));
+  latency.set_p90_ms(Millis(summary.p90));
+  latency.set_p99_ms(Millis(summary.p99));
+  latency.set_max_ms(Millis(summary.max));
+  return latency;
+}
+
 void RpcStats::Record(Rpc rpc, absl::Duration latency, bool ok) {
   PerRpc& stats = rpcs_[static_cast<size_t>(rpc)];
   stats.latency.Record(latency);
@@ -22,14 +35,8 @@ void RpcStats::AppendTo(v1::GetStatsResponse& response) const {
   for (size_t i = 0; i < rpcs_.size(); ++i) {
     const LatencyHistogram::Summary summary = rpcs_[i].latency.Summarize();
     if (summary.count == 0) continue;
-    v1::RpcLatency* latency = response.add_rpc_latency();
-    latency->set_method(std::string(kRpcNames[i]));
-    latency->set_count(summary.count);
-    latency->set_errors(rpcs_[i].errors.load(std::memory_order_relaxed));
-    latency->set_p50_ms(Millis(summary.p50));
-    latency->set_p90_ms(Millis(summary.p90));
-    latency->set_p99_ms(Millis(summary.p99));
-    latency->set_max_ms(Millis(summary.max));
+    *response.add_rpc_latency() =
+        ToRpcLatency(kRpcNames[i], summary, rpcs_[i].errors.load(std::memory_order_relaxed));
   }
 }
 

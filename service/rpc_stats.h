@@ -28,6 +28,10 @@ enum class Rpc {
 
 absl::string_view RpcName(Rpc rpc);
 
+// `summary` as the API reports a latency.
+v1::RpcLatency ToRpcLatency(absl::string_view method, const LatencyHistogram::Summary& summary,
+                            uint64_t errors);
+
 // Per-RPC latency and error counts since the service started.
 class RpcStats {
  public:

@@ -415,6 +415,13 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
                                stats.shared_cache_state(), stats.shared_cache_hits(),
                                stats.shared_cache_misses(), stats.shared_cache_errors(),
                                stats.shared_cache_stores(), stats.shared_cache_compiles_awaited()));
+    for (const v1::RpcLatency& fetch :
+         {stats.shared_cache_hit_latency(), stats.shared_cache_miss_latency()}) {
+      if (fetch.count() == 0) continue;
+      absl::StrAppend(&text, absl::StrFormat("  %s: %d, p50 %.3f ms, p99 %.3f ms, max %.3f ms\n",
+                                             fetch.method(), fetch.count(), fetch.p50_ms(),
+                                             fetch.p99_ms(), fetch.max_ms()));
+    }
   }
   if (stats.tenant_compiles_waiting() > 0) {
     absl::StrAppend(&text, absl::StrFormat("farm tenants' compiles waiting their turn: %d\n",

@@ -46,7 +46,7 @@ constexpr const char* kUsageText =
     "  stats [--json]                   print kilnd's statistics\n"
     "  gc SIZE                          evict least recently used entries down to SIZE (e.g. 5GiB)\n"
     "  verify                           re-hash every stored blob; drop corrupt ones\n"
-    "  health [--wait SECONDS]          check that kilnd is serving\n"
+    "  health [--wait SECONDS]          check that kilnd is serving (and its shared cache)\n"
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
     "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket. A farm's\n"
@@ -83,6 +83,12 @@ int Health(kiln::Client& client, const std::vector<std::string>& args) {
                                   : client.CheckHealth();
   if (!status.ok()) return Fail(status);
   std::cout << "SERVING " << client.endpoint() << "\n";
+  // A fleet's shared cache being down fails no request, so kilnd still
+  // serves; say so here, where an operator looks first.
+  if (absl::StatusOr<kiln::v1::GetStatsResponse> stats = client.Stats();
+      stats.ok() && !stats->shared_cache_state().empty() && stats->shared_cache_state() != "off") {
+    std::cout << "shared cache (Redis): " << stats->shared_cache_state() << "\n";
+  }
   return kOk;
 }
 

@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 
 import kernel_suite
 import triton_frontend
-from conftest import Kilnd
+from conftest import BUILD, Kilnd
 from pipeline_client import blobs_by_name, compile_request
 from test_client import PROBE, probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 
@@ -94,6 +94,9 @@ def test_a_kilnd_with_an_empty_cache_serves_what_another_compiled_from_redis_wit
         stats = second.stats()
         assert stats.compiles == 0
         assert stats.shared_cache_hits >= 30 and stats.shared_cache_state == "up"
+        # Each hit's cost is measured: what the fleet's cache adds to a compile it saves.
+        assert stats.shared_cache_hit_latency.count == stats.shared_cache_hits
+        assert 0 < stats.shared_cache_hit_latency.p50_ms <= stats.shared_cache_hit_latency.max_ms
     finally:
         first.stop()
         if second is not None:
@@ -158,6 +161,10 @@ def test_redis_going_away_fails_no_request_and_the_fleet_fills_again_once_it_is_
         compile_one(kilnd, case_index=1)  # compiled here; Redis is not asked again for a while
         stats = kilnd.stats()
         assert stats.compiles == 1 and stats.shared_cache_state.startswith("down since"), stats.shared_cache_state
+        # Requests are still served, so health passes, and says what is down.
+        health = subprocess.run([str(BUILD / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{kilnd.socket}",
+                                 "health"], capture_output=True, text=True)
+        assert health.returncode == 0 and "shared cache (Redis): down since" in health.stdout, health
         redis.start()
         time.sleep(2.5)  # past the pause after a failure
         compile_one(kilnd, case_index=2)
