@@ -122,6 +122,15 @@ absl::Status CreateFileSymlink(const std::filesystem::path& target,
 absl::Status PublishContentAddressedFile(const std::filesystem::path& temp,
                                          const std::filesystem::path& target);
 
+// The addresses `host` has for TCP (DNS, hosts file or a literal), as a gRPC
+// "ipv4:"/"ipv6:" target lists them ("10.0.0.1:7733", "[::1]:7733"), in the
+// resolver's order without repeats. UNAVAILABLE naming `host` when it has none.
+struct TcpAddresses {
+  std::vector<std::string> ipv4;
+  std::vector<std::string> ipv6;
+};
+absl::StatusOr<TcpAddresses> ResolveTcpAddresses(const std::string& host, uint16_t port);
+
 // True when standard output is an interactive terminal (a console on Windows).
 bool StdoutIsTerminal();
 

@@ -1,8 +1,20 @@
 // The parts of the platform layer that are the same on every OS, built on the
 // per-OS primitives.
 
+#include <algorithm>
 #include <fstream>
 #include <system_error>
+
+// getaddrinfo is the same call on both; only its headers (and Winsock's
+// start-up) differ.
+#ifdef _WIN32
+#include "common/windows_api.h"
+#include <ws2tcpip.h>
+#else
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -30,6 +42,51 @@ absl::Status PublishContentAddressedFile(const std::filesystem::path& temp,
     std::filesystem::remove(temp, error);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<TcpAddresses> ResolveTcpAddresses(const std::string& host, uint16_t port) {
+#ifdef _WIN32
+  WSADATA wsa{};
+  if (WSAStartup(MAKEWORD(2, 2), &wsa) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", host, ": Winsock did not start"));
+  }
+  struct WinsockSession {
+    ~WinsockSession() { WSACleanup(); }
+  } session;
+#endif
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int error = getaddrinfo(host.c_str(), nullptr, &hints, &found); error != 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("%s does not resolve (%s)", host, gai_strerror(error)));
+  }
+  TcpAddresses addresses;
+  for (const addrinfo* each = found; each != nullptr; each = each->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    std::vector<std::string>* list = nullptr;
+    std::string address;
+    if (each->ai_family == AF_INET) {
+      const auto* ipv4 = reinterpret_cast<const sockaddr_in*>(each->ai_addr);
+      if (inet_ntop(AF_INET, &ipv4->sin_addr, text, sizeof(text)) == nullptr) continue;
+      list = &addresses.ipv4;
+      address = absl::StrCat(text, ":", port);
+    } else if (each->ai_family == AF_INET6) {
+      const auto* ipv6 = reinterpret_cast<const sockaddr_in6*>(each->ai_addr);
+      if (inet_ntop(AF_INET6, &ipv6->sin6_addr, text, sizeof(text)) == nullptr) continue;
+      list = &addresses.ipv6;
+      address = absl::StrCat("[", text, "]:", port);
+    } else {
+      continue;
+    }
+    if (std::find(list->begin(), list->end(), address) == list->end()) list->push_back(address);
+  }
+  freeaddrinfo(found);
+  if (addresses.ipv4.empty() && addresses.ipv6.empty()) {
+    return absl::UnavailableError(absl::StrCat(host, " has no TCP address"));
+  }
+  return addresses;
 }
 
 void ShutdownSignals::Request(const std::string& reason) {

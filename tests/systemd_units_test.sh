@@ -12,7 +12,7 @@ pid=
 trap '[[ -n $pid ]] && kill $pid 2>/dev/null; rm -rf "$work"' EXIT
 
 if command -v systemd-analyze >/dev/null; then
-  for unit in kilnd.user.service kilnd.system.service; do
+  for unit in kilnd.user.service kilnd.system.service kilnd.farm.service; do
     # verify resolves ExecStart: point it at the binary under test.
     sed "s|/usr/local/bin/kilnd|$kilnd|" "$root/deploy/linux/$unit" >"$work/kilnd.service"
     if ! out=$(systemd-analyze verify "$work/kilnd.service" 2>&1); then

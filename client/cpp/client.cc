@@ -1,5 +1,6 @@
 #include "kiln/client.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -94,7 +95,87 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsCredentialsFromEnvi
   return grpc::CompositeChannelCredentials(credentials, grpc::AccessTokenCredentials(bearer));
 }
 
+// Calls to a TCP endpoint, which may be a fleet of kilnds, go round robin over
+// its addresses, and one that finds its kilnd gone is tried on another.
+constexpr absl::string_view kFleetServiceConfig = R"({
+  "loadBalancingConfig": [{"round_robin": {}}],
+  "methodConfig": [{
+    "name": [{"service": "kiln.v1.Kiln"}],
+    "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+  }]
+})";
+
+// An endpoint as a channel opens it.
+struct ChannelTarget {
+  std::string target;     // a gRPC target, without grpcs://
+  bool tls = false;
+  bool tcp = false;       // balanced and retried over its addresses
+  std::string tls_name;   // the name the certificates must carry, when it is not the target's
+};
+
+// One endpoint ("HOST:PORT", "grpcs://HOST:PORT", "unix:PATH", ...) as is; a
+// list of kilnds as the addresses of all of them in one target (gRPC takes one
+// address family per target: IPv4 when any has one).
+absl::StatusOr<ChannelTarget> ChannelTargetOf(absl::string_view endpoint) {
+  ChannelTarget channel;
+  channel.tls = absl::StartsWith(endpoint, kTlsScheme);
+  const std::vector<std::string> kilnds = FleetEndpoints(endpoint);
+  if (kilnds.size() <= 1) {
+    channel.target = kilnds.empty() ? std::string(endpoint) : kilnds[0];
+    if (absl::StartsWith(channel.target, kTlsScheme)) {
+      channel.target = channel.target.substr(kTlsScheme.size());
+    }
+    channel.tcp = !absl::StartsWith(channel.target, "unix");
+    return channel;
+  }
+  platform::TcpAddresses all;
+  for (std::string kilnd : kilnds) {
+    if (absl::StartsWith(kilnd, kTlsScheme)) kilnd = kilnd.substr(kTlsScheme.size());
+    const size_t colon = kilnd.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(kilnd.substr(colon + 1), &port) ||
+        port <= 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the endpoint lists '%s', which is not HOST:PORT; list kilnds as HOST:PORT,HOST:PORT",
+          kilnd));
+    }
+    std::string host = kilnd.substr(0, colon);
+    if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) host = host.substr(1, host.size() - 2);
+    absl::StatusOr<platform::TcpAddresses> found =
+        platform::ResolveTcpAddresses(host, static_cast<uint16_t>(port));
+    if (!found.ok()) {
+      return absl::UnavailableError(absl::StrFormat(
+          "the endpoint lists %s: %s; list HOST:PORT entries that resolve", kilnd,
+          found.status().message()));
+    }
+    for (auto [from, to] : {std::pair{&found->ipv4, &all.ipv4}, std::pair{&found->ipv6, &all.ipv6}}) {
+      for (const std::string& address : *from) {
+        if (std::find(to->begin(), to->end(), address) == to->end()) to->push_back(address);
+      }
+    }
+    // The fleet's certificate names the first kilnd listed (usually a name all share).
+    if (channel.tls_name.empty()) channel.tls_name = host;
+  }
+  const bool ipv4 = !all.ipv4.empty();
+  channel.target = absl::StrCat(ipv4 ? "ipv4:" : "ipv6:", absl::StrJoin(ipv4 ? all.ipv4 : all.ipv6, ","));
+  channel.tcp = true;
+  if (!channel.tls) channel.tls_name.clear();
+  return channel;
+}
+
 }  // namespace
+
+std::vector<std::string> FleetEndpoints(absl::string_view endpoint) {
+  const bool tls = absl::StartsWith(endpoint, kTlsScheme);
+  std::vector<std::string> kilnds;
+  for (absl::string_view part : absl::StrSplit(endpoint, ',', absl::SkipWhitespace())) {
+    std::string kilnd(absl::StripAsciiWhitespace(part));
+    if (tls && !absl::StartsWith(kilnd, kTlsScheme)) kilnd = absl::StrCat(kTlsScheme, kilnd);
+    kilnds.push_back(std::move(kilnd));
+  }
+  return kilnds;
+}
 
 ResolvedEndpoint ResolveEndpoint(const ClientOptions& options) {
   if (!options.endpoint.empty()) return {options.endpoint, options.token, ""};
@@ -179,9 +260,12 @@ void Client::Connect(ResolvedEndpoint resolved) {
   stub_.reset();
   if (!endpoint_problem_.empty()) return;
   std::shared_ptr<grpc::ChannelCredentials> credentials = options_.credentials;
-  std::string target = endpoint_;
-  if (absl::StartsWith(target, kTlsScheme)) {
-    target = target.substr(kTlsScheme.size());
+  absl::StatusOr<ChannelTarget> target = ChannelTargetOf(endpoint_);
+  if (!target.ok()) {
+    endpoint_problem_ = std::string(target.status().message());
+    return;
+  }
+  if (target->tls) {
     if (credentials == nullptr) {
       absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> from_environment =
           TlsCredentialsFromEnvironment();
@@ -195,8 +279,10 @@ void Client::Connect(ResolvedEndpoint resolved) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+  if (target->tcp) arguments.SetServiceConfigJSON(std::string(kFleetServiceConfig));
+  if (!target->tls_name.empty()) arguments.SetSslTargetNameOverride(target->tls_name);
   channel_ = grpc::CreateCustomChannel(
-      target, credentials ? credentials : grpc::InsecureChannelCredentials(), arguments);
+      target->target, credentials ? credentials : grpc::InsecureChannelCredentials(), arguments);
   stub_ = v1::Kiln::NewStub(channel_);
 }
 

@@ -40,7 +40,8 @@ constexpr const char* kUsageText =
     "  compile FILE.{ttir,ttgir,llir,ptx} --target cuda:90 [--target cuda:80 ...]\n"
     "          [--num-warps N] [--num-stages N] [--option NAME=JSON ...]\n"
     "          [--toolchain VERSION|KEY] -o OUTDIR\n"
-    "                                   compile for each target (in parallel) into\n"
+    "                                   compile for each target (in parallel; over a\n"
+    "                                   fleet's kilnds in turn) into\n"
     "                                   OUTDIR/<backend>_<arch>/<kernel>.<ext>\n"
     "  toolchains                       list the Triton toolchains kilnd compiles with\n"
     "  stats [--json]                   print kilnd's statistics\n"
@@ -51,7 +52,8 @@ constexpr const char* kUsageText =
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
     "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket. A farm's\n"
     "kilnd: grpcs://HOST:PORT, with $KILN_CA_FILE, $KILN_CLIENT_CERT and $KILN_CLIENT_KEY\n"
-    "and/or $KILN_TOKEN_FILE.\n"
+    "and/or $KILN_TOKEN_FILE. A fleet: kilnds comma-separated (HOST:PORT,HOST:PORT), calls go\n"
+    "round robin and move on when one is gone.\n"
     "Exit codes: 0 ok, 1 miss, 2 usage or bad input, 3 kilnd unreachable, 4 service error,\n"
     "            5 a kernel failed to compile.\n";
 
@@ -242,11 +244,24 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
   input.stage = stage->second;
   input.toolchain = parsed->toolchain;
   input.options_json = OptionsJson(parsed->options);
-  // Every target compiles at once; kilnd spreads them over its workers.
+  // Every target compiles at once; kilnd spreads them over its workers, and
+  // an endpoint listing a fleet's kilnds gets them one each in turn.
+  std::vector<std::unique_ptr<kiln::Client>> kilnds;
+  if (const std::vector<std::string> listed = kiln::FleetEndpoints(client.endpoint());
+      listed.size() > 1) {
+    for (const std::string& endpoint : listed) {
+      kiln::ClientOptions one;
+      one.endpoint = endpoint;
+      kilnds.push_back(std::make_unique<kiln::Client>(std::move(one)));
+    }
+  }
+  std::vector<kiln::CompileInput> inputs;
   std::vector<std::future<absl::StatusOr<kiln::CompiledKernel>>> futures;
   for (const kiln::v1::Target& target : parsed->targets) {
     input.target = target;
-    futures.push_back(client.CompileFuture(input));
+    inputs.push_back(input);
+    kiln::Client& kilnd = kilnds.empty() ? client : *kilnds[futures.size() % kilnds.size()];
+    futures.push_back(kilnd.CompileFuture(input));
   }
   const bool terminal = kiln::platform::StdoutIsTerminal();
   int exit_code = kOk;
@@ -254,6 +269,9 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
     const kiln::v1::Target& target = parsed->targets[i];
     const std::string label = absl::StrCat(target.backend(), ":", target.arch());
     absl::StatusOr<kiln::CompiledKernel> kernel = futures[i].get();
+    if (!kilnds.empty() && absl::IsUnavailable(kernel.status())) {
+      kernel = client.Compile(inputs[i]);  // its kilnd went away: any other of the fleet
+    }
     if (!kernel.ok()) {
       exit_code = std::max(exit_code, Fail(kernel.status(), label));
       if (auto error = kiln::CompileErrorOf(kernel.status()); error && !error->log().empty()) {

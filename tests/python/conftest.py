@@ -1,6 +1,7 @@
 """Fixtures that run the real kilnd binary with the real triton package."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 from kiln import _api  # noqa: E402  (the client package's API messages and stub)
+
+
+def kilnd_refusing(directory, config_text):
+    """Runs kilnd with `config_text` as its config file, expecting it to refuse
+    to start; returns what it printed."""
+    config = directory / "kilnd.conf"
+    config.write_text(config_text)
+    result = subprocess.run([str(BUILD / "service" / "kilnd"), f"--config={config}", f"--data-dir={directory / 'd'}",
+                             f"--local-socket={directory / 's'}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
 
 
 class Kilnd:
@@ -40,6 +52,10 @@ class Kilnd:
 
     def stats(self):
         return self.stub.GetStats(_api.GetStatsRequest())
+
+    def tcp_address(self):
+        """HOST:PORT of its loopback TCP listener (tcp_listen = 127.0.0.1:0 picks the port)."""
+        return re.search(r"127\.0\.0\.1:(\d+)", (self.root / "kilnd.out").read_text()).group(0)
 
     def worker_pids(self):
         """The kiln_worker.py processes this kilnd started."""

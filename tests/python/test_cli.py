@@ -167,3 +167,39 @@ def test_installed_package_and_kiln_add_kernels_embed_cubins_at_build_time(kilnd
          check=True)
     assert (tmp_path / "embedded.cubin").read_bytes() == \
         (tmp_path / "cli" / "cuda_90" / "add_kernel.cubin").read_bytes()
+
+
+def test_cli_spreads_targets_over_a_fleets_kilnds_and_moves_on_when_one_is_gone(tmp_path):
+    import socket
+
+    with socket.socket() as unused:  # a kilnd that went away: nothing listens there
+        unused.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{unused.getsockname()[1]}"
+    fleet = []
+    try:
+        for i in range(2):
+            config = tmp_path / f"kilnd{i}.conf"
+            config.write_text("tcp_listen = 127.0.0.1:0\n")
+            fleet.append(Kilnd(tmp_path / f"kilnd{i}", f"--config={config}", f"--toolchain={sys.executable}"))
+        frontend = triton_frontend.run_frontend(CASES["add_fp32"], GPUTarget("cuda", 90, 32))
+        source = tmp_path / "add.ttir"
+        source.write_text(frontend.ttir)
+        endpoint = ",".join([fleet[0].tcp_address(), fleet[1].tcp_address(), gone])
+        result = subprocess.run([str(KILN), "--endpoint", endpoint, "compile", str(source), "--target", "cuda:80",
+                                 "--target", "cuda:90", "--target", "cuda:86", "-o", str(tmp_path / "out")],
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        for arch in (80, 86, 90):
+            assert (tmp_path / "out" / f"cuda_{arch}" / f"{frontend.name}.cubin").stat().st_size > 0
+        # Targets go to the listed kilnds in turn; the one meant for the gone
+        # kilnd is compiled by another.
+        compiles = [kilnd.stats().compiles for kilnd in fleet]
+        assert compiles[0] >= 1 and compiles[1] >= 1 and sum(compiles) == 3, compiles
+
+        unresolvable = subprocess.run([str(KILN), "--endpoint", f"{fleet[0].tcp_address()},no-such-host.invalid:7733",
+                                       "stats"], capture_output=True, text=True, timeout=60)
+        assert unresolvable.returncode == 3
+        assert "no-such-host.invalid:7733" in unresolvable.stderr and "HOST:PORT" in unresolvable.stderr
+    finally:
+        for kilnd in fleet:
+            kilnd.stop()

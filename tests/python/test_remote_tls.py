@@ -4,7 +4,6 @@ cannot see each other's puts. On loopback, with a CA the test makes (openssl).""
 
 import hashlib
 import os
-import re
 import subprocess
 import sys
 import sysconfig
@@ -18,7 +17,7 @@ from triton.backends.nvidia import driver as nvidia_driver
 
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd
+from conftest import BUILD, Kilnd, kilnd_refusing
 from pipeline_client import compile_request
 from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
@@ -75,8 +74,7 @@ def farm(pki, tmp_path_factory):
     config.write_text(f"tcp_listen = 127.0.0.1:0\ntls_cert = {pki / 'server.pem'}\ntls_key = {pki / 'server.key'}\n"
                       f"tls_client_ca = {pki / 'farm-ca.pem'}\nclient_tokens = {tokens}\n")
     server = Kilnd(root / "kilnd", f"--config={config}", f"--toolchain={sys.executable}", "--compile-workers=1")
-    port = re.search(r"127\.0\.0\.1:(\d+)", (server.root / "kilnd.out").read_text()).group(1)
-    yield server, f"127.0.0.1:{port}", tokens
+    yield server, server.tcp_address(), tokens
     server.stop()
 
 
@@ -101,13 +99,9 @@ def refusal(call):
 
 
 def test_a_remote_listener_without_tls_and_client_identity_is_refused_with_the_settings_to_add(tmp_path):
-    config = tmp_path / "kilnd.conf"
-    config.write_text("tcp_listen = 0.0.0.0:7733\nallow_remote = true\n")
-    result = subprocess.run([str(BUILD / "service" / "kilnd"), f"--config={config}", f"--data-dir={tmp_path / 'd'}",
-                             f"--local-socket={tmp_path / 's'}"], capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
+    printed = kilnd_refusing(tmp_path, "tcp_listen = 0.0.0.0:7733\nallow_remote = true\n")
     for setting in ("tls_cert", "tls_key", "tls_client_ca", "client_tokens"):
-        assert setting in result.stdout + result.stderr, result.stdout + result.stderr
+        assert setting in printed, printed
 
 
 def test_clients_without_a_certificate_or_token_are_refused_unauthenticated(pki, farm):
@@ -315,7 +309,7 @@ def test_a_tenant_storing_past_its_cap_evicts_only_its_own_entries(pki, tmp_path
                       f"tls_client_ca = {pki / 'farm-ca.pem'}\ntenant_max_size = 1MiB\nzstd_level = 0\n")
     server = Kilnd(tmp_path / "kilnd", f"--config={config}")
     try:
-        address = "127.0.0.1:" + re.search(r"127\.0\.0\.1:(\d+)", (server.root / "kilnd.out").read_text()).group(1)
+        address = server.tcp_address()
         alpha, beta = stub(pki, address, "alpha"), stub(pki, address, "beta")
         rng = random.Random(7)
 

@@ -33,7 +33,10 @@
 namespace kiln {
 
 struct ClientOptions {
-  // A gRPC target; empty means `endpoint_file`, else $KILN_ENDPOINT, else
+  // A gRPC target, or several kilnds of a fleet, comma-separated
+  // ("grpcs://a:7733,b:7733"): calls then go round robin over all their
+  // addresses (as over every address of one HOST:PORT), and a call that finds
+  // its kilnd gone is retried on another. Empty means `endpoint_file`, else $KILN_ENDPOINT, else
   // $KILN_ENDPOINT_FILE, else the user's kilnd: its local socket (POSIX) or
   // its endpoint file (Windows), falling back to the machine service's.
   std::string endpoint;
@@ -64,6 +67,10 @@ struct ResolvedEndpoint {
   std::string problem;  // why there is no usable target (e.g. no endpoint file), or empty
 };
 ResolvedEndpoint ResolveEndpoint(const ClientOptions& options);
+
+// The kilnds an endpoint lists, each as an endpoint of its own (a list under
+// grpcs:// gives each the scheme); one for an endpoint of one kilnd.
+std::vector<std::string> FleetEndpoints(absl::string_view endpoint);
 
 // A GPU target as "cuda:90" (backend:arch[:warp size]). INVALID_ARGUMENT
 // otherwise, naming the accepted form.
