@@ -253,7 +253,7 @@ def test_a_client_listing_the_fleet_finishes_on_the_others_when_one_kilnd_is_kil
             [sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=",".join(addresses),
                      TRITON_CACHE_DIR=str(tmp_path / "c"), KILN_FILES_DIR=str(tmp_path / "f")))
-        # Calls go round robin. Mid-run, kill the kilnd that compiles most.
+        # Kernels spread over the fleet by key. Mid-run, kill the kilnd that compiles most.
         wait_for(lambda: sum(kilnd.stats().compiles for kilnd in fleet) >= 2, "the fleet never compiled", 300)
         victim = max(fleet, key=lambda kilnd: kilnd.stats().compiles)
         victim.process.send_signal(signal.SIGKILL)
@@ -262,6 +262,35 @@ def test_a_client_listing_the_fleet_finishes_on_the_others_when_one_kilnd_is_kil
         assert client.returncode == 0, err[-3000:]
         assert json.loads(out.splitlines()[-1])["kernels"] == stock_suite
         assert sum(kilnd.stats().compiles for kilnd in fleet if kilnd is not victim) >= 1
+    finally:
+        for kilnd in fleet:
+            kilnd.stop()
+
+
+def test_clients_listing_the_fleet_send_each_kernel_to_one_kilnd_so_its_frontend_runs_once(tmp_path, stock_suite):  # noqa: F811
+    fleet = []
+    try:
+        for i in range(2):
+            config = tmp_path / f"kilnd{i}.conf"
+            config.write_text("tcp_listen = 127.0.0.1:0\n")
+            fleet.append(Kilnd(tmp_path / f"kilnd{i}", f"--config={config}", f"--toolchain={sys.executable}"))
+        endpoint = ",".join(kilnd.tcp_address() for kilnd in fleet)
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        clients = [subprocess.Popen(
+            [sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=endpoint,
+                     TRITON_CACHE_DIR=str(tmp_path / f"c{i}"), KILN_FILES_DIR=str(tmp_path / f"f{i}")))
+            for i in range(2)]
+        for client in clients:
+            out, err = client.communicate(timeout=600)
+            assert client.returncode == 0, err[-3000:]
+            assert json.loads(out.splitlines()[-1])["kernels"] == stock_suite
+        # Without Redis: the two clients' claims and compiles of a kernel met on
+        # one kilnd, so one of them ran its frontend and sent it; the other waited.
+        stats = [kilnd.stats() for kilnd in fleet]
+        compile_calls = [sum(rpc.count for rpc in s.rpc_latency if rpc.method == "Compile") for s in stats]
+        assert sum(compile_calls) == 30 and all(compile_calls), compile_calls
+        assert sum(s.compiles for s in stats) == 30
     finally:
         for kilnd in fleet:
             kilnd.stop()

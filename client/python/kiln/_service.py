@@ -13,7 +13,7 @@ import warnings
 
 import grpc
 
-from . import _api, _paths
+from . import _api, _fleet, _paths
 from ._errors import KilnUnavailable
 
 log = logging.getLogger("kiln")
@@ -74,10 +74,8 @@ def _tls_credentials():
     return credentials
 
 
-# For a TCP endpoint, which may be a fleet of kilnds: calls go round robin over
-# every address, and one that finds its kilnd gone is tried again on another.
-_FLEET_SERVICE_CONFIG = json.dumps({
-    "loadBalancingConfig": [{"round_robin": {}}],
+# Calls to one kilnd over TCP that find it restarting are tried again.
+_RETRY_SERVICE_CONFIG = json.dumps({
     "methodConfig": [{
         "name": [{"service": "kiln.v1.Kiln"}],
         "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
@@ -86,32 +84,31 @@ _FLEET_SERVICE_CONFIG = json.dumps({
 })
 
 
-def _fleet_target(target):
-    """(gRPC target, TLS name to check) of KILN_ENDPOINT: one HOST:PORT (every
-    address DNS gives it), or several, comma-separated ("grpcs://a:7733,b:7733"):
-    then their addresses as one target. Raises KilnUnavailable for a name that
-    does not resolve."""
+def _fleet_addresses(target):
+    """(the kilnds' addresses, TLS name to check) of a TCP KILN_ENDPOINT: one
+    HOST:PORT (every address DNS gives it) or several, comma-separated
+    ("grpcs://a:7733,b:7733"). One kilnd: its target as is. Raises
+    KilnUnavailable for a name that does not resolve."""
     hosts = [part.strip()[len(_TLS_SCHEME):] if part.strip().startswith(_TLS_SCHEME) else part.strip()
              for part in target.split(",") if part.strip()]
-    if len(hosts) == 1:
-        return hosts[0], None
-    addresses = {socket.AF_INET: [], socket.AF_INET6: []}
+    addresses = []
     for host_port in hosts:
         host, _, port = host_port.rpartition(":")
         try:
             found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
         except (OSError, ValueError) as error:
+            if len(hosts) == 1:
+                return hosts, None  # gRPC says what is wrong with it, as for any target
             raise KilnUnavailable(f"KILN_ENDPOINT lists {host_port}, which does not resolve ({error}); "
                                   "list HOST:PORT entries") from None
         for family, _, _, _, address in found:
-            if family in addresses:
-                entry = f"{address[0]}:{address[1]}" if family == socket.AF_INET else f"[{address[0]}]:{address[1]}"
-                if entry not in addresses[family]:
-                    addresses[family].append(entry)
-    # gRPC takes one address family per target.
-    family, scheme = (socket.AF_INET, "ipv4") if addresses[socket.AF_INET] else (socket.AF_INET6, "ipv6")
+            entry = f"{address[0]}:{address[1]}" if family == socket.AF_INET else f"[{address[0]}]:{address[1]}"
+            if family in (socket.AF_INET, socket.AF_INET6) and entry not in addresses:
+                addresses.append(entry)
+    if len(addresses) <= 1:
+        return hosts, None
     # The fleet's certificate names the first kilnd listed (a name all of them share, usually).
-    return f"{scheme}:{','.join(addresses[family])}", hosts[0].rpartition(":")[0].strip("[]")
+    return addresses, hosts[0].rpartition(":")[0].strip("[]")
 
 
 class Connection:
@@ -119,30 +116,41 @@ class Connection:
         self.endpoint = endpoint
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         if endpoint.target.startswith("unix:"):
-            self.channel = grpc.insecure_channel(endpoint.target, options=options)
+            addresses, tls_name = [endpoint.target], None
         else:
-            target, tls_name = _fleet_target(endpoint.target)
-            options += [("grpc.service_config", _FLEET_SERVICE_CONFIG), ("grpc.enable_retries", 1)]
-            if endpoint.target.startswith(_TLS_SCHEME):
-                if tls_name:
-                    options.append(("grpc.ssl_target_name_override", tls_name))
-                self.channel = grpc.secure_channel(target, _tls_credentials(), options)
-            else:
-                self.channel = grpc.insecure_channel(target, options=options)
-        channel = self.channel
-        if endpoint.token:
-            channel = grpc.intercept_channel(channel, _TokenInterceptor(endpoint.token))
-        self.stub = _api.KilnStub(channel)
+            addresses, tls_name = _fleet_addresses(endpoint.target)
+            if len(addresses) == 1:  # a fleet's calls move on to another kilnd instead
+                options += [("grpc.service_config", _RETRY_SERVICE_CONFIG), ("grpc.enable_retries", 1)]
+            if tls_name:
+                options.append(("grpc.ssl_target_name_override", tls_name))
+        tls = endpoint.target.startswith(_TLS_SCHEME)
+        self.channels = [grpc.secure_channel(address, _tls_credentials(), options) if tls
+                         else grpc.insecure_channel(address, options=options) for address in addresses]
+        stubs = [_api.KilnStub(grpc.intercept_channel(channel, _TokenInterceptor(endpoint.token))
+                               if endpoint.token else channel) for channel in self.channels]
+        if len(stubs) == 1:
+            self.stub = stubs[0]
+        else:
+            self.stub = _fleet.FleetStub([_fleet.Member(address, channel, stub)
+                                          for address, channel, stub in zip(addresses, self.channels, stubs)])
 
     def same_as(self, endpoint):
         return (self.endpoint.target, self.endpoint.token) == (endpoint.target, endpoint.token)
 
     def ready(self, timeout):
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout)
-            return True
-        except grpc.FutureTimeoutError:
-            return False
+        """Whether any of its kilnds answers within `timeout`."""
+        answered = threading.Event()
+        futures = [grpc.channel_ready_future(channel) for channel in self.channels]
+        for future in futures:
+            future.add_done_callback(lambda done: answered.set() if not done.cancelled() else None)
+        answered.wait(timeout)
+        for future in futures:
+            future.cancel()
+        return answered.is_set()
+
+    def close(self):
+        for channel in self.channels:
+            channel.close()
 
 
 def _kilnd_binary():
@@ -187,7 +195,7 @@ def _ready_connection(endpoint, timeout):
     connection = Connection(endpoint)
     if connection.ready(timeout):
         return connection
-    connection.channel.close()
+    connection.close()
     return None
 
 
@@ -266,7 +274,7 @@ def forget():
     global _connection
     with _lock_connection:
         if _connection is not None:
-            _connection.channel.close()
+            _connection.close()
         _connection = None
 
 
