@@ -21,6 +21,7 @@
 #include "common/byte_size.h"
 #include "common/platform.h"
 #include "kiln/client.h"
+#include "progress_line.h"
 
 namespace {
 
@@ -255,36 +256,67 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
       kilnds.push_back(std::make_unique<kiln::Client>(std::move(one)));
     }
   }
-  std::vector<kiln::CompileInput> inputs;
   std::vector<std::future<absl::StatusOr<kiln::CompiledKernel>>> futures;
   for (const kiln::v1::Target& target : parsed->targets) {
     input.target = target;
-    inputs.push_back(input);
-    kiln::Client& kilnd = kilnds.empty() ? client : *kilnds[futures.size() % kilnds.size()];
-    futures.push_back(kilnd.CompileFuture(input));
-  }
-  const bool terminal = kiln::platform::StdoutIsTerminal();
-  int exit_code = kOk;
-  for (size_t i = 0; i < futures.size(); ++i) {
-    const kiln::v1::Target& target = parsed->targets[i];
-    const std::string label = absl::StrCat(target.backend(), ":", target.arch());
-    absl::StatusOr<kiln::CompiledKernel> kernel = futures[i].get();
-    if (!kilnds.empty() && absl::IsUnavailable(kernel.status())) {
-      kernel = client.Compile(inputs[i]);  // its kilnd went away: any other of the fleet
-    }
-    if (!kernel.ok()) {
-      exit_code = std::max(exit_code, Fail(kernel.status(), label));
-      if (auto error = kiln::CompileErrorOf(kernel.status()); error && !error->log().empty()) {
-        std::cerr << error->log() << "\n";
+    kiln::Client* kilnd = kilnds.empty() ? &client : kilnds[futures.size() % kilnds.size()].get();
+    futures.push_back(std::async(std::launch::async, [&client, kilnd, input] {
+      absl::StatusOr<kiln::CompiledKernel> kernel = kilnd->Compile(input);
+      if (kilnd != &client && absl::IsUnavailable(kernel.status())) {
+        kernel = client.Compile(input);  // its kilnd went away: any other of the fleet
       }
-      continue;
+      return kernel;
+    }));
+  }
+  // Results are reported as they come, under a status line on a terminal.
+  const absl::Time started = absl::Now();
+  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
+  std::vector<bool> reported(futures.size(), false);
+  size_t done = 0;
+  size_t failed = 0;
+  int exit_code = kOk;
+  while (done < futures.size()) {
+    progress.Update(absl::StrFormat("compiling %s: %d/%d done, %d running, %d failed, %.1f s",
+                                    file.filename().string(), done, futures.size(),
+                                    futures.size() - done, failed,
+                                    absl::ToDoubleSeconds(absl::Now() - started)));
+    for (size_t i = 0; i < futures.size(); ++i) {
+      if (reported[i] || futures[i].wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
+        continue;
+      }
+      reported[i] = true;
+      ++done;
+      const kiln::v1::Target& target = parsed->targets[i];
+      const std::string label = absl::StrCat(target.backend(), ":", target.arch());
+      absl::StatusOr<kiln::CompiledKernel> kernel = futures[i].get();
+      if (!kernel.ok()) {
+        ++failed;
+        progress.Clear();  // the error goes to stderr, on the terminal too
+        exit_code = std::max(exit_code, Fail(kernel.status(), label));
+        if (auto error = kiln::CompileErrorOf(kernel.status()); error && !error->log().empty()) {
+          std::cerr << error->log() << "\n";
+        }
+        continue;
+      }
+      const fs::path dir =
+          fs::path(parsed->out_dir) / absl::StrCat(target.backend(), "_", target.arch());
+      if (absl::Status written = WriteArtifacts(*kernel, dir); !written.ok()) {
+        exit_code = std::max(exit_code, Fail(written));
+        continue;
+      }
+      progress.Print(absl::StrFormat("%s %s: %s -> %s (%d bytes of cubin)", kernel->name, label,
+                                     kernel->cache_hit ? "cache hit" : "compiled", dir.string(),
+                                     kernel->cubin().size()));
     }
-    const fs::path dir = fs::path(parsed->out_dir) / absl::StrCat(target.backend(), "_", target.arch());
-    if (absl::Status written = WriteArtifacts(*kernel, dir); !written.ok()) return Fail(written);
-    std::cout << (terminal ? absl::StrFormat("[%d/%d] ", i + 1, futures.size()) : "")
-              << absl::StrFormat("%s %s: %s -> %s (%d bytes of cubin)\n", kernel->name, label,
-                                 kernel->cache_hit ? "cache hit" : "compiled", dir.string(),
-                                 kernel->cubin().size());
+    if (done < futures.size()) {
+      // Wake when the first unreported one is ready, or to redraw the elapsed time.
+      for (size_t i = 0; i < futures.size(); ++i) {
+        if (!reported[i]) {
+          futures[i].wait_for(std::chrono::milliseconds(100));
+          break;
+        }
+      }
+    }
   }
   return exit_code;
 }

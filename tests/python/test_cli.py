@@ -203,3 +203,41 @@ def test_cli_spreads_targets_over_a_fleets_kilnds_and_moves_on_when_one_is_gone(
     finally:
         for kilnd in fleet:
             kilnd.stop()
+
+
+def test_cli_compile_shows_a_progress_line_on_a_terminal_and_plain_lines_otherwise(kilnd, tmp_path):
+    import pty
+    import re
+
+    frontend = triton_frontend.run_frontend(CASES["matmul_fp16_64x64x32_s2"], GPUTarget("cuda", 90, 32))
+    source = tmp_path / "matmul.ttir"
+    source.write_text(frontend.ttir)
+    targets = ["--target", "cuda:80", "--target", "cuda:86", "--target", "cuda:90"]
+    command = [str(KILN), "--endpoint", f"unix:{kilnd.socket}", "compile", str(source), *targets,
+               *map(str, option_flags(CASES["matmul_fp16_64x64x32_s2"]))]
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen([*command, "-o", str(tmp_path / "tty")], stdout=secondary, stderr=subprocess.PIPE)
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal's other end closed: kiln exited
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    assert process.wait(timeout=600) == 0, process.stderr.read()
+    text = shown.decode()
+    # The status line is redrawn in place ("\r" and erase) while targets compile...
+    statuses = re.findall(r"\r\x1b\[2Kcompiling matmul\.ttir: (\d)/3 done, (\d) running, 0 failed, [\d.]+ s", text)
+    assert statuses and statuses[0][0] == "0", text
+    # ...each result goes above it as it comes, and the line is gone at the end.
+    assert len(re.findall(r"cuda:(80|86|90): compiled -> ", text)) == 3, text
+    assert text.endswith("\r\x1b[2K"), repr(text[-80:])
+
+    plain = subprocess.run([*command, "-o", str(tmp_path / "pipe")], capture_output=True, text=True, timeout=600)
+    assert plain.returncode == 0, plain.stderr
+    # Not a terminal: only the results, one line each, no control characters.
+    assert len(plain.stdout.splitlines()) == 3 and "\r" not in plain.stdout and "\x1b" not in plain.stdout
