@@ -19,6 +19,7 @@ int64_t LatencyHistogram::BucketUpperBound(int bucket) {
 void LatencyHistogram::Record(absl::Duration latency) {
   const int64_t nanos = std::max<int64_t>(0, absl::ToInt64Nanoseconds(latency));
   buckets_[BucketFor(nanos)].fetch_add(1, std::memory_order_relaxed);
+  sum_nanos_.fetch_add(nanos, std::memory_order_relaxed);
   int64_t seen = max_nanos_.load(std::memory_order_relaxed);
   while (nanos > seen && !max_nanos_.compare_exchange_weak(seen, nanos)) {
   }
@@ -53,6 +54,23 @@ LatencyHistogram::Summary LatencyHistogram::Summarize() const {
   summary.p99 = Percentile(counts, summary.count, 0.99);
   summary.max = absl::Nanoseconds(max_nanos_.load(std::memory_order_relaxed));
   return summary;
+}
+
+LatencyHistogram::Cumulative LatencyHistogram::CumulativeAt(
+    const std::vector<absl::Duration>& bounds) const {
+  Cumulative cumulative;
+  cumulative.at_or_below.assign(bounds.size(), 0);
+  for (int bucket = 0; bucket < kBuckets; ++bucket) {
+    const uint64_t count = buckets_[bucket].load(std::memory_order_relaxed);
+    if (count == 0) continue;
+    cumulative.count += count;
+    const absl::Duration upper = absl::Nanoseconds(BucketUpperBound(bucket));
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      if (upper <= bounds[i]) cumulative.at_or_below[i] += count;
+    }
+  }
+  cumulative.sum = absl::Nanoseconds(sum_nanos_.load(std::memory_order_relaxed));
+  return cumulative;
 }
 
 }  // namespace kiln

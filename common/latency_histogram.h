@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -26,6 +27,17 @@ class LatencyHistogram {
   // A snapshot; concurrent Record() calls may or may not be included.
   Summary Summarize() const;
 
+  // For an exposition with bucket bounds of its own (Prometheus): how many
+  // latencies were at most each of `bounds` (ascending), counting a bucket of
+  // this histogram under the first bound its upper end does not pass (so up
+  // to ~9% early latencies land one bound late), with the count and sum.
+  struct Cumulative {
+    std::vector<uint64_t> at_or_below;
+    uint64_t count = 0;
+    absl::Duration sum;
+  };
+  Cumulative CumulativeAt(const std::vector<absl::Duration>& bounds) const;
+
  private:
   static constexpr int kBucketsPerOctave = 8;
   static constexpr int kOctaves = 44;  // 1 ns .. ~4.9 hours
@@ -38,6 +50,7 @@ class LatencyHistogram {
 
   std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
   std::atomic<int64_t> max_nanos_{0};
+  std::atomic<int64_t> sum_nanos_{0};
 };
 
 }  // namespace kiln

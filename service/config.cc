@@ -88,6 +88,8 @@ const std::vector<Setting>& Settings() {
          return absl::OkStatus();
        }},
       {"tcp_listen", "also listen on TCP: PORT (loopback) or HOST:PORT", Text(&Config::tcp_listen)},
+      {"metrics_listen", "serve Prometheus metrics at http://ADDRESS/metrics: PORT (loopback) or HOST:PORT",
+       Text(&Config::metrics_listen)},
       {"allow_remote",
        "permit a tcp_listen address other than loopback (needs TLS and client identity)",
        Boolean(&Config::allow_remote)},
@@ -250,6 +252,23 @@ absl::Status ValidateConfig(const Config& config) {
           "tls_client_ca (clients present certificates it signed) and/or client_tokens (a file "
           "of tenants' token hashes); see README, Exposing kilnd to a farm",
           config.tcp_listen));
+    }
+  }
+  if (!config.metrics_listen.empty()) {
+    const std::string address = NormalizeTcpAddress(config.metrics_listen);
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "metrics_listen '%s' is not PORT or HOST:PORT, e.g. 127.0.0.1:9464",
+          config.metrics_listen));
+    }
+    // The page names namespaces and tenants' traffic: another machine reads it
+    // only where the config file says so (no TLS there: keep it on the farm's network).
+    if (!IsLoopbackHost(address.substr(0, colon)) && !config.allow_remote) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "metrics_listen '%s' accepts connections from other machines; kilnd serves its "
+          "metrics only on loopback unless the config file sets allow_remote = true",
+          config.metrics_listen));
     }
   }
   if (config.tls_cert.empty() != config.tls_key.empty()) {

@@ -30,6 +30,9 @@ struct Config {
   std::vector<std::string> allowed_users;
   // Optional TCP listener: "PORT" (loopback) or "HOST:PORT". Empty: no TCP.
   std::string tcp_listen;
+  // Prometheus metrics over HTTP at /metrics: "PORT" (loopback) or "HOST:PORT";
+  // empty: none. Another machine's address needs allow_remote.
+  std::string metrics_listen;
   // A tcp_listen address off this machine is refused unless this is true,
   // TLS is set and clients must prove who they are (see ValidateConfig).
   bool allow_remote = false;

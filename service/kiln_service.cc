@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
+#include "service/metrics_text.h"
 #include "service/request_validation.h"
 #include "spdlog/spdlog.h"
 
@@ -386,57 +387,67 @@ grpc::ServerUnaryReactor* KilnService::BuildLauncher(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* context,
                                                 const v1::GetStatsRequest* /*request*/,
                                                 v1::GetStatsResponse* response) {
-  return Serve(context, Rpc::kGetStats, Where::kInline, [this, response](const Caller&) {
-    ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
-    response->set_hits(stats.hits);
-    response->set_misses(stats.misses);
-    response->set_puts(stats.puts);
-    response->set_entries(stats.entries);
-    response->set_blobs(stats.blobs);
-    response->set_stored_bytes(stats.stored_bytes);
-    response->set_max_size_bytes(stats.max_size_bytes);
-    response->set_evictions(stats.evicted_entries);
-    response->set_corrupt_entries_dropped(stats.corrupt_entries_dropped);
-    for (const auto& [ns, counts] : stats.lookups_by_namespace) {
-      v1::NamespaceLookups* lookups = response->add_lookups_by_namespace();
-      lookups->set_namespace_(ns);
-      lookups->set_hits(counts.first);
-      lookups->set_misses(counts.second);
-    }
-    response->set_server_version(KILN_VERSION);
-    response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
-    response->set_data_dir(data_dir_);
-    const CoordinatorStats compiles = coordinator_.Stats();
-    response->set_compiles(compiles.compiles);
-    response->set_compile_cache_hits(compiles.compile_cache_hits);
-    response->set_single_flight_joins(compiles.single_flight_joins);
-    response->set_compile_failures(compiles.compile_failures);
-    response->set_launcher_builds(compiles.launcher_builds);
-    response->set_launcher_cache_hits(compiles.launcher_cache_hits);
-    response->set_lookups_waited(lookups_waited_.load());
-    response->set_tenant_compiles_waiting(tenant_compile_slots_.waiting());
-    if (std::optional<cache::SharedTierStats> shared = coordinator_.SharedTierStats()) {
-      response->set_shared_cache_state(shared->state);
-      response->set_shared_cache_hits(shared->hits);
-      response->set_shared_cache_misses(shared->misses);
-      response->set_shared_cache_errors(shared->errors);
-      response->set_shared_cache_stores(shared->stores);
-      response->set_shared_cache_compiles_awaited(shared->compiles_awaited);
-      *response->mutable_shared_cache_hit_latency() =
-          ToRpcLatency("shared cache hit", shared->hit_latency, 0);
-      *response->mutable_shared_cache_miss_latency() =
-          ToRpcLatency("shared cache miss", shared->miss_latency, shared->errors);
-    } else {
-      response->set_shared_cache_state("off");
-    }
-    response->set_compile_seconds(compiles.compile_seconds);
-    const compiler::PoolStats workers = toolchains_.TotalStats();
-    response->set_workers_started(workers.workers_started);
-    response->set_workers_lost(workers.workers_lost);
-    response->set_live_workers(workers.live_workers);
-    rpc_stats_.AppendTo(*response);
-    return absl::OkStatus();
-  });
+  return Serve(context, Rpc::kGetStats, Where::kInline,
+               [this, response](const Caller&) { return FillStats(*response); });
+}
+
+absl::StatusOr<std::string> KilnService::MetricsText() const {
+  v1::GetStatsResponse stats;
+  RETURN_IF_ERROR(FillStats(stats));
+  return PrometheusText(stats, rpc_stats_);
+}
+
+absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
+  v1::GetStatsResponse* response = &out;
+  ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
+  response->set_hits(stats.hits);
+  response->set_misses(stats.misses);
+  response->set_puts(stats.puts);
+  response->set_entries(stats.entries);
+  response->set_blobs(stats.blobs);
+  response->set_stored_bytes(stats.stored_bytes);
+  response->set_max_size_bytes(stats.max_size_bytes);
+  response->set_evictions(stats.evicted_entries);
+  response->set_corrupt_entries_dropped(stats.corrupt_entries_dropped);
+  for (const auto& [ns, counts] : stats.lookups_by_namespace) {
+    v1::NamespaceLookups* lookups = response->add_lookups_by_namespace();
+    lookups->set_namespace_(ns);
+    lookups->set_hits(counts.first);
+    lookups->set_misses(counts.second);
+  }
+  response->set_server_version(KILN_VERSION);
+  response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  response->set_data_dir(data_dir_);
+  const CoordinatorStats compiles = coordinator_.Stats();
+  response->set_compiles(compiles.compiles);
+  response->set_compile_cache_hits(compiles.compile_cache_hits);
+  response->set_single_flight_joins(compiles.single_flight_joins);
+  response->set_compile_failures(compiles.compile_failures);
+  response->set_launcher_builds(compiles.launcher_builds);
+  response->set_launcher_cache_hits(compiles.launcher_cache_hits);
+  response->set_lookups_waited(lookups_waited_.load());
+  response->set_tenant_compiles_waiting(tenant_compile_slots_.waiting());
+  if (std::optional<cache::SharedTierStats> shared = coordinator_.SharedTierStats()) {
+    response->set_shared_cache_state(shared->state);
+    response->set_shared_cache_hits(shared->hits);
+    response->set_shared_cache_misses(shared->misses);
+    response->set_shared_cache_errors(shared->errors);
+    response->set_shared_cache_stores(shared->stores);
+    response->set_shared_cache_compiles_awaited(shared->compiles_awaited);
+    *response->mutable_shared_cache_hit_latency() =
+        ToRpcLatency("shared cache hit", shared->hit_latency, 0);
+    *response->mutable_shared_cache_miss_latency() =
+        ToRpcLatency("shared cache miss", shared->miss_latency, shared->errors);
+  } else {
+    response->set_shared_cache_state("off");
+  }
+  response->set_compile_seconds(compiles.compile_seconds);
+  const compiler::PoolStats workers = toolchains_.TotalStats();
+  response->set_workers_started(workers.workers_started);
+  response->set_workers_lost(workers.workers_lost);
+  response->set_live_workers(workers.live_workers);
+  rpc_stats_.AppendTo(*response);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* context,

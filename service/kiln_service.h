@@ -83,6 +83,10 @@ class KilnService final : public v1::Kiln::CallbackService {
                                            const v1::ListToolchainsRequest* request,
                                            v1::ListToolchainsResponse* response) override;
 
+  // What GetStats answers, and the same as a Prometheus text page (metrics_listen).
+  absl::Status FillStats(v1::GetStatsResponse& response) const;
+  absl::StatusOr<std::string> MetricsText() const;
+
  private:
   enum class Where { kInline, kBlockingPool };
   class LookupOrClaimCall;  // lookup_or_claim_call.cc

@@ -21,6 +21,7 @@
 #include "common/status_macros.h"
 #include "kiln/client.h"
 #include "service/config.h"
+#include "service/metrics_server.h"
 #include "service/server.h"
 #include "service/service_host.h"
 #include "spdlog/sinks/rotating_file_sink.h"
@@ -161,10 +162,19 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
     spdlog::info("local clients find the port and access token in {}",
                  server_options.endpoint_file);
   }
+  std::unique_ptr<kiln::service::MetricsServer> metrics;
+  if (!config.metrics_listen.empty()) {
+    const std::string address = kiln::service::NormalizeTcpAddress(config.metrics_listen);
+    ASSIGN_OR_RETURN(metrics, kiln::service::MetricsServer::Start(
+                                  address, [&server] { return server->MetricsText(); }));
+    spdlog::info("metrics at http://{}:{}/metrics", address.substr(0, address.rfind(':')),
+                 metrics->port());
+  }
   ready();
 
   const std::string signal_name = signals.Wait();
   spdlog::info("{} received: finishing in-flight requests", signal_name);
+  metrics.reset();
   server->Shutdown(kShutdownGrace);
   server.reset();
   return absl::OkStatus();  // then the coordinator drains, workers exit, the store closes

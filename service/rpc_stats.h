@@ -38,6 +38,14 @@ class RpcStats {
   void Record(Rpc rpc, absl::Duration latency, bool ok);
   // Appends one RpcLatency per method that has been called.
   void AppendTo(v1::GetStatsResponse& response) const;
+  // Each method's latencies and errors, called or not.
+  template <typename Visit>  // void(absl::string_view method, const LatencyHistogram&, uint64_t errors)
+  void ForEach(Visit visit) const {
+    for (size_t i = 0; i < rpcs_.size(); ++i) {
+      visit(RpcName(static_cast<Rpc>(i)), rpcs_[i].latency,
+            rpcs_[i].errors.load(std::memory_order_relaxed));
+    }
+  }
 
  private:
   struct PerRpc {

@@ -64,6 +64,8 @@ class KilnServer {
 
   // The bound TCP port, or 0 without a TCP listener.
   int tcp_port() const { return tcp_port_; }
+  // The statistics as a Prometheus page (metrics_listen).
+  absl::StatusOr<std::string> MetricsText() const { return service_->MetricsText(); }
   // gRPC targets clients can use, e.g. "unix:/run/user/1000/kiln/kilnd.sock".
   const std::vector<std::string>& endpoints() const { return endpoints_; }
 
