@@ -137,6 +137,16 @@ def start_redis(directory, redis):
     return port
 
 
+def redis_memory(port):
+    """Redis's memory in use and its keys (for sizing maxmemory)."""
+    def cli(*args):
+        return subprocess.run(["redis-cli", "-p", str(port), "-a", PASSWORD, "--no-auth-warning", *args],
+                              capture_output=True, text=True).stdout
+    used = re.search(r"used_memory:(\d+)", cli("INFO", "memory")).group(1)
+    baseline = re.search(r"used_memory_startup:(\d+)", cli("INFO", "memory")).group(1)
+    return f"{(int(used) - int(baseline)) / 1e6:.1f} MB over an empty server, {cli('DBSIZE').strip()} keys"
+
+
 def free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -255,7 +265,9 @@ def main():
                 report("2b. three kilnds + Redis, client i on kilnd i % 3" if pinned else
                        "2. three kilnds + Redis, every client listing all three (key affinity)", walls[pinned], fleet)
                 if not pinned:
-                    wait_for_stores(fleet, sum(int(field(k.stats(), "compiles") or 0) for k in fleet))
+                    stored = sum(int(field(k.stats(), "compiles") or 0) for k in fleet)
+                    wait_for_stores(fleet, stored)
+                    print(f"  Redis after {stored} compiles (and their launchers): {redis_memory(redis_port)}")
                 for kilnd in fleet:
                     kilnd.stop()
 
