@@ -29,6 +29,16 @@ def kilnd_refusing(directory, config_text):
     return result.stdout + result.stderr
 
 
+def tcp_kilnd(root, *flags, config=""):
+    """A Kilnd that also listens on loopback TCP, on a free port (its
+    tcp_address()), with `config` lines added to its config file."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "kilnd.conf"
+    path.write_text("tcp_listen = 127.0.0.1:0\n" + config)
+    return Kilnd(root / "kilnd", f"--config={path}", *flags)
+
+
 class Kilnd:
     """A kilnd process on a private socket and data directory."""
 

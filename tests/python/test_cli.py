@@ -15,7 +15,7 @@ from triton.compiler.compiler import ASTSource
 
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd
+from conftest import BUILD, Kilnd, tcp_kilnd
 
 KILN = BUILD / "client" / "cpp" / "kiln"
 SDK_PROBE = BUILD / "tests" / "sdk_compile_probe"
@@ -178,9 +178,7 @@ def test_cli_spreads_targets_over_a_fleets_kilnds_and_moves_on_when_one_is_gone(
     fleet = []
     try:
         for i in range(2):
-            config = tmp_path / f"kilnd{i}.conf"
-            config.write_text("tcp_listen = 127.0.0.1:0\n")
-            fleet.append(Kilnd(tmp_path / f"kilnd{i}", f"--config={config}", f"--toolchain={sys.executable}"))
+            fleet.append(tcp_kilnd(tmp_path / f"kilnd{i}", f"--toolchain={sys.executable}"))
         frontend = triton_frontend.run_frontend(CASES["add_fp32"], GPUTarget("cuda", 90, 32))
         source = tmp_path / "add.ttir"
         source.write_text(frontend.ttir)

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import struct
-import subprocess
 import sys
 import termios
 import threading

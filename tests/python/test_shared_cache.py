@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd, kilnd_refusing
+from conftest import BUILD, Kilnd, kilnd_refusing, tcp_kilnd
 from pipeline_client import blobs_by_name, compile_request
 from test_client import PROBE, probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 
@@ -240,12 +240,8 @@ def test_a_client_listing_the_fleet_finishes_on_the_others_when_one_kilnd_is_kil
     fleet, addresses = [], []
     try:
         for i in range(3):
-            directory = tmp_path / f"kilnd{i}"
-            directory.mkdir()
-            config = directory / "kilnd.conf"
-            config.write_text(f"tcp_listen = 127.0.0.1:0\nredis_url = redis://:{PASSWORD}@127.0.0.1:{redis.port}\n"
-                              "redis_prefix = fleet6:\n")
-            kilnd = Kilnd(directory / "kilnd", f"--config={config}", f"--toolchain={sys.executable}")
+            kilnd = tcp_kilnd(tmp_path / f"kilnd{i}", f"--toolchain={sys.executable}",
+                              config=f"redis_url = redis://:{PASSWORD}@127.0.0.1:{redis.port}\nredis_prefix = fleet6:\n")
             fleet.append(kilnd)
             addresses.append(kilnd.tcp_address())
         base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
@@ -271,9 +267,7 @@ def test_clients_listing_the_fleet_send_each_kernel_to_one_kilnd_so_its_frontend
     fleet = []
     try:
         for i in range(2):
-            config = tmp_path / f"kilnd{i}.conf"
-            config.write_text("tcp_listen = 127.0.0.1:0\n")
-            fleet.append(Kilnd(tmp_path / f"kilnd{i}", f"--config={config}", f"--toolchain={sys.executable}"))
+            fleet.append(tcp_kilnd(tmp_path / f"kilnd{i}", f"--toolchain={sys.executable}"))
         endpoint = ",".join(kilnd.tcp_address() for kilnd in fleet)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
         clients = [subprocess.Popen(
