@@ -112,6 +112,7 @@ struct ArtifactStore::Writer {
   sqlite::Statement entries_with_blob;
   sqlite::Statement file_blob_exists;
   sqlite::Statement blob_exists;
+  sqlite::Statement entries_after;
 };
 
 struct ArtifactStore::PreparedBlob {
@@ -241,6 +242,10 @@ absl::Status ArtifactStore::Initialize() {
        "WHERE b.digest = ?1"},
       {&Writer::file_blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1 AND location = 1"},
       {&Writer::blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1"},
+      // Namespaces in [?1, ?2), created since ?3, after entry ?4.
+      {&Writer::entries_after,
+       "SELECT id, namespace, key, created_ms FROM entries WHERE namespace >= ?1 AND "
+       "namespace < ?2 AND created_ms >= ?3 AND id > ?4 ORDER BY id LIMIT ?5"},
   };
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
@@ -796,6 +801,27 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   ReleaseFreedBlobs(freed);
   evicted_entries_ += evicted;
   return evicted;
+}
+
+absl::StatusOr<std::vector<ArtifactStore::ListedEntry>> ArtifactStore::ListEntries(
+    absl::string_view ns_prefix, absl::Time since, int64_t after_id, size_t limit) {
+  std::lock_guard lock(writer_mutex_);
+  // Every namespace with the prefix sorts in [prefix, prefix + U+FFFF-ish):
+  // namespaces are printable ASCII, so "\x7f" ends the range.
+  const std::string from(ns_prefix);
+  const std::string to = absl::StrCat(ns_prefix, "\x7f");
+  sqlite::Statement& page = writer_->entries_after;
+  page.BindText(1, from).BindText(2, to).Bind(3, absl::ToUnixMillis(since)).Bind(4, after_id);
+  page.Bind(5, static_cast<int64_t>(limit));
+  std::vector<ListedEntry> entries;
+  absl::StatusOr<bool> row;
+  while ((row = page.Step()).ok() && *row) {
+    entries.push_back({page.ColumnInt(0), std::string(page.ColumnText(1)),
+                       std::string(page.ColumnText(2)), absl::FromUnixMillis(page.ColumnInt(3))});
+  }
+  page.Reset();
+  RETURN_IF_ERROR(row.status());
+  return entries;
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::DomainBytes(absl::string_view domain) {

@@ -166,6 +166,18 @@ class ArtifactStore {
                                               std::vector<BlobInput> blobs,
                                               const NamedDigests& stored = {});
 
+  // The entries whose namespace starts with `ns_prefix`, created at or after
+  // `since`, in the order they were stored, a page at a time: those after
+  // `after_id` (0: from the first), at most `limit`. What an export bundles.
+  struct ListedEntry {
+    int64_t id = 0;  // the `after_id` of the next page
+    std::string ns;
+    std::string key;
+    absl::Time created;
+  };
+  absl::StatusOr<std::vector<ListedEntry>> ListEntries(absl::string_view ns_prefix, absl::Time since,
+                                                       int64_t after_id, size_t limit);
+
   // The bytes trust domain `domain`'s entries hold (see max_domain_bytes).
   absl::StatusOr<uint64_t> DomainBytes(absl::string_view domain);
   // Evicts the least recently used entries of every capped domain a put went

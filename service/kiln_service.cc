@@ -477,6 +477,35 @@ grpc::ServerUnaryReactor* KilnService::Verify(grpc::CallbackServerContext* conte
   });
 }
 
+grpc::ServerUnaryReactor* KilnService::ListEntries(grpc::CallbackServerContext* context,
+                                                   const v1::ListEntriesRequest* request,
+                                                   v1::ListEntriesResponse* response) {
+  return Serve(context, Rpc::kListEntries, Where::kBlockingPool,
+               [this, request, response](const Caller& caller) {
+    // An export hands out blobs as they are: the service's own user's only.
+    RETURN_IF_ERROR(RequireLocalUser(caller));
+    RETURN_IF_ERROR(ValidateListEntries(*request));
+    const std::string domain_prefix = ScopedNamespace(caller, "");
+    const std::string only = request->namespace_().empty() ? "" : ScopedNamespace(caller, request->namespace_());
+    const uint32_t limit = request->limit() == 0 ? 1000 : request->limit();
+    // A namespace is a prefix to the store ("local/triton" also starts
+    // "local/triton.x"): the exact one is picked here.
+    ASSIGN_OR_RETURN(std::vector<cache::ArtifactStore::ListedEntry> entries,
+                     store_.ListEntries(only.empty() ? domain_prefix : only,
+                                        absl::FromUnixMillis(request->since_unix_ms()),
+                                        request->after(), limit));
+    for (const cache::ArtifactStore::ListedEntry& entry : entries) {
+      if (!only.empty() && entry.ns != only) continue;
+      v1::ListedEntry* listed = response->add_entries();
+      listed->set_namespace_(entry.ns.substr(domain_prefix.size()));
+      listed->set_key(entry.key);
+      listed->set_created_unix_ms(absl::ToUnixMillis(entry.created));
+    }
+    response->set_next_after(entries.size() == limit ? entries.back().id : 0);
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KilnService::ListToolchains(grpc::CallbackServerContext* context,
                                                       const v1::ListToolchainsRequest* /*request*/,
                                                       v1::ListToolchainsResponse* response) {

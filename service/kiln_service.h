@@ -79,6 +79,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
                                    const v1::VerifyRequest* request,
                                    v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* ListEntries(grpc::CallbackServerContext* context,
+                                        const v1::ListEntriesRequest* request,
+                                        v1::ListEntriesResponse* response) override;
   grpc::ServerUnaryReactor* ListToolchains(grpc::CallbackServerContext* context,
                                            const v1::ListToolchainsRequest* request,
                                            v1::ListToolchainsResponse* response) override;

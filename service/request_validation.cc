@@ -194,4 +194,12 @@ absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateListEntries(const v1::ListEntriesRequest& request) {
+  if (!request.namespace_().empty()) RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  if (request.limit() > 10000) {
+    return absl::InvalidArgumentError("limit: at most 10000 entries a page");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kiln::service

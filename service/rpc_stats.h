@@ -23,6 +23,7 @@ enum class Rpc {
   kListToolchains,
   kEvict,
   kVerify,
+  kListEntries,
   kCount
 };
 

@@ -471,6 +471,11 @@ absl::StatusOr<v1::EvictResponse> Client::Evict(uint64_t target_bytes) {
   return Unary<v1::EvictResponse>("gc", options_.timeout, request, &v1::Kiln::Stub::Evict);
 }
 
+absl::StatusOr<v1::ListEntriesResponse> Client::ListEntries(const v1::ListEntriesRequest& request) {
+  return Unary<v1::ListEntriesResponse>("list entries", options_.timeout, request,
+                                        &v1::Kiln::Stub::ListEntries);
+}
+
 absl::StatusOr<v1::VerifyResponse> Client::Verify() {
   // Verifying reads every blob: allow it the compile deadline.
   return Unary<v1::VerifyResponse>("verify", options_.compile_timeout, v1::VerifyRequest(),

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
 #include "common/platform.h"
+#include "bundle.h"
 #include "kiln/client.h"
 #include "progress_line.h"
 
@@ -51,6 +52,10 @@ constexpr const char* kUsageText =
     "  health [--wait SECONDS]          check that kilnd is serving (and its shared cache)\n"
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
+    "  export FILE [--namespace NS] [--since 24h]\n"
+    "                                   write this user's entries (all, or one namespace,\n"
+    "                                   or those stored lately) to a bundle file\n"
+    "  import FILE                      store a bundle's entries, every digest checked first\n"
     "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket. A farm's\n"
     "kilnd: grpcs://HOST:PORT, with $KILN_CA_FILE, $KILN_CLIENT_CERT and $KILN_CLIENT_KEY\n"
     "and/or $KILN_TOKEN_FILE. A fleet: kilnds comma-separated (HOST:PORT,HOST:PORT), calls go\n"
@@ -321,6 +326,86 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
   return exit_code;
 }
 
+// "90m", "24h", "7d": how far back an export reaches.
+absl::StatusOr<absl::Duration> ParseAge(const std::string& text) {
+  absl::Duration age;
+  int days = 0;
+  if (absl::EndsWith(text, "d") && absl::SimpleAtoi(text.substr(0, text.size() - 1), &days) && days >= 0) {
+    return absl::Hours(24) * days;
+  }
+  if (absl::ParseDuration(text, &age) && age >= absl::ZeroDuration()) return age;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--since '%s': write an age such as 90m, 24h or 7d", text));
+}
+
+int Export(kiln::Client& client, const std::vector<std::string>& args) {
+  kiln::v1::ListEntriesRequest request;
+  std::string file;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool has_value = i + 1 < args.size();
+    if (args[i] == "--namespace" && has_value) {
+      request.set_namespace_(args[++i]);
+    } else if (args[i] == "--since" && has_value) {
+      absl::StatusOr<absl::Duration> age = ParseAge(args[++i]);
+      if (!age.ok()) return Usage(age.status().message());
+      request.set_since_unix_ms(absl::ToUnixMillis(absl::Now() - *age));
+    } else if (file.empty() && !absl::StartsWith(args[i], "--")) {
+      file = args[i];
+    } else {
+      return Usage(absl::StrFormat("export: unexpected '%s'", args[i]));
+    }
+  }
+  if (file.empty()) return Usage("export needs FILE");
+  kiln::BundleWriter bundle;
+  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
+  uint64_t bytes = 0;
+  do {
+    absl::StatusOr<kiln::v1::ListEntriesResponse> page = client.ListEntries(request);
+    if (!page.ok()) return Fail(page.status());
+    for (const kiln::v1::ListedEntry& listed : page->entries()) {
+      // Each entry is read as a client would: kilnd checks every blob's digest.
+      absl::StatusOr<std::optional<kiln::v1::CacheEntry>> entry =
+          client.Lookup(listed.namespace_(), listed.key());
+      if (!entry.ok()) return Fail(entry.status());
+      if (!entry->has_value()) continue;  // evicted since it was listed
+      kiln::v1::BundleEntry out;
+      out.set_namespace_(listed.namespace_());
+      out.set_key(listed.key());
+      for (const kiln::v1::Blob& blob : (*entry)->blobs()) {
+        *out.add_blobs() = blob;
+        bytes += blob.data().size();
+      }
+      bundle.Add(out);
+      progress.Update(absl::StrFormat("exporting: %d entries, %s", bundle.entries(),
+                                      kiln::FormatByteSize(bytes)));
+    }
+    request.set_after(page->next_after());
+  } while (request.after() != 0);
+  if (absl::Status written = bundle.Finish(file); !written.ok()) return Fail(written);
+  progress.Print(absl::StrFormat("exported %d entries (%s) to %s", bundle.entries(),
+                                 kiln::FormatByteSize(bytes), file));
+  return kOk;
+}
+
+int Import(kiln::Client& client, const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("import needs one FILE");
+  absl::StatusOr<std::vector<kiln::v1::BundleEntry>> entries = kiln::ReadBundle(args[0]);
+  if (!entries.ok()) return Fail(entries.status());
+  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
+  size_t imported = 0;
+  for (const kiln::v1::BundleEntry& entry : *entries) {
+    std::vector<std::pair<std::string, std::string>> blobs;
+    for (const kiln::v1::Blob& blob : entry.blobs()) blobs.emplace_back(blob.name(), blob.data());
+    if (absl::Status put = client.Put(entry.namespace_(), entry.key(), blobs); !put.ok()) {
+      progress.Clear();
+      return Fail(put, absl::StrCat(entry.namespace_(), "/", entry.key()));
+    }
+    progress.Update(absl::StrFormat("importing: %d/%d entries", ++imported, entries->size()));
+  }
+  progress.Print(absl::StrFormat("imported %d entries from %s", imported, args[0]));
+  return kOk;
+}
+
 int Toolchains(kiln::Client& client, const std::vector<std::string>& args) {
   if (!args.empty()) return Usage("toolchains takes no arguments");
   absl::StatusOr<std::vector<kiln::v1::Toolchain>> toolchains = client.Toolchains();
@@ -373,7 +458,8 @@ int main(int argc, char** argv) {
   using Command = int (*)(kiln::Client&, const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
       {"compile", Compile}, {"toolchains", Toolchains}, {"stats", Stats}, {"gc", Gc},
-      {"verify", Verify},   {"health", Health},         {"put", Put},     {"get", Get}};
+      {"verify", Verify},   {"health", Health},         {"put", Put},     {"get", Get},
+      {"export", Export},   {"import", Import}};
   const auto found = commands.find(command);
   if (found == commands.end()) return Usage(absl::StrFormat("unknown command '%s'", command));
   return found->second(client, args);

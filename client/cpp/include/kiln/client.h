@@ -139,6 +139,8 @@ class Client {
   absl::StatusOr<v1::EvictResponse> Evict(uint64_t target_bytes);
   // Re-hashes every stored blob (local user only).
   absl::StatusOr<v1::VerifyResponse> Verify();
+  // One page of the keys of this user's entries (local user only).
+  absl::StatusOr<v1::ListEntriesResponse> ListEntries(const v1::ListEntriesRequest& request);
 
  private:
   // Takes `resolved` as this client's endpoint and opens a channel to it

@@ -1,0 +1,86 @@
+"""Cache bundles (`kiln export`, `kiln import`): a cache shipped to a machine
+that then starts warm, and a damaged bundle refused whole. Real kilnds, the
+real client compiling the kernel suite."""
+
+import os
+import subprocess
+import sys
+
+from conftest import BUILD, Kilnd
+from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
+
+KILN = BUILD / "client" / "cpp" / "kiln"
+
+
+def kiln(kilnd, *args):
+    return subprocess.run([str(KILN), "--endpoint", f"unix:{kilnd.socket}", *map(str, args)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def compile_calls(kilnd):
+    return sum(rpc.count for rpc in kilnd.stats().rpc_latency if rpc.method == "Compile")
+
+
+def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compiling(tmp_path, stock_suite):  # noqa: F811
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    bundle = tmp_path / "suite.kilnbundle"
+    source = Kilnd(tmp_path / "source", f"--toolchain={sys.executable}")
+    try:
+        run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{source.socket}",
+                       TRITON_CACHE_DIR=str(tmp_path / "c1"), KILN_FILES_DIR=str(tmp_path / "f1")), "suite")
+        assert source.stats().compiles == 30
+        exported = kiln(source, "export", bundle)
+        assert exported.returncode == 0, exported.stderr
+        only_inductor = kiln(source, "export", tmp_path / "none.kilnbundle", "--namespace", "inductor")
+        assert only_inductor.returncode == 0 and "exported 0 entries" in only_inductor.stdout
+        recent = kiln(source, "export", tmp_path / "recent.kilnbundle", "--since", "1h")
+        assert recent.returncode == 0 and recent.stdout.split()[1] == exported.stdout.split()[1]
+    finally:
+        source.stop()
+    count = int(exported.stdout.split()[1])  # "exported N entries (...) to FILE"
+    assert count >= 30, exported.stdout
+
+    target = Kilnd(tmp_path / "target", f"--toolchain={sys.executable}")
+    try:
+        imported = kiln(target, "import", bundle)
+        assert imported.returncode == 0 and f"imported {count} entries" in imported.stdout, imported
+        result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{target.socket}",
+                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
+                                      "suite"))
+        assert result["kernels"] == stock_suite
+        stats = target.stats()
+        assert stats.compiles == 0 and compile_calls(target) == 0 and stats.hits >= 30
+    finally:
+        target.stop()
+
+
+def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path):
+    source = Kilnd(tmp_path / "source")
+    try:
+        for i in range(3):
+            blob = tmp_path / f"b{i}.cubin"
+            blob.write_bytes(bytes([i]) * 1000)
+            assert kiln(source, "put", "triton", f"key{i}", f"k.cubin={blob}").returncode == 0
+        assert kiln(source, "export", tmp_path / "good.kilnbundle").returncode == 0
+    finally:
+        source.stop()
+    good = (tmp_path / "good.kilnbundle").read_bytes()
+    target = Kilnd(tmp_path / "target")
+    try:
+        for position in (len(good) // 2, len(good) - 1):  # inside an entry; in the checksum
+            damaged = bytearray(good)
+            damaged[position] ^= 0x01
+            (tmp_path / "bad.kilnbundle").write_bytes(bytes(damaged))
+            refused = kiln(target, "import", tmp_path / "bad.kilnbundle")
+            assert refused.returncode == 2 and "damaged" in refused.stderr and "nothing was imported" in refused.stderr
+        (tmp_path / "short.kilnbundle").write_bytes(good[:-10])
+        assert kiln(target, "import", tmp_path / "short.kilnbundle").returncode == 2
+        (tmp_path / "other.txt").write_text("hello")
+        other = kiln(target, "import", tmp_path / "other.txt")
+        assert other.returncode == 2 and "not a Kiln bundle" in other.stderr
+        assert target.stats().entries == 0  # nothing of any of them went in
+        assert kiln(target, "import", tmp_path / "good.kilnbundle").returncode == 0
+        assert target.stats().entries == 3
+        assert kiln(target, "get", "triton", "key1").returncode == 0
+    finally:
+        target.stop()
