@@ -380,6 +380,7 @@ def valid_requests():
         "ListToolchains": _api.ListToolchainsRequest(),
         "Evict": _api.EvictRequest(target_bytes=0),
         "Verify": _api.VerifyRequest(),
+        "ListEntries": _api.ListEntriesRequest(namespace="triton", limit=10),
     }
 
 
@@ -443,8 +444,8 @@ def test_a_thousand_random_and_mutated_requests_per_rpc_get_answers_and_kilnd_ke
             assert all(found <= {"UNAUTHENTICATED", "UNIMPLEMENTED"} and "UNAUTHENTICATED" in found
                        for found in codes.values()), codes
         else:
-            # Maintenance stays with kilnd's local user, however the request is bent.
-            assert "OK" not in codes["Evict"] | codes["Verify"], codes
+            # Maintenance and exports stay with kilnd's local user, however the request is bent.
+            assert "OK" not in codes["Evict"] | codes["Verify"] | codes["ListEntries"], codes
             assert "UNAVAILABLE" not in set().union(*codes.values()), codes
         fuzz_channel.close()
     assert server.process.poll() is None, "kilnd died"

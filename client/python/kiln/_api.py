@@ -53,6 +53,8 @@ EvictRequest = _message("EvictRequest")
 EvictResponse = _message("EvictResponse")
 VerifyRequest = _message("VerifyRequest")
 VerifyResponse = _message("VerifyResponse")
+ListEntriesRequest = _message("ListEntriesRequest")
+ListEntriesResponse = _message("ListEntriesResponse")
 
 STAGE = _enum_values("Stage")
 
@@ -73,6 +75,7 @@ _METHODS = {
     "ListToolchains": (ListToolchainsRequest, ListToolchainsResponse),
     "Evict": (EvictRequest, EvictResponse),
     "Verify": (VerifyRequest, VerifyResponse),
+    "ListEntries": (ListEntriesRequest, ListEntriesResponse),
 }
 # Methods that answer with a stream.
 _STREAMING_METHODS = {
