@@ -446,6 +446,11 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
   response->set_workers_started(workers.workers_started);
   response->set_workers_lost(workers.workers_lost);
   response->set_live_workers(workers.live_workers);
+  for (const auto& [reason, count] : miss_log_.CountsByReason()) {
+    v1::MissReasonCount* by_reason = response->add_misses_by_reason();
+    by_reason->set_reason(reason);
+    by_reason->set_count(count);
+  }
   rpc_stats_.AppendTo(*response);
   return absl::OkStatus();
 }
@@ -502,6 +507,18 @@ grpc::ServerUnaryReactor* KilnService::ListEntries(grpc::CallbackServerContext* 
       listed->set_created_unix_ms(absl::ToUnixMillis(entry.created));
     }
     response->set_next_after(entries.size() == limit ? entries.back().id : 0);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KilnService::ListMisses(grpc::CallbackServerContext* context,
+                                                  const v1::ListMissesRequest* request,
+                                                  v1::ListMissesResponse* response) {
+  return Serve(context, Rpc::kListMisses, Where::kInline, [this, request, response](const Caller& caller) {
+    if (request->last() > 1000) return absl::InvalidArgumentError("last: at most 1000 misses");
+    for (v1::Miss& miss : miss_log_.Latest(caller.trust_domain, request->last() == 0 ? 20 : request->last())) {
+      *response->add_misses() = std::move(miss);
+    }
     return absl::OkStatus();
   });
 }

@@ -12,6 +12,7 @@
 #include "service/client_identity.h"
 #include "service/compile_claims.h"
 #include "service/compile_coordinator.h"
+#include "service/miss_log.h"
 #include "service/rpc_stats.h"
 #include "service/tenant_compile_slots.h"
 
@@ -82,6 +83,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* ListEntries(grpc::CallbackServerContext* context,
                                         const v1::ListEntriesRequest* request,
                                         v1::ListEntriesResponse* response) override;
+  grpc::ServerUnaryReactor* ListMisses(grpc::CallbackServerContext* context,
+                                       const v1::ListMissesRequest* request,
+                                       v1::ListMissesResponse* response) override;
   grpc::ServerUnaryReactor* ListToolchains(grpc::CallbackServerContext* context,
                                            const v1::ListToolchainsRequest* request,
                                            v1::ListToolchainsResponse* response) override;
@@ -133,6 +137,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   const TcpAccess tcp_access_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
+  MissLog miss_log_;
   mutable std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> lookups_waited_{0};
   CompileClaims claims_;

@@ -42,6 +42,11 @@ class KilnService::LookupOrClaimCall final
           // Looks again on our own pool, never on the thread that ended the claim.
           if (auto call = weak.lock()) service->blocking_pool_.Schedule([call] { call->LookAgain(); });
         });
+    if (ticket.answer != CompileClaims::Answer::kWaiting) {
+      // A miss this client compiles (a waiter gets the claimant's result).
+      service_.miss_log_.Record(caller_.trust_domain, ns_, request_.key(),
+                                request_.has_key_components() ? &request_.key_components() : nullptr);
+    }
     switch (ticket.answer) {
       case CompileClaims::Answer::kClaimed: {
         std::lock_guard lock(mutex_);

@@ -94,6 +94,15 @@ absl::Status ValidateLookup(const v1::LookupRequest& request) {
     return absl::InvalidArgumentError(
         "claimant is longer than 128 characters; send a short per-process identity");
   }
+  // kilnd keeps them (miss reasons): digests and a name, not the inputs themselves.
+  const v1::KeyComponents& components = request.key_components();
+  for (const std::string* part : {&components.kernel(), &components.toolchain(), &components.source(),
+                                  &components.backend(), &components.options(), &components.env()}) {
+    if (part->size() > 256) {
+      return absl::InvalidArgumentError(
+          "key_components: each is at most 256 characters; send digests of the key's inputs");
+    }
+  }
   return absl::OkStatus();
 }
 

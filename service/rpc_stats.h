@@ -24,6 +24,7 @@ enum class Rpc {
   kEvict,
   kVerify,
   kListEntries,
+  kListMisses,
   kCount
 };
 

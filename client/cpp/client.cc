@@ -476,6 +476,13 @@ absl::StatusOr<v1::ListEntriesResponse> Client::ListEntries(const v1::ListEntrie
                                         &v1::Kiln::Stub::ListEntries);
 }
 
+absl::StatusOr<v1::ListMissesResponse> Client::ListMisses(uint32_t last) {
+  v1::ListMissesRequest request;
+  request.set_last(last);
+  return Unary<v1::ListMissesResponse>("list misses", options_.timeout, request,
+                                       &v1::Kiln::Stub::ListMisses);
+}
+
 absl::StatusOr<v1::VerifyResponse> Client::Verify() {
   // Verifying reads every blob: allow it the compile deadline.
   return Unary<v1::VerifyResponse>("verify", options_.compile_timeout, v1::VerifyRequest(),
@@ -514,6 +521,13 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
                                              fetch.p99_ms(), fetch.max_ms()));
     }
   }
+  if (stats.misses_by_reason_size() > 0) {
+    std::vector<std::string> reasons;
+    for (const v1::MissReasonCount& by_reason : stats.misses_by_reason()) {
+      reasons.push_back(absl::StrFormat("%d %s", by_reason.count(), by_reason.reason()));
+    }
+    absl::StrAppend(&text, "misses by reason: ", absl::StrJoin(reasons, ", "), "\n");
+  }
   if (stats.tenant_compiles_waiting() > 0) {
     absl::StrAppend(&text, absl::StrFormat("farm tenants' compiles waiting their turn: %d\n",
                                            stats.tenant_compiles_waiting()));
@@ -534,13 +548,15 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
   return text;
 }
 
-std::string FormatStatsJson(const v1::GetStatsResponse& stats) {
+std::string FormatStatsJson(const v1::GetStatsResponse& stats) { return FormatJson(stats); }
+
+std::string FormatJson(const google::protobuf::Message& message) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.always_print_primitive_fields = true;
   options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(stats, &json, options);
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
   return json;
 }
 

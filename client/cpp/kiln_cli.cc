@@ -52,6 +52,7 @@ constexpr const char* kUsageText =
     "  health [--wait SECONDS]          check that kilnd is serving (and its shared cache)\n"
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
+    "  misses [--last N] [--json]       the latest compiles and what was new for each\n"
     "  export FILE [--namespace NS] [--since 24h]\n"
     "                                   write this user's entries (all, or one namespace,\n"
     "                                   or those stored lately) to a bundle file\n"
@@ -406,6 +407,35 @@ int Import(kiln::Client& client, const std::vector<std::string>& args) {
   return kOk;
 }
 
+int Misses(kiln::Client& client, const std::vector<std::string>& args) {
+  uint32_t last = 20;
+  bool json = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--last" && i + 1 < args.size()) {
+      if (!absl::SimpleAtoi(args[++i], &last) || last == 0 || last > 1000) {
+        return Usage("--last needs a number from 1 to 1000");
+      }
+    } else if (args[i] == "--json") {
+      json = true;
+    } else {
+      return Usage(absl::StrFormat("misses: unexpected '%s'", args[i]));
+    }
+  }
+  absl::StatusOr<kiln::v1::ListMissesResponse> misses = client.ListMisses(last);
+  if (!misses.ok()) return Fail(misses.status());
+  if (json) {
+    std::cout << kiln::FormatJson(*misses);
+    return kOk;
+  }
+  for (const kiln::v1::Miss& miss : misses->misses()) {
+    std::cout << absl::FormatTime("%H:%M:%S  ", absl::FromUnixMillis(miss.unix_ms()),
+                                  absl::LocalTimeZone())
+              << absl::StrFormat("%-40s  %s\n", miss.kernel().empty() ? miss.key().substr(0, 16) : miss.kernel(),
+                                 absl::StrJoin(miss.reasons(), ", "));
+  }
+  return kOk;
+}
+
 int Toolchains(kiln::Client& client, const std::vector<std::string>& args) {
   if (!args.empty()) return Usage("toolchains takes no arguments");
   absl::StatusOr<std::vector<kiln::v1::Toolchain>> toolchains = client.Toolchains();
@@ -459,7 +489,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, Command> commands = {
       {"compile", Compile}, {"toolchains", Toolchains}, {"stats", Stats}, {"gc", Gc},
       {"verify", Verify},   {"health", Health},         {"put", Put},     {"get", Get},
-      {"export", Export},   {"import", Import}};
+      {"export", Export},   {"import", Import},         {"misses", Misses}};
   const auto found = commands.find(command);
   if (found == commands.end()) return Usage(absl::StrFormat("unknown command '%s'", command));
   return found->second(client, args);

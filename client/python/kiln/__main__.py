@@ -1,5 +1,7 @@
 """python -m kiln status: is kilnd reachable, is this Python's Triton registered,
-and what has the cache done."""
+and what has the cache done.
+python -m kiln misses [--last N] [--json]: the latest compiles and what was new
+for each (the kernel, its source, options, environment, Triton, an eviction)."""
 
 import argparse
 import sys
@@ -42,13 +44,41 @@ def status():
         print(f"saved:     {avoided} compiles, about {mean * avoided:.1f} s (mean compile {mean * 1e3:.0f} ms)")
     else:
         print(f"saved:     {avoided} compiles")
+    if stats.misses_by_reason:
+        print("misses:    " + ", ".join(f"{r.count} {r.reason}" for r in stats.misses_by_reason))
+    return 0
+
+
+def misses(last, as_json):
+    import json
+    import time
+
+    from . import _api, _service
+
+    try:
+        stub = _service.connect(autostart=False).stub
+    except _service.KilnUnavailable as error:
+        print(f"kilnd is not reachable: {error}", file=sys.stderr)
+        return 3
+    found = stub.ListMisses(_api.ListMissesRequest(last=last), timeout=10).misses
+    if as_json:
+        print(json.dumps([{"unix_ms": m.unix_ms, "namespace": m.namespace, "key": m.key, "kernel": m.kernel,
+                           "reasons": list(m.reasons)} for m in found], indent=1))
+        return 0
+    for miss in found:
+        when = time.strftime("%H:%M:%S", time.localtime(miss.unix_ms / 1000))
+        print(f"{when}  {miss.kernel or miss.key[:16]:40}  {', '.join(miss.reasons)}")
     return 0
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m kiln")
-    parser.add_argument("command", choices=["status"])
-    parser.parse_args(argv)
+    parser.add_argument("command", choices=["status", "misses"])
+    parser.add_argument("--last", type=int, default=20, help="misses: how many (at most 1000)")
+    parser.add_argument("--json", action="store_true", help="misses: as JSON")
+    args = parser.parse_args(argv)
+    if args.command == "misses":
+        return misses(args.last, args.json)
     return status()
 
 

@@ -53,6 +53,9 @@ EvictRequest = _message("EvictRequest")
 EvictResponse = _message("EvictResponse")
 VerifyRequest = _message("VerifyRequest")
 VerifyResponse = _message("VerifyResponse")
+KeyComponents = _message("KeyComponents")
+ListMissesRequest = _message("ListMissesRequest")
+ListMissesResponse = _message("ListMissesResponse")
 ListEntriesRequest = _message("ListEntriesRequest")
 ListEntriesResponse = _message("ListEntriesResponse")
 
@@ -76,6 +79,7 @@ _METHODS = {
     "Evict": (EvictRequest, EvictResponse),
     "Verify": (VerifyRequest, VerifyResponse),
     "ListEntries": (ListEntriesRequest, ListEntriesResponse),
+    "ListMisses": (ListMissesRequest, ListMissesResponse),
 }
 # Methods that answer with a stream.
 _STREAMING_METHODS = {

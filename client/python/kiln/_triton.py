@@ -26,7 +26,7 @@ import threading
 
 import grpc
 
-from . import _api, _cache, _files, _frontend, _index, _launcher_origin, _service
+from . import _api, _cache, _files, _frontend, _index, _key_inputs, _launcher_origin, _service
 
 log = logging.getLogger("kiln")
 
@@ -131,9 +131,10 @@ class RemoteCacheManager(CacheManager):
         response = _lookup("triton", self._hex)
         if response.found:
             return response
-        call = _stub().LookupOrClaim(_api.LookupRequest(namespace="triton", key=self._hex,
-                                                        claimant=_frontend.CLAIMANT,
-                                                        as_files=_files.wanted_as_served_files()))
+        call = _stub().LookupOrClaim(_api.LookupRequest(
+            namespace="triton", key=self._hex, claimant=_frontend.CLAIMANT,
+            as_files=_files.wanted_as_served_files(),
+            key_components=_key_inputs.of_current_compile(self._hex, _api)))
         try:
             response = next(call)
         except StopIteration:

@@ -139,6 +139,8 @@ class Client {
   absl::StatusOr<v1::EvictResponse> Evict(uint64_t target_bytes);
   // Re-hashes every stored blob (local user only).
   absl::StatusOr<v1::VerifyResponse> Verify();
+  // This client's trust domain's latest `last` misses and their reasons.
+  absl::StatusOr<v1::ListMissesResponse> ListMisses(uint32_t last);
   // One page of the keys of this user's entries (local user only).
   absl::StatusOr<v1::ListEntriesResponse> ListEntries(const v1::ListEntriesRequest& request);
 
@@ -168,6 +170,8 @@ class Client {
 std::string FormatStats(const v1::GetStatsResponse& stats);
 // The same as one JSON object.
 std::string FormatStatsJson(const v1::GetStatsResponse& stats);
+// Any API message as JSON, fields under their proto names.
+std::string FormatJson(const google::protobuf::Message& message);
 
 }  // namespace kiln
 

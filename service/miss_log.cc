@@ -1,0 +1,77 @@
+#include "service/miss_log.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace kiln::service {
+
+std::vector<std::string> MissLog::Record(absl::string_view domain, absl::string_view ns,
+                                         absl::string_view key,
+                                         const v1::KeyComponents* components) {
+  std::vector<std::string> reasons;
+  const std::string scoped_key = absl::StrCat(ns, absl::string_view("\0", 1), key);
+  std::lock_guard lock(mutex_);
+  if (keys_missed_.size() >= kMaxRemembered || last_by_kernel_.size() >= kMaxRemembered) {
+    keys_missed_.clear();
+    last_by_kernel_.clear();
+  }
+  const bool missed_before = !keys_missed_.insert(scoped_key).second;
+  if (components == nullptr || components->kernel().empty()) {
+    reasons.push_back(missed_before ? "evicted" : "unknown");
+  } else if (missed_before) {
+    // Missed, compiled and stored once already: the entry went since (evicted,
+    // dropped as corrupt), or that compile failed.
+    reasons.push_back("evicted");
+  } else {
+    const std::string kernel = absl::StrCat(ns, absl::string_view("\0", 1), components->kernel());
+    auto [last, is_new] = last_by_kernel_.try_emplace(kernel, *components);
+    if (is_new) {
+      reasons.push_back("new kernel");
+    } else {
+      // In the order a user would look: whose change explains the others.
+      const std::pair<const char*, bool> changed[] = {
+          {"toolchain", last->second.toolchain() != components->toolchain()},
+          {"backend", last->second.backend() != components->backend()},
+          {"source", last->second.source() != components->source()},
+          {"options", last->second.options() != components->options()},
+          {"env", last->second.env() != components->env()}};
+      for (const auto& [reason, differs] : changed) {
+        if (differs) reasons.push_back(reason);
+      }
+      if (reasons.empty()) reasons.push_back("unknown");
+      last->second = *components;
+    }
+  }
+  v1::Miss miss;
+  miss.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  miss.set_namespace_(std::string(ns.substr(std::min(ns.size(), domain.size() + 1))));
+  miss.set_key(std::string(key));
+  if (components != nullptr) miss.set_kernel(components->kernel());
+  for (const std::string& reason : reasons) {
+    miss.add_reasons(reason);
+    ++counts_[reason];
+  }
+  recent_.emplace_back(std::string(domain), std::move(miss));
+  if (recent_.size() > kMaxRecent) recent_.pop_front();
+  return reasons;
+}
+
+std::vector<v1::Miss> MissLog::Latest(absl::string_view domain, size_t count) const {
+  std::vector<v1::Miss> latest;
+  std::lock_guard lock(mutex_);
+  for (auto it = recent_.rbegin(); it != recent_.rend() && latest.size() < count; ++it) {
+    if (it->first == domain) latest.push_back(it->second);
+  }
+  std::reverse(latest.begin(), latest.end());
+  return latest;
+}
+
+std::map<std::string, uint64_t> MissLog::CountsByReason() const {
+  std::lock_guard lock(mutex_);
+  return counts_;
+}
+
+}  // namespace kiln::service
