@@ -68,6 +68,12 @@ std::string PrometheusText(const v1::GetStatsResponse& stats, const RpcStats& rp
            static_cast<double>(stats.hits()));
   page.One("kiln_cache_misses_total", "counter", "Cache lookups that missed, all namespaces.",
            static_cast<double>(stats.misses()));
+  page.Family("kiln_misses_total", "counter",
+              "Misses a client compiled, by what was new (kiln misses explains each).");
+  for (const v1::MissReasonCount& by_reason : stats.misses_by_reason()) {
+    page.Sample("kiln_misses_total", absl::StrCat("reason=", Quoted(by_reason.reason())),
+                static_cast<double>(by_reason.count()));
+  }
   page.One("kiln_lookups_waited_total", "counter",
            "Misses that waited for another client's compile of the key.",
            static_cast<double>(stats.lookups_waited()));

@@ -43,6 +43,10 @@ def test_metrics_move_with_real_traffic(metered):
     server.stub.Lookup(_api.LookupRequest(namespace="triton", key="no-such-key"))
     server.stub.Put(_api.PutRequest(namespace="triton", key="k1", blobs=[_api.blob("a.cubin", b"bytes")]))
     server.stub.Lookup(_api.LookupRequest(namespace="triton", key="k1"))
+    claim = server.stub.LookupOrClaim(_api.LookupRequest(namespace="triton", key="k2", claimant="test",
+                                                         key_components=_api.KeyComponents(kernel="k@cuda:90")))
+    assert next(claim).claimed
+    claim.cancel()
     frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 90, 32))
     response = server.stub.Compile(compile_request(frontend), timeout=300)
     assert response.WhichOneof("result") == "entry", response.error
@@ -55,6 +59,7 @@ def test_metrics_move_with_real_traffic(metered):
     lookups = frozenset({("namespace", "local/triton"), ("result", "hit")})
     misses = frozenset({("namespace", "local/triton"), ("result", "miss")})
     assert after[("kiln_lookups_total", lookups)] == 1 and after[("kiln_lookups_total", misses)] >= 1
+    assert after[("kiln_misses_total", frozenset({("reason", "new kernel")}))] == 1
     # Latency histograms: cumulative buckets ending in +Inf, which is the count.
     compile_label = ("method", "Compile")
     buckets = sorted((float(dict(labels)["le"]), value) for (name, labels), value in after.items()

@@ -381,6 +381,7 @@ def valid_requests():
         "Evict": _api.EvictRequest(target_bytes=0),
         "Verify": _api.VerifyRequest(),
         "ListEntries": _api.ListEntriesRequest(namespace="triton", limit=10),
+        "ListMisses": _api.ListMissesRequest(last=5),
     }
 
 
