@@ -385,6 +385,13 @@ class RedisTier final : public SharedTier {
                                                     kLeaseMillis));
     Succeeded();
     if (claimed->type != REDIS_REPLY_STATUS) return Turn::kCompileHere;  // nil: held by another
+    // The claimant before us may have written the entry and ended its claim
+    // between our EXISTS and our SET: look again, now that the claim is ours.
+    ASSIGN_OR_RETURN(Reply stored, reader_.Command("EXISTS %b", entry_key.data(), entry_key.size()));
+    if (stored->type == REDIS_REPLY_INTEGER && stored->integer == 1) {
+      RETURN_IF_ERROR(EndClaim(reader_, claim_key.substr(options_.prefix.size() + 2)));
+      return Turn::kDone;
+    }
     std::lock_guard held(claims_mutex_);
     claims_held_.insert(claim_key);
     return Turn::kClaimed;
@@ -396,7 +403,7 @@ class RedisTier final : public SharedTier {
     return claims_held_.erase(claim_key) > 0;
   }
 
-  // Deletes this kilnd's claim of <h> and tells the waiters.
+  // Deletes this kilnd's claim of <h> ("<prefix>c:<h>") and tells the waiters.
   absl::Status EndClaim(Connection& connection, const std::string& hash) {
     const std::string claim_key = absl::StrCat(options_.prefix, "c:", hash);
     const std::string channel = absl::StrCat(options_.prefix, "d:", hash);
