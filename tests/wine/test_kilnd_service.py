@@ -88,7 +88,7 @@ class PutBurst:
     def finish(self):
         self.thread.join(timeout=60)
         assert not self.thread.is_alive(), "a put hangs after the service went away"
-        self.connection.channel.close()
+        self.connection.close()
         return self.acknowledged
 
 
@@ -100,7 +100,7 @@ def assert_all_stored(wine, kiln, acknowledged):
             assert found.found, f"acknowledged put burst/k{i} was lost"
             assert found.entry.blobs[0].data == payload(i), f"burst/k{i} came back changed"
     finally:
-        connection.channel.close()
+        connection.close()
     verified = kiln("verify")
     assert " 0 corrupt" in verified.stdout, verified.stdout
 
