@@ -185,6 +185,18 @@ bool IsLoopbackHost(absl::string_view host) {
   return host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
 }
 
+// Whether a listener setting (PORT or HOST:PORT) reaches beyond this machine.
+absl::StatusOr<bool> IsRemoteListener(absl::string_view setting, absl::string_view value,
+                                      absl::string_view example_port) {
+  const std::string address = NormalizeTcpAddress(value);
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s '%s' is not PORT or HOST:PORT, e.g. 127.0.0.1:%s", setting, value, example_port));
+  }
+  return !IsLoopbackHost(absl::string_view(address).substr(0, colon));
+}
+
 }  // namespace
 
 Config DefaultConfig(platform::Scope scope) {
@@ -232,13 +244,8 @@ absl::Status ValidateConfig(const Config& config) {
   }
   const bool identifies_clients = !config.tls_client_ca.empty() || !config.client_tokens.empty();
   if (!config.tcp_listen.empty()) {
-    const std::string address = NormalizeTcpAddress(config.tcp_listen);
-    const size_t colon = address.rfind(':');
-    if (colon == std::string::npos || colon == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tcp_listen '%s' is not PORT or HOST:PORT, e.g. 127.0.0.1:7733", config.tcp_listen));
-    }
-    const bool remote = !IsLoopbackHost(address.substr(0, colon));
+    ASSIGN_OR_RETURN(const bool remote,
+                     IsRemoteListener("tcp_listen", config.tcp_listen, "7733"));
     if (remote && !config.allow_remote) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "tcp_listen '%s' accepts connections from other machines; kilnd serves only loopback "
@@ -255,16 +262,11 @@ absl::Status ValidateConfig(const Config& config) {
     }
   }
   if (!config.metrics_listen.empty()) {
-    const std::string address = NormalizeTcpAddress(config.metrics_listen);
-    const size_t colon = address.rfind(':');
-    if (colon == std::string::npos || colon == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "metrics_listen '%s' is not PORT or HOST:PORT, e.g. 127.0.0.1:9464",
-          config.metrics_listen));
-    }
+    ASSIGN_OR_RETURN(const bool remote,
+                     IsRemoteListener("metrics_listen", config.metrics_listen, "9464"));
     // The page names namespaces and tenants' traffic: another machine reads it
     // only where the config file says so (no TLS there: keep it on the farm's network).
-    if (!IsLoopbackHost(address.substr(0, colon)) && !config.allow_remote) {
+    if (remote && !config.allow_remote) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "metrics_listen '%s' accepts connections from other machines; kilnd serves its "
           "metrics only on loopback unless the config file sets allow_remote = true",
