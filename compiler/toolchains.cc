@@ -193,6 +193,31 @@ absl::StatusOr<GeneratedLauncher> WorkerPool::LauncherSource(const LauncherSourc
   return launcher;
 }
 
+absl::StatusOr<Retargeted> WorkerPool::Retarget(const RetargetJob& job, Priority priority) {
+  worker::Request request;
+  request.set_op("retarget");
+  request.set_key_inputs_json(job.key_inputs_json);
+  *request.mutable_target() = job.target;
+  absl::StatusOr<WorkerReply> reply = Call(request, {{"ir", job.frontend_ir}}, priority);
+  if (!reply.ok()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "the %s toolchain's worker did not answer for the recorded kernel: %s",
+        info_.python_executable, reply.status().message()));
+  }
+  const worker::Reply& header = reply->header;
+  if (!header.ok()) return absl::InvalidArgumentError(header.message());
+  Retargeted retargeted{header.skipped(), header.cache_key(), header.options_json(),
+                        header.key_inputs_json(), ""};
+  if (!retargeted.skipped.empty()) return retargeted;
+  const auto ir = std::find_if(reply->parts.begin(), reply->parts.end(),
+                               [](const auto& part) { return part.first == "ir"; });
+  if (ir == reply->parts.end() || retargeted.cache_key.empty()) {
+    return absl::InternalError("the worker's retarget reply lacks the key or the TTIR");
+  }
+  retargeted.frontend_ir = ir->second;
+  return retargeted;
+}
+
 PoolStats WorkerPool::Stats() {
   std::lock_guard lock(mutex_);
   PoolStats stats = stats_;

@@ -92,6 +92,24 @@ struct GeneratedLauncher {
   std::vector<std::string> libraries;
 };
 
+// A kernel recorded for one target (its frontend TTIR and kiln.v1.KeyInputs
+// as JSON), to compile for `target`.
+struct RetargetJob {
+  std::string key_inputs_json;
+  worker::Target target;
+  std::string frontend_ir;
+};
+
+// What a compile of a recorded kernel for another target takes, or why the
+// recording does not serve that target (`skipped`).
+struct Retargeted {
+  std::string skipped;
+  std::string cache_key;  // the key a client of the target computes
+  std::string options_json;
+  std::string key_inputs_json;  // of the new entry
+  std::string frontend_ir;  // to compile (loop variables keep their names)
+};
+
 struct PoolStats {
   uint64_t jobs = 0;
   uint64_t workers_started = 0;
@@ -117,6 +135,10 @@ class WorkerPool {
   // INVALID_ARGUMENT when this Triton generates no launcher from the job's
   // arguments; UNAVAILABLE when no worker could answer.
   absl::StatusOr<GeneratedLauncher> LauncherSource(const LauncherSourceJob& job);
+
+  // INVALID_ARGUMENT when the recording is malformed; UNAVAILABLE when no
+  // worker could answer.
+  absl::StatusOr<Retargeted> Retarget(const RetargetJob& job, Priority priority);
 
   // Adds an already started worker (registration's identifying worker) as idle.
   void Adopt(std::unique_ptr<WorkerProcess> worker);

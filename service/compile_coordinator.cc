@@ -3,12 +3,14 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/fmt_absl.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::service {
@@ -20,6 +22,9 @@ namespace {
 // the client's own trust domain.
 constexpr absl::string_view kCompileNamespace = "shared.compile";
 constexpr absl::string_view kLauncherNamespace = "shared.launcher";
+// What the Python client keeps with each kernel it compiles through kilnd:
+// kiln.v1.KeyInputs as JSON.
+constexpr char kKeyInputsBlob[] = "kiln.key-inputs.json";
 
 std::string CompileKey(const v1::CompileRequest& request) {
   std::vector<std::string> env;
@@ -88,6 +93,68 @@ void CompileCoordinator::BuildLauncher(v1::BuildLauncherRequest request, Caller 
         BuildLauncherOnThread(request, caller, done);
       },
       ThreadPool::kInteractive);
+}
+
+void CompileCoordinator::PlanPrewarm(v1::PrewarmRequest request,
+                                     std::function<void(absl::StatusOr<PrewarmPlan>)> done) {
+  threads_.Schedule(
+      [this, request = std::move(request), done = std::move(done)] {
+        done(PlanPrewarmOnThread(request));
+      },
+      request.priority() == v1::PRIORITY_BACKGROUND ? ThreadPool::kBackground
+                                                     : ThreadPool::kInteractive);
+}
+
+absl::StatusOr<PrewarmPlan> CompileCoordinator::PlanPrewarmOnThread(
+    const v1::PrewarmRequest& request) {
+  const v1::Blob* source = nullptr;
+  const v1::Blob* key_inputs_blob = nullptr;
+  for (const v1::Blob& blob : request.recorded()) {
+    if (absl::EndsWith(blob.name(), ".source")) source = &blob;
+    if (blob.name() == kKeyInputsBlob) key_inputs_blob = &blob;
+  }
+  if (source == nullptr || key_inputs_blob == nullptr) {
+    return PrewarmPlan{absl::StrFormat(
+        "the entry has no %s: it was not compiled through kilnd by the kiln Python client "
+        "(or by one older than prewarm)",
+        source == nullptr ? "frontend TTIR (<kernel>.source)" : kKeyInputsBlob), {}};
+  }
+  v1::KeyInputs key_inputs;
+  google::protobuf::util::JsonParseOptions lenient;
+  lenient.ignore_unknown_fields = true;
+  if (!google::protobuf::util::JsonStringToMessage(key_inputs_blob->data(), &key_inputs, lenient)
+           .ok() ||
+      key_inputs.triton_key().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("recorded: %s is not kiln.v1.KeyInputs JSON", kKeyInputsBlob));
+  }
+  v1::CompileRequest compile;
+  compile.set_triton_key(key_inputs.triton_key());
+  *compile.mutable_target() = request.target();
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, ResolveToolchain(compile, Caller{}));
+  compiler::RetargetJob job;
+  job.key_inputs_json = key_inputs_blob->data();
+  job.target.set_backend(request.target().backend());
+  job.target.set_arch(request.target().arch());
+  job.target.set_warp_size(request.target().warp_size());
+  job.frontend_ir = source->data();
+  ASSIGN_OR_RETURN(compiler::Retargeted retargeted,
+                   pool->Retarget(job, PriorityOf(request.priority())));
+  if (!retargeted.skipped.empty()) return PrewarmPlan{std::move(retargeted.skipped), {}};
+  compile.set_stage(v1::STAGE_TTIR);
+  compile.set_ir(std::move(retargeted.frontend_ir));
+  compile.set_options_json(std::move(retargeted.options_json));
+  compile.mutable_env()->insert(key_inputs.env().begin(), key_inputs.env().end());
+  compile.set_namespace_(request.namespace_());
+  compile.set_cache_key(std::move(retargeted.cache_key));
+  compile.set_priority(request.priority());
+  // The new entry holds what a client's compile would have stored: the
+  // frontend output it started from, and the key inputs for the next prewarm.
+  *compile.add_client_artifacts() = *source;
+  v1::Blob* inputs = compile.add_client_artifacts();
+  inputs->set_name(kKeyInputsBlob);
+  inputs->set_data(std::move(retargeted.key_inputs_json));
+  return PrewarmPlan{"", std::move(compile)};
 }
 
 absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(

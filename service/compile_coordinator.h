@@ -54,6 +54,13 @@ struct CompileOutcome {
   std::map<std::string, double> stage_seconds;
 };
 
+// What a PrewarmRequest comes to: a Compile of the recorded frontend TTIR
+// for the new target under the key its clients compute, or why not.
+struct PrewarmPlan {
+  std::string skipped;
+  v1::CompileRequest compile;
+};
+
 struct CoordinatorStats {
   uint64_t compiles = 0;
   uint64_t compile_cache_hits = 0;
@@ -90,6 +97,12 @@ class CompileCoordinator {
   void Compile(v1::CompileRequest request, Caller caller, Done done,
                std::function<void()> recorded);
   void BuildLauncher(v1::BuildLauncherRequest request, Caller caller, Done done);
+  // Calls `done` once, on one of the coordinator's threads, with the compile a
+  // prewarm of a recorded kernel takes (worked out by the toolchain that
+  // recorded it). INVALID_ARGUMENT for a malformed recording,
+  // FAILED_PRECONDITION when no toolchain of its Triton is registered.
+  void PlanPrewarm(v1::PrewarmRequest request,
+                   std::function<void(absl::StatusOr<PrewarmPlan>)> done);
 
   CoordinatorStats Stats() const;
   // The shared tier's, when there is one.
@@ -125,6 +138,7 @@ class CompileCoordinator {
                        const std::function<void()>& recorded);
   void BuildLauncherOnThread(const v1::BuildLauncherRequest& request, const Caller& caller,
                              Done done);
+  absl::StatusOr<PrewarmPlan> PlanPrewarmOnThread(const v1::PrewarmRequest& request);
   // Stores `artifacts` under the shared key; the entry holds their data.
   absl::StatusOr<cache::CacheEntry> StoreShared(absl::string_view shared_ns,
                                                 const std::string& shared_key,

@@ -322,42 +322,73 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
                                                v1::CompileResponse* response) {
   return ServeAsync(context, Rpc::kCompile, [&](const Caller& caller, auto finish) {
     if (absl::Status status = ValidateCompile(*request); !status.ok()) return finish(status);
-    const std::string alias_ns = CompileAliasNamespace(caller, *request);
-    claims_.MarkCompiling(alias_ns, request->cache_key());
-    // A farm tenant's compiles take turns in its own queue (tenant_compiles).
-    const bool queued = absl::StartsWith(caller.trust_domain, kTenantDomainPrefix);
-    auto compile = [this, request, response, finish, caller, alias_ns, queued] {
-      coordinator_.Compile(
-          *request, caller,
-          [this, request, response, finish, queued,
-           tenant = caller.trust_domain](absl::StatusOr<CompileOutcome> outcome) {
-            if (queued) tenant_compile_slots_.Done(tenant);
-            if (!outcome.ok()) return finish(outcome.status());
-            response->set_cache_hit(outcome->cache_hit);
-            response->set_ptxas_log(outcome->ptxas_log);
-            response->mutable_stage_seconds()->insert(outcome->stage_seconds.begin(),
-                                                      outcome->stage_seconds.end());
-            if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
-              FillEntry(std::move(*entry), *response->mutable_entry());
-            } else {
-              FillError(std::get<compiler::CompileFailure>(outcome->result),
-                        *response->mutable_error());
-            }
-            finish(absl::OkStatus());
-          },
-          // Stored under the caller's key, or failed: clients waiting on it look again.
-          [this, caller, alias_ns,
-           client_ns = request->namespace_().empty() ? "triton" : request->namespace_(),
-           key = request->cache_key()] {
-            claims_.Release(alias_ns, key);
-            ServeAheadOfLookups(caller, alias_ns, client_ns, key);
-          });
-    };
-    if (queued) {
-      tenant_compile_slots_.Run(caller.trust_domain, std::move(compile));
-    } else {
-      compile();
-    }
+    StartCompile(caller, *request, response, std::move(finish));
+  });
+}
+
+void KilnService::StartCompile(const Caller& caller, const v1::CompileRequest& request,
+                               v1::CompileResponse* response,
+                               std::function<void(const absl::Status&)> finish) {
+  const std::string alias_ns = CompileAliasNamespace(caller, request);
+  claims_.MarkCompiling(alias_ns, request.cache_key());
+  // A farm tenant's compiles take turns in its own queue (tenant_compiles).
+  const bool queued = absl::StartsWith(caller.trust_domain, kTenantDomainPrefix);
+  auto compile = [this, &request, response, finish, caller, alias_ns, queued] {
+    coordinator_.Compile(
+        request, caller,
+        [this, response, finish, queued,
+         tenant = caller.trust_domain](absl::StatusOr<CompileOutcome> outcome) {
+          if (queued) tenant_compile_slots_.Done(tenant);
+          if (!outcome.ok()) return finish(outcome.status());
+          response->set_cache_hit(outcome->cache_hit);
+          response->set_ptxas_log(outcome->ptxas_log);
+          response->mutable_stage_seconds()->insert(outcome->stage_seconds.begin(),
+                                                    outcome->stage_seconds.end());
+          if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
+            FillEntry(std::move(*entry), *response->mutable_entry());
+          } else {
+            FillError(std::get<compiler::CompileFailure>(outcome->result),
+                      *response->mutable_error());
+          }
+          finish(absl::OkStatus());
+        },
+        // Stored under the caller's key, or failed: clients waiting on it look again.
+        [this, caller, alias_ns,
+         client_ns = request.namespace_().empty() ? "triton" : request.namespace_(),
+         key = request.cache_key()] {
+          claims_.Release(alias_ns, key);
+          ServeAheadOfLookups(caller, alias_ns, client_ns, key);
+        });
+  };
+  if (queued) {
+    tenant_compile_slots_.Run(caller.trust_domain, std::move(compile));
+  } else {
+    compile();
+  }
+}
+
+grpc::ServerUnaryReactor* KilnService::Prewarm(grpc::CallbackServerContext* context,
+                                               const v1::PrewarmRequest* request,
+                                               v1::PrewarmResponse* response) {
+  return ServeAsync(context, Rpc::kPrewarm, [&](const Caller& caller, auto finish) {
+    if (absl::Status status = ValidatePrewarm(*request); !status.ok()) return finish(status);
+    coordinator_.PlanPrewarm(
+        *request, [this, caller, response, finish](absl::StatusOr<PrewarmPlan> plan) {
+          if (!plan.ok()) return finish(plan.status());
+          if (!plan->skipped.empty()) {
+            response->set_skipped(plan->skipped);
+            return finish(absl::OkStatus());
+          }
+          // What the recording's toolchain made of it is checked as any compile is.
+          if (absl::Status valid = ValidateCompile(plan->compile); !valid.ok()) {
+            return finish(valid);
+          }
+          response->set_key(plan->compile.cache_key());
+          // The compile request lives until the compile is answered.
+          auto compile = std::make_shared<v1::CompileRequest>(std::move(plan->compile));
+          StartCompile(caller, *compile, response->mutable_compile(),
+                       [compile, finish](const absl::Status& status) { finish(status); });
+        });
   });
 }
 

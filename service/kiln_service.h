@@ -86,6 +86,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* ListMisses(grpc::CallbackServerContext* context,
                                        const v1::ListMissesRequest* request,
                                        v1::ListMissesResponse* response) override;
+  grpc::ServerUnaryReactor* Prewarm(grpc::CallbackServerContext* context,
+                                    const v1::PrewarmRequest* request,
+                                    v1::PrewarmResponse* response) override;
   grpc::ServerUnaryReactor* ListToolchains(grpc::CallbackServerContext* context,
                                            const v1::ListToolchainsRequest* request,
                                            v1::ListToolchainsResponse* response) override;
@@ -95,6 +98,11 @@ class KilnService final : public v1::Kiln::CallbackService {
   absl::StatusOr<std::string> MetricsText() const;
 
  private:
+  // Compiles `request` (which must outlive `finish`) for `caller` into
+  // `response`, in the caller's tenant queue on a farm.
+  void StartCompile(const Caller& caller, const v1::CompileRequest& request,
+                    v1::CompileResponse* response,
+                    std::function<void(const absl::Status&)> finish);
   enum class Where { kInline, kBlockingPool };
   class LookupOrClaimCall;  // lookup_or_claim_call.cc
 

@@ -184,6 +184,16 @@ absl::Status ValidateCompile(const v1::CompileRequest& request) {
   return ValidateSentBlobs(request.client_artifacts());
 }
 
+absl::Status ValidatePrewarm(const v1::PrewarmRequest& request) {
+  if (request.namespace_().empty()) {
+    return absl::InvalidArgumentError(
+        "namespace is empty; send the recorded entry's namespace (\"triton\")");
+  }
+  RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
+  RETURN_IF_ERROR(ValidateTarget(request.target()));
+  return ValidateSentBlobs(request.recorded());
+}
+
 absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request) {
   if (request.c_source().empty()) {
     return absl::InvalidArgumentError("c_source is empty; send the launcher's C source");

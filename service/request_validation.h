@@ -14,6 +14,7 @@ absl::Status ValidateRecordHits(const v1::RecordHitsRequest& request);
 absl::Status ValidatePut(const v1::PutRequest& request);
 absl::Status ValidateCompile(const v1::CompileRequest& request);
 absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request);
+absl::Status ValidatePrewarm(const v1::PrewarmRequest& request);
 absl::Status ValidateListEntries(const v1::ListEntriesRequest& request);
 
 }  // namespace kiln::service

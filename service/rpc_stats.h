@@ -25,6 +25,7 @@ enum class Rpc {
   kVerify,
   kListEntries,
   kListMisses,
+  kPrewarm,
   kCount
 };
 

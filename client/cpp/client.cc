@@ -476,6 +476,11 @@ absl::StatusOr<v1::ListEntriesResponse> Client::ListEntries(const v1::ListEntrie
                                         &v1::Kiln::Stub::ListEntries);
 }
 
+absl::StatusOr<v1::PrewarmResponse> Client::Prewarm(const v1::PrewarmRequest& request) {
+  return Unary<v1::PrewarmResponse>("prewarm", options_.compile_timeout, request,
+                                    &v1::Kiln::Stub::Prewarm);
+}
+
 absl::StatusOr<v1::ListMissesResponse> Client::ListMisses(uint32_t last) {
   v1::ListMissesRequest request;
   request.set_last(last);

@@ -4,13 +4,17 @@
 //   0 success, 1 cache miss (get), 2 bad usage or input, 3 kilnd unreachable,
 //   4 any other error reported by kilnd, 5 a kernel failed to compile.
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -57,6 +61,9 @@ constexpr const char* kUsageText =
     "                                   write this user's entries (all, or one namespace,\n"
     "                                   or those stored lately) to a bundle file\n"
     "  import FILE                      store a bundle's entries, every digest checked first\n"
+    "  prewarm FILE --target cuda:89 [--target ...]\n"
+    "                                   compile a bundle's kernels for other GPUs, stored\n"
+    "                                   where clients of those GPUs look them up\n"
     "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket. A farm's\n"
     "kilnd: grpcs://HOST:PORT, with $KILN_CA_FILE, $KILN_CLIENT_CERT and $KILN_CLIENT_KEY\n"
     "and/or $KILN_TOKEN_FILE. A fleet: kilnds comma-separated (HOST:PORT,HOST:PORT), calls go\n"
@@ -407,6 +414,138 @@ int Import(kiln::Client& client, const std::vector<std::string>& args) {
   return kOk;
 }
 
+// A bundle's kernel as prewarm sends it: what kilnd needs of the recorded entry.
+struct RecordedKernel {
+  std::string name;
+  kiln::v1::PrewarmRequest request;  // without its target
+};
+
+std::vector<RecordedKernel> RecordedKernels(const std::vector<kiln::v1::BundleEntry>& entries) {
+  std::vector<RecordedKernel> kernels;
+  for (const kiln::v1::BundleEntry& entry : entries) {
+    RecordedKernel kernel;
+    kernel.request.set_namespace_(entry.namespace_());
+    for (const kiln::v1::Blob& blob : entry.blobs()) {
+      if (absl::EndsWith(blob.name(), ".source")) {
+        kernel.name = blob.name().substr(0, blob.name().size() - 7);
+        *kernel.request.add_recorded() = blob;
+      } else if (blob.name() == "kiln.key-inputs.json") {
+        *kernel.request.add_recorded() = blob;
+      }
+    }
+    // Entries of no Triton kernel (launchers, inductor's graphs) have no frontend output.
+    if (!kernel.name.empty()) kernels.push_back(std::move(kernel));
+  }
+  return kernels;
+}
+
+int Prewarm(kiln::Client& client, const std::vector<std::string>& args) {
+  std::string file;
+  std::vector<kiln::v1::Target> targets;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--target" && i + 1 < args.size()) {
+      absl::StatusOr<kiln::v1::Target> target = kiln::ParseTarget(args[++i]);
+      if (!target.ok()) return Usage(target.status().message());
+      targets.push_back(*target);
+    } else if (file.empty() && !absl::StartsWith(args[i], "--")) {
+      file = args[i];
+    } else {
+      return Usage(absl::StrFormat("prewarm: unexpected '%s'", args[i]));
+    }
+  }
+  if (file.empty() || targets.empty()) return Usage("prewarm needs FILE and at least one --target");
+  absl::StatusOr<std::vector<kiln::v1::BundleEntry>> entries = kiln::ReadBundle(file);
+  if (!entries.ok()) return Fail(entries.status());
+  const std::vector<RecordedKernel> kernels = RecordedKernels(*entries);
+  if (kernels.empty()) {
+    std::cerr << "kiln: " << file << " holds no recorded Triton kernel (entries with "
+              << "<kernel>.source); export a cache that the kiln Python client filled\n";
+    return kUsage;
+  }
+  struct Job {
+    const RecordedKernel* kernel;
+    const kiln::v1::Target* target;
+    std::optional<absl::StatusOr<kiln::v1::PrewarmResponse>> result;
+  };
+  std::vector<Job> jobs;
+  for (const RecordedKernel& kernel : kernels) {
+    for (const kiln::v1::Target& target : targets) jobs.push_back({&kernel, &target, std::nullopt});
+  }
+  // A few at a time: kilnd runs them on its workers, and a bundle may hold
+  // thousands of kernels.
+  std::mutex mutex;
+  std::condition_variable finished;
+  size_t next = 0;
+  size_t done = 0;
+  auto work = [&] {
+    for (;;) {
+      Job* job;
+      {
+        std::lock_guard lock(mutex);
+        if (next == jobs.size()) return;
+        job = &jobs[next++];
+      }
+      kiln::v1::PrewarmRequest request = job->kernel->request;
+      *request.mutable_target() = *job->target;
+      absl::StatusOr<kiln::v1::PrewarmResponse> response = client.Prewarm(request);
+      std::lock_guard lock(mutex);
+      job->result = std::move(response);
+      ++done;
+      finished.notify_all();
+    }
+  };
+  std::vector<std::thread> senders;
+  for (unsigned i = 0; i < std::min<size_t>(jobs.size(), 8); ++i) senders.emplace_back(work);
+
+  const absl::Time started = absl::Now();
+  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
+  size_t compiled = 0, cached = 0, skipped = 0, failed = 0, reported = 0;
+  int exit_code = kOk;
+  std::vector<bool> shown(jobs.size(), false);
+  std::unique_lock lock(mutex);
+  while (reported < jobs.size()) {
+    finished.wait_for(lock, std::chrono::milliseconds(100));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (shown[i] || !jobs[i].result.has_value()) continue;
+      shown[i] = true;
+      ++reported;
+      const Job& job = jobs[i];
+      const std::string label = absl::StrCat(job.kernel->name, " ", job.target->backend(), ":",
+                                             job.target->arch());
+      const absl::StatusOr<kiln::v1::PrewarmResponse>& result = *job.result;
+      if (!result.ok()) {
+        ++failed;
+        progress.Clear();
+        exit_code = std::max(exit_code, Fail(result.status(), label));
+      } else if (!result->skipped().empty()) {
+        ++skipped;
+        progress.Print(absl::StrFormat("%s: skipped: %s", label, result->skipped()));
+      } else if (result->compile().has_error()) {
+        ++failed;
+        progress.Clear();
+        std::cerr << "kiln: " << label << ": " << result->compile().error().message() << "\n";
+        exit_code = std::max(exit_code, static_cast<int>(kCompileFailed));
+      } else {
+        ++(result->compile().cache_hit() ? cached : compiled);
+        progress.Print(absl::StrFormat("%s: %s", label,
+                                       result->compile().cache_hit() ? "cache hit" : "compiled"));
+      }
+    }
+    progress.Update(absl::StrFormat("prewarming %s: %d/%d done, %d running, %d failed, %.1f s",
+                                    fs::path(file).filename().string(), reported, jobs.size(),
+                                    std::min(next, jobs.size()) - done, failed,
+                                    absl::ToDoubleSeconds(absl::Now() - started)));
+  }
+  lock.unlock();
+  for (std::thread& sender : senders) sender.join();
+  progress.Print(absl::StrFormat(
+      "prewarmed %d kernels for %d targets: %d compiled, %d already cached, %d skipped, %d "
+      "failed, %.1f s",
+      kernels.size(), targets.size(), compiled, cached, skipped, failed,
+      absl::ToDoubleSeconds(absl::Now() - started)));
+  return exit_code;
+}
+
 int Misses(kiln::Client& client, const std::vector<std::string>& args) {
   uint32_t last = 20;
   bool json = false;
@@ -489,7 +628,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, Command> commands = {
       {"compile", Compile}, {"toolchains", Toolchains}, {"stats", Stats}, {"gc", Gc},
       {"verify", Verify},   {"health", Health},         {"put", Put},     {"get", Get},
-      {"export", Export},   {"import", Import},         {"misses", Misses}};
+      {"export", Export},   {"import", Import},         {"misses", Misses},
+      {"prewarm", Prewarm}};
   const auto found = commands.find(command);
   if (found == commands.end()) return Usage(absl::StrFormat("unknown command '%s'", command));
   return found->second(client, args);

@@ -19,12 +19,18 @@ Jobs:
               from the client's metadata when it ran the earlier stages), and
               replies with parts {"<name>.<ext>" for each stage run,
               "<name>.json"}.
+  retarget -> header {key_inputs_json, target}, parts {"ir"}: a kernel's
+              recorded frontend TTIR and key inputs (kiln.v1.KeyInputs);
+              replies with what a compile of it for `target` takes (the
+              client's cache key, options, new key inputs, part "ir"), or
+              header "skipped" saying why the recording does not serve it.
 Failures reply {"ok": false, "kind": ..., "message": ...}; kind is one of
 compilation_error, ptxas_error, out_of_resources, invalid_request.
 """
 
 import contextlib
 import faulthandler
+import hashlib
 import io
 import json
 import os
@@ -373,7 +379,135 @@ def launcher_source(header, _parts):
     return {"ok": True, "launcher": _launcher_build()}, {"source": text.encode()}
 
 
-JOBS = {"hello": hello, "compile": compile_job, "launcher_source": launcher_source}
+# --- retarget: a recorded kernel for another target (kiln prewarm) -----------
+
+# Options parse_options derives from the target; every other option is the
+# client's own and carries over.
+_TARGET_DERIVED_OPTIONS = ("arch", "supported_fp8_dtypes", "deprecated_fp8_dot_operand_dtypes",
+                           "max_num_imprecise_acc_default")
+# The frontend reads those options only for fp8 types (which it checks, converts
+# and gives dot accumulation limits per target): TTIR without them is the same
+# for every target.
+_FP8_TYPE = re.compile(r"\bf8E\d")
+
+
+def _skipped(reason):
+    return {"ok": True, "skipped": reason}, {}
+
+
+def retarget(header, parts):
+    """What triton.compile would key and compile for `target`, from a kernel's
+    frontend TTIR recorded for another target: its source hash is taken from
+    the recorded key once the rest of that key is rebuilt exactly (same
+    Triton, ptxas, options and env), so the new key is the one a client of
+    `target` computes."""
+    from triton.runtime.cache import triton_key
+
+    try:
+        recorded = json.loads(header["key_inputs_json"])
+        key, env = recorded["key"], dict(recorded.get("env", {}))
+        options = {k: _as_tuples(v) for k, v in json.loads(recorded["options_json"]).items()}
+        recorded_backend = make_backend(_parse_target(recorded["target"]))
+        new_backend = make_backend(_parse_target(header["target"]))
+        ir_text = parts["ir"].decode()
+    except (KeyError, ValueError, TypeError, RuntimeError, UnicodeDecodeError) as error:
+        return _error("invalid_request", "the recorded key inputs are not usable: %s: %s"
+                      % (type(error).__name__, error))
+    new_name = "%s:%s" % (header["target"]["backend"], header["target"]["arch"])
+    if recorded.get("frontend_read_device"):
+        return _skipped("its frontend read the GPU of the machine that recorded it (%s), so its TTIR may differ "
+                        "on %s" % (recorded["frontend_read_device"], new_name))
+    own = {k: v for k, v in options.items() if k not in _TARGET_DERIVED_OPTIONS}
+    try:
+        recorded_options = recorded_backend.parse_options(dict(own))
+        new_options = new_backend.parse_options(dict(own))
+    except (ValueError, TypeError, AssertionError) as error:
+        return _skipped("its options do not apply to %s: %s" % (new_name, error))
+    if recorded_options.__dict__ != options:
+        return _skipped("it was compiled with target options of its own (%s)" % ", ".join(
+            k for k in options if recorded_options.__dict__.get(k) != options[k]))
+    env_text = str(sorted(env.items()))
+    if recorded.get("triton_key") != triton_key():
+        return _error("invalid_request", "the recording is of another Triton than this toolchain's")
+    prefix = triton_key() + "-"
+    suffix = "-%s-%s-%s" % (recorded_backend.hash(), recorded_options.hash(), env_text)
+    if not (key.startswith(prefix) and key.endswith(suffix)) or len(key) <= len(prefix) + len(suffix):
+        return _skipped("its key was made by another Triton or ptxas than this toolchain's")
+    if _FP8_TYPE.search(ir_text) and any(recorded_options.__dict__[k] != new_options.__dict__[k]
+                                         for k in _TARGET_DERIVED_OPTIONS if k != "arch"):
+        return _skipped("it uses fp8 types, which Triton's frontend treats differently on %s" % new_name)
+    source_hash = key[len(prefix):len(key) - len(suffix)]
+    new_key = "%s%s-%s-%s-%s" % (prefix, source_hash, new_backend.hash(), new_options.hash(), env_text)
+    new_inputs = dict(recorded, key=new_key, target=header["target"], options_json=json.dumps(new_options.__dict__))
+    return {"ok": True, "cache_key": hashlib.sha256(new_key.encode()).hexdigest(),
+            "options_json": new_inputs["options_json"], "key_inputs_json": json.dumps(new_inputs)}, \
+        {"ir": restore_loop_names(ir_text).encode()}
+
+
+_SCF_FOR = re.compile(r"^(?P<indent>\s*)(?:(?P<results>%[\w$.:]+) = )?scf\.for (?P<iv>%[\w$.]+) = "
+                      r"(?P<lb>%[\w$.]+) to (?P<ub>%[\w$.]+) step (?P<step>%[\w$.]+)"
+                      r"(?: iter_args\((?P<iter>.*)\) -> \((?P<types>.*)\))?\s*: (?P<ivtype>\S+) \{$")
+_REGION_END = re.compile(r"^\}(?: (?P<attrs>\{.*\}))?(?P<loc> loc\(.*\))?$")
+
+
+def _split_top_level(text):
+    """Splits at commas outside brackets: tensor<4x!tt.ptr<f16>> stays whole."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in "<([{":
+            depth += 1
+        elif char in ">)]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    if text.strip():
+        parts.append(text[start:].strip())
+    return parts
+
+
+def _name_location(value):
+    """The name Triton's frontend gave a value, as a location (printed with a
+    uniquing suffix, "%acc_23"); none for values it left unnamed."""
+    name = value[1:]
+    return "" if re.fullmatch(r"arg\d+", name) else ' loc("%s")' % re.sub(r"_\d+$", "", name)
+
+
+def restore_loop_names(text):
+    """Frontend TTIR whose loops keep their variables' names when parsed.
+    MLIR's text form of scf.for prints no location for the induction variable
+    and the loop-carried values, so a parsed module names them %argN and the
+    .ttir made from it differs from stock's (later stages do not). In generic
+    form their locations can be written: each scf.for is rewritten to it. Text
+    that does not have the expected shape is returned as it is."""
+    lines = text.split("\n")
+    out = list(lines)
+    for number, line in enumerate(lines):
+        loop = _SCF_FOR.match(line)
+        if loop is None:
+            continue
+        indent = loop.group("indent")
+        end = next((i for i in range(number + 1, len(lines))
+                    if lines[i].startswith(indent + "}")), None)
+        closing = _REGION_END.match(lines[end][len(indent):]) if end is not None else None
+        carried = [pair.split(" = ") for pair in _split_top_level(loop.group("iter") or "")]
+        types = _split_top_level(loop.group("types") or "")
+        if closing is None or len(types) != len(carried) or any(len(pair) != 2 for pair in carried):
+            return text
+        iv_type = loop.group("ivtype")
+        operands = [loop.group("lb"), loop.group("ub"), loop.group("step")] + [init for _, init in carried]
+        arguments = ["%s: %s%s" % (loop.group("iv"), iv_type, _name_location(loop.group("iv")))] + \
+            ["%s: %s%s" % (name, type_, _name_location(name)) for (name, _), type_ in zip(carried, types)]
+        results = loop.group("results") + " = " if loop.group("results") else ""
+        out[number] = '%s%s"scf.for"(%s) ({\n%s^bb0(%s):' % (indent, results, ", ".join(operands), indent,
+                                                             ", ".join(arguments))
+        out[end] = "%s})%s : (%s) -> (%s)%s" % (indent, " " + closing.group("attrs") if closing.group("attrs") else "",
+                                                ", ".join([iv_type] * 3 + types), ", ".join(types),
+                                                closing.group("loc") or "")
+    return "\n".join(out)
+
+
+JOBS = {"hello": hello, "compile": compile_job, "launcher_source": launcher_source, "retarget": retarget}
 
 
 def main():

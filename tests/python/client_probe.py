@@ -1,7 +1,8 @@
 """A process that uses Triton the way an application does, for the client tests.
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
-usage: client_probe.py suite|ptxas-error|launcher LIBCUDA_DIR|spawn-child|frontend-error|
+usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|spawn-child|
+                       frontend-error|device-dependent|
                        where-warning|override FILE [--enable] [--as-inductor] [--note-grpc-import FILE]
 Prints one JSON object on stdout."""
 
@@ -78,6 +79,13 @@ def launcher(libcuda_dir):
     module = compile_module_from_src(src=source, name="__triton_launcher", library_dirs=[libcuda_dir],
                                      include_dirs=driver.include_dirs, libraries=driver.libraries)
     return {"launch": callable(module.launch), "path": module.__file__, "grpc_imported": "grpc" in sys.modules}
+
+
+def device_dependent():
+    source = triton_compiler.ASTSource(kernel_suite.device_dependent_kernel, {"out_ptr": "*fp32", "BLOCK": "constexpr"},
+                                       {"BLOCK": 64})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 80, 32))
+    return {"ttir": kernel.asm["ttir"]}
 
 
 def frontend_error():
@@ -191,6 +199,9 @@ def main():
     result = {"suite": suite, "ptxas-error": ptxas_error, "spawn-child": spawn_child,
               "launcher": lambda: launcher(sys.argv[2]),
               "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
+              "first-sm80": lambda: suite(kernel_suite.SUITE[:1], (80,)),
+              "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),
+              "device-dependent": device_dependent,
               "frontend-error": frontend_error, "where-warning": where_warning,
               "override": lambda: override(sys.argv[2]),
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3])}[mode]()

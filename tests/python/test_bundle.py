@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import kernel_suite
 from conftest import BUILD, Kilnd
 from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 
@@ -84,3 +85,79 @@ def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path)
         assert kiln(target, "get", "triton", "key1").returncode == 0
     finally:
         target.stop()
+
+
+def test_prewarm_compiles_a_bundle_recorded_for_sm80_into_sm90_entries_that_an_sm90_client_hits(
+        tmp_path, stock_suite):  # noqa: F811
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    bundle = tmp_path / "sm80.kilnbundle"
+    recorder = Kilnd(tmp_path / "recorder", f"--toolchain={sys.executable}")
+    try:
+        recording = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{recorder.socket}",
+                         TRITON_CACHE_DIR=str(tmp_path / "c1"), KILN_FILES_DIR=str(tmp_path / "f1"))
+        run_probe(recording, "suite-sm80")
+        run_probe(recording, "device-dependent")
+        assert kiln(recorder, "export", bundle).returncode == 0
+    finally:
+        recorder.stop()
+
+    farm = Kilnd(tmp_path / "farm", f"--toolchain={sys.executable}")
+    try:
+        prewarmed = kiln(farm, "prewarm", bundle, "--target", "cuda:90")
+        assert prewarmed.returncode == 0, prewarmed.stderr
+        # Triton's frontend asked the recording machine's GPU about this one: its TTIR is not the sm90 one.
+        assert "device_dependent_kernel cuda:90: skipped: its frontend read the GPU of the machine that recorded " \
+               "it (none)" in prewarmed.stdout
+        assert "prewarmed 16 kernels for 1 targets: 15 compiled, 0 already cached, 1 skipped, 0 failed" \
+            in prewarmed.stdout, prewarmed.stdout
+        assert farm.stats().compiles == 15
+        # A client of the new target: every kernel a hit, equal to stock's own sm90 compile.
+        client = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{farm.socket}",
+                      TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2"))
+        result = probe_json(run_probe(client, "suite-sm90"))
+        assert result["kernels"] == {name: kernel for name, kernel in stock_suite.items() if name.endswith("-sm90")}
+        assert result["frontend_runs"] == 0
+        assert farm.stats().compiles == 15 and compile_calls(farm) == 0
+        # What was prewarmed records its own key inputs: prewarming again finds it all.
+        again = kiln(farm, "prewarm", bundle, "--target", "cuda:90")
+        assert "15 compiled" not in again.stdout and farm.stats().compiles == 15
+    finally:
+        farm.stop()
+
+
+def test_python_prewarm_reads_the_bundle_itself_and_refuses_a_damaged_one(tmp_path, stock_suite):  # noqa: F811
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    bundle = tmp_path / "first.kilnbundle"
+    recorder = Kilnd(tmp_path / "recorder", f"--toolchain={sys.executable}")
+    try:
+        run_probe(dict(base, KILN="1", KILN_ENDPOINT=f"unix:{recorder.socket}", TRITON_CACHE_DIR=str(tmp_path / "c1"),
+                       KILN_FILES_DIR=str(tmp_path / "f1")), "first")  # the first suite kernel, at sm90
+        assert kiln(recorder, "export", bundle, "--namespace", "triton").returncode == 0
+    finally:
+        recorder.stop()
+    damaged = tmp_path / "damaged.kilnbundle"
+    data = bytearray(bundle.read_bytes())
+    data[len(data) // 2] ^= 1
+    damaged.write_bytes(bytes(data))
+
+    farm = Kilnd(tmp_path / "farm", f"--toolchain={sys.executable}")
+    try:
+        env = dict(base, KILN_ENDPOINT=f"unix:{farm.socket}")
+
+        def python_prewarm(path, *targets):
+            return subprocess.run([sys.executable, "-m", "kiln", "prewarm", str(path), *targets],
+                                  capture_output=True, text=True, env=env, timeout=600)
+
+        refused = python_prewarm(damaged, "--target", "cuda:80")
+        assert refused.returncode == 2 and "is damaged" in refused.stderr and farm.stats().entries == 0
+        assert python_prewarm(bundle, "--target", "sm_80").returncode == 2
+        done = python_prewarm(bundle, "--target", "cuda:80")
+        assert done.returncode == 0, done.stderr
+        assert "prewarmed 1 kernels for 1 targets: 1 compiled" in done.stdout
+        result = probe_json(run_probe(dict(env, KILN="1", KILN_STRICT="1", TRITON_CACHE_DIR=str(tmp_path / "c2"),
+                                           KILN_FILES_DIR=str(tmp_path / "f2")), "first-sm80"))
+        assert result["kernels"] == {name: kernel for name, kernel in stock_suite.items()
+                                     if name == f"{kernel_suite.SUITE[0].name}-sm80"}
+        assert result["frontend_runs"] == 0 and farm.stats().compiles == 1
+    finally:
+        farm.stop()

@@ -1,7 +1,9 @@
 """python -m kiln status: is kilnd reachable, is this Python's Triton registered,
 and what has the cache done.
 python -m kiln misses [--last N] [--json]: the latest compiles and what was new
-for each (the kernel, its source, options, environment, Triton, an eviction)."""
+for each (the kernel, its source, options, environment, Triton, an eviction).
+python -m kiln prewarm FILE --target cuda:89 [--target ...]: compile a bundle's
+kernels (`kiln export`) for other GPUs, so their clients start warm."""
 
 import argparse
 import sys
@@ -73,12 +75,20 @@ def misses(last, as_json):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m kiln")
-    parser.add_argument("command", choices=["status", "misses"])
+    parser.add_argument("command", choices=["status", "misses", "prewarm"])
+    parser.add_argument("file", nargs="?", help="prewarm: the bundle")
     parser.add_argument("--last", type=int, default=20, help="misses: how many (at most 1000)")
     parser.add_argument("--json", action="store_true", help="misses: as JSON")
+    parser.add_argument("--target", action="append", default=[], help="prewarm: a GPU to compile for, e.g. cuda:89")
     args = parser.parse_args(argv)
     if args.command == "misses":
         return misses(args.last, args.json)
+    if args.command == "prewarm":
+        if args.file is None:
+            parser.error("prewarm needs FILE")
+        from . import _prewarm
+
+        return _prewarm.prewarm(args.file, args.target)
     return status()
 
 

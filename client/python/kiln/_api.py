@@ -58,6 +58,9 @@ ListMissesRequest = _message("ListMissesRequest")
 ListMissesResponse = _message("ListMissesResponse")
 ListEntriesRequest = _message("ListEntriesRequest")
 ListEntriesResponse = _message("ListEntriesResponse")
+BundleEntry = _message("BundleEntry")
+PrewarmRequest = _message("PrewarmRequest")
+PrewarmResponse = _message("PrewarmResponse")
 
 STAGE = _enum_values("Stage")
 
@@ -80,6 +83,7 @@ _METHODS = {
     "Verify": (VerifyRequest, VerifyResponse),
     "ListEntries": (ListEntriesRequest, ListEntriesResponse),
     "ListMisses": (ListMissesRequest, ListMissesResponse),
+    "Prewarm": (PrewarmRequest, PrewarmResponse),
 }
 # Methods that answer with a stream.
 _STREAMING_METHODS = {

@@ -44,6 +44,7 @@ def hand_over(key, files):
     inductor's static launcher (which reads <cache dir>/<key>/<kernel>.cubin)
     finds the cubin there."""
     files = dict(files)
+    files.pop(_frontend.KEY_INPUTS_BLOB, None)
     output = files.pop(_frontend.OUTPUT_BLOB, None)
     if output is not None or "torch._inductor" in sys.modules:
         new_to_cache_dir = False

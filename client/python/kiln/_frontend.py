@@ -8,6 +8,10 @@ Triton made, the frontend's warnings.
 The frontend (`make_ir` of Triton's sources) is guarded so that:
 - a frontend that fails (a CompilationError) ends this thread's claim at once,
   so no other process waits on a compile that will never come;
+- it notes whether it asked for this machine's GPU (the constexpr functions of
+  triton.language.target_info, native TMA): Triton's frontend reads the GPU
+  it runs on, not the compile's target, so such TTIR is good only for that
+  GPU, and `kiln prewarm` must not compile it for another;
 - what it shows the user (warnings: deprecations, `tl.where` on a
   non-boolean; `tl.static_print` output) is kept with the kernel and shown
   again when kilnd serves the kernel to a Triton cache directory that has not
@@ -34,6 +38,10 @@ CLAIMANT = uuid.uuid4().hex
 # The name under which what a kernel's frontend showed is stored with it; never
 # part of the group of files Triton sees.
 OUTPUT_BLOB = "kiln.frontend-output.json"
+# The name under which the inputs of a kernel's key are stored with it
+# (kiln.v1.KeyInputs as JSON: what `kiln prewarm` needs to compile it for other
+# targets); never part of the group either.
+KEY_INPUTS_BLOB = "kiln.key-inputs.json"
 
 _current = threading.local()
 # catch_warnings swaps process-wide state: frontends that record run one at a
@@ -48,6 +56,7 @@ class CompileGroup:
         self.made = {}  # file name -> bytes, as Triton put them during the compile
         self.output = None  # what the frontend showed: {"stdout": str, "warnings": [dict]}
         self.recorded_by_kilnd = False  # kilnd stored the result: put_group sends nothing
+        self.frontend_read_device = ""  # "cuda:90" (or "none") if the frontend asked for this machine's GPU
 
     def end_claim(self):
         """Ends the claim (if held): waiters in other processes stop waiting now."""
@@ -99,10 +108,48 @@ def _guarded(make_ir):
     return guarded_make_ir
 
 
+def _noting_device_reads(function, device_of):
+    @functools.wraps(function)  # keeps __triton_builtin__, which kernels calling it need
+    def noted(*args, **kwargs):
+        result = function(*args, **kwargs)
+        group = current()
+        if group is not None and not group.frontend_read_device:
+            group.frontend_read_device = device_of(result)
+        return result
+
+    noted.kiln_noting = True
+    return noted
+
+
+def _device_name(target):
+    return f"{target.backend}:{target.arch}" if target is not None else "none"
+
+
+def _device_readers():
+    """(owner, attribute, how its result names the device) of what the frontend
+    calls to ask for this machine's GPU."""
+    from triton.language import target_info
+
+    readers = [(target_info, "current_target", _device_name)]
+    try:
+        from triton.language.semantic import TritonSemantic
+    except ImportError:
+        return readers
+    if "_has_native_tma" in TritonSemantic.__dict__:
+        current_target = getattr(target_info.current_target, "__wrapped__", target_info.current_target)
+        readers.append((TritonSemantic, "_has_native_tma", lambda _: _device_name(current_target())))
+    return readers
+
+
 def guard_frontends():
     """Guards make_ir of Triton's sources and of every subclass defined so far
     (Gluon's); called again before each compile, so later subclasses are too."""
     from triton.compiler.compiler import ASTSource, IRSource
+
+    for owner, name, device_of in _device_readers():
+        function = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        if not getattr(function, "kiln_noting", False):
+            setattr(owner, name, _noting_device_reads(function, device_of))
 
     pending = [ASTSource, IRSource]
     while pending:
@@ -115,6 +162,11 @@ def guard_frontends():
 
 def unguard_frontends():
     from triton.compiler.compiler import ASTSource, IRSource
+
+    for owner, name, _ in _device_readers():
+        function = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        if getattr(function, "kiln_noting", False):
+            setattr(owner, name, function.__wrapped__)
 
     pending = [ASTSource, IRSource]
     while pending:

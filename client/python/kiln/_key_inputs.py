@@ -9,6 +9,7 @@ A Triton whose compile() keeps them under other names sends none, and its
 misses read "unknown"."""
 
 import hashlib
+import json
 import sys
 
 
@@ -42,3 +43,13 @@ def of_current_compile(key_hex, api):
             env=_short(str(sorted(inputs.get("env_vars", {}).items()))))
     except Exception:  # noqa: BLE001  (a Triton of other shapes: no reasons, never a failed compile)
         return None
+
+
+def recorded_for_prewarm(key_hex, triton_key, target, options_json, env, frontend_read_device):
+    """kiln.v1.KeyInputs (JSON bytes) of the compile asking for `key_hex`, or None."""
+    frame = _compile_frame()
+    key = frame.f_locals.get("key") if frame is not None else None
+    if not isinstance(key, str) or hashlib.sha256(key.encode()).hexdigest() != key_hex:
+        return None
+    return json.dumps({"key": key, "triton_key": triton_key, "target": target, "options_json": options_json, "env": env,
+                       "frontend_read_device": frontend_read_device}).encode()

@@ -318,12 +318,17 @@ class _RemoteCompile:
         text = next((data for name, data in made.items() if name.endswith("." + input_ext)), None)
         return text.decode() if text is not None else str(module)
 
-    def _client_artifacts(self):
+    def _client_artifacts(self, triton_key, target, options_json, env):
         if self.group is None:
             return []
         blobs = [_api.blob(name, data) for name, data in self.group.made.items() if not name.endswith(".json")]
         if _frontend.worth_keeping(self.group.output):
             blobs.append(_output_blob(self.group.output))
+        key_inputs = _key_inputs.recorded_for_prewarm(
+            self.group.hex, triton_key, {"backend": target.backend, "arch": str(target.arch), "warp_size": target.warp_size},
+            options_json, env, self.group.frontend_read_device)
+        if key_inputs is not None:
+            blobs.append(_api.blob(_frontend.KEY_INPUTS_BLOB, key_inputs))
         return blobs
 
     def _compile(self, input_ext, module, metadata):
@@ -331,13 +336,14 @@ class _RemoteCompile:
         from triton.runtime.cache import triton_key
 
         target = self.backend.target
+        options_json, env = json.dumps(self.options.__dict__), get_cache_invalidating_env_vars()
         request = _api.CompileRequest(
             triton_key=triton_key(), stage=_api.STAGE[_INPUT_STAGE[input_ext]],
             ir=self._input_text(input_ext, module),
             target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
-            options_json=json.dumps(self.options.__dict__), env=get_cache_invalidating_env_vars(),
-            namespace="triton", cache_key=metadata["hash"], local_python_executable=sys.executable,
-            metadata_json=json.dumps(metadata, default=vars), client_artifacts=self._client_artifacts())
+            options_json=options_json, env=env, namespace="triton", cache_key=metadata["hash"],
+            local_python_executable=sys.executable, metadata_json=json.dumps(metadata, default=vars),
+            client_artifacts=self._client_artifacts(triton_key(), target, options_json, env))
         response = _stub().Compile(request)
         if self.group is not None:
             self.group.end_claim()  # kilnd ended it with the compile; this closes our side

@@ -143,6 +143,8 @@ class Client {
   absl::StatusOr<v1::ListMissesResponse> ListMisses(uint32_t last);
   // One page of the keys of this user's entries (local user only).
   absl::StatusOr<v1::ListEntriesResponse> ListEntries(const v1::ListEntriesRequest& request);
+  // Compiles a recorded kernel for another target (see kiln.v1.PrewarmRequest).
+  absl::StatusOr<v1::PrewarmResponse> Prewarm(const v1::PrewarmRequest& request);
 
  private:
   // Takes `resolved` as this client's endpoint and opens a channel to it
