@@ -396,6 +396,14 @@ def _skipped(reason):
 
 
 def retarget(header, parts):
+    try:
+        return _retarget(header, parts)
+    except Exception as error:  # a recording is client input: a bad one is refused, never a lost worker
+        return _error("invalid_request", "the recorded key inputs are not usable: %s: %s"
+                      % (type(error).__name__, error))
+
+
+def _retarget(header, parts):
     """What triton.compile would key and compile for `target`, from a kernel's
     frontend TTIR recorded for another target: its source hash is taken from
     the recorded key once the rest of that key is rebuilt exactly (same
@@ -405,6 +413,8 @@ def retarget(header, parts):
 
     try:
         recorded = json.loads(header["key_inputs_json"])
+        if not isinstance(recorded, dict):
+            raise TypeError("not a JSON object")
         key, env = recorded["key"], dict(recorded.get("env", {}))
         options = {k: _as_tuples(v) for k, v in json.loads(recorded["options_json"]).items()}
         recorded_backend = make_backend(_parse_target(recorded["target"]))

@@ -382,6 +382,11 @@ def valid_requests():
         "Verify": _api.VerifyRequest(),
         "ListEntries": _api.ListEntriesRequest(namespace="triton", limit=10),
         "ListMisses": _api.ListMissesRequest(last=5),
+        "Prewarm": _api.PrewarmRequest(
+            namespace="triton", target=_api.Target(backend="cuda", arch="80", warp_size=32),
+            recorded=[_api.blob(f"{frontend.name}.source", frontend.ttir.encode()),
+                      _api.blob("kiln.key-inputs.json", triton_frontend.key_inputs(
+                          kernel_suite.SUITE[0], GPUTarget("cuda", 90, 32)).encode())]),
     }
 
 

@@ -4,6 +4,7 @@ Used by tests and benchmarks until the Python client package provides it."""
 
 import dataclasses
 import hashlib
+import json
 
 from triton._C.libtriton import get_cache_invalidating_env_vars, ir
 from triton.backends.compiler import GPUTarget
@@ -44,6 +45,14 @@ def run_frontend(case, target):
     module = src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
                          context)
     return FrontendResult(str(module), dict(options.__dict__), dict(env), key, src.name, target)
+
+
+def key_inputs(case, target):
+    """kiln.v1.KeyInputs (JSON) of a case, as the kiln client records them."""
+    src, backend, options, env, _ = _prepare(case, target)
+    return json.dumps({"key": get_cache_key(src, backend, options, env_vars=env), "triton_key": triton_key(),
+                       "target": {"backend": target.backend, "arch": str(target.arch), "warp_size": target.warp_size},
+                       "options_json": json.dumps(options.__dict__), "env": env})
 
 
 def toolchain_key():
