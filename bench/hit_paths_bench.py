@@ -10,8 +10,11 @@ kernel's median is compared:
                     (kilnd's served files, no call)
   triton.compile    the whole hit: key, lookup, reading the group
 
-The 15-kernel suite at sm80 and sm90, kilnd started from BUILD_DIR.
-usage: python bench/hit_paths_bench.py [--build-dir build] [--rounds 21]
+The 15-kernel suite at sm80 and sm90, kilnd started from BUILD_DIR. On the GPU
+machine, --gpu compiles for its GPU only and each triton.compile hit also loads
+the kernel onto the GPU (CompiledKernel._init_handles): from asking Triton to a
+launchable kernel, as bench/gpu_bench.py times it in fresh processes.
+usage: python bench/hit_paths_bench.py [--build-dir build | --bundle gpu_bundle] [--rounds 21] [--gpu]
 """
 
 import argparse
@@ -33,7 +36,7 @@ import triton, kernel_suite
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 for case in kernel_suite.SUITE:
-    for arch in (80, 90):
+    for arch in map(int, sys.argv[2].split(",")):
         triton.compile(ASTSource(case.fn, case.signature, case.constexprs), target=GPUTarget("cuda", arch, 32),
                        options=case.options)
 """
@@ -42,6 +45,7 @@ MEASURE = r"""
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 stock_dir, kiln_dir, rounds = sys.argv[2], sys.argv[3], int(sys.argv[4])
+arches, on_gpu = [int(arch) for arch in sys.argv[5].split(",")], sys.argv[6] == "gpu"
 import triton, kernel_suite
 from triton import knobs
 from triton.backends.compiler import GPUTarget
@@ -50,7 +54,7 @@ from triton.runtime.cache import FileCacheManager, _base32
 from kiln._cache import KilnCacheManager
 
 cases = [(f"{case.name}-sm{arch}", ASTSource(case.fn, case.signature, case.constexprs),
-          GPUTarget("cuda", arch, 32), case.options) for case in kernel_suite.SUITE for arch in (80, 90)]
+          GPUTarget("cuda", arch, 32), case.options) for case in kernel_suite.SUITE for arch in arches]
 manager_of = {"stock": FileCacheManager, "kiln": KilnCacheManager}
 dir_of = {"stock": stock_dir, "kiln": kiln_dir}
 groups = {}  # (kind, name) -> (key, group file name), as triton.compile asks
@@ -65,6 +69,8 @@ def compile_hits(kind):
     for name, source, target, options in cases:
         start = time.perf_counter()
         kernel = triton.compile(source, target=target, options=options)
+        if on_gpu:
+            kernel._init_handles()  # the module loaded: a launchable kernel
         times[name] = time.perf_counter() - start
         groups[(kind, name)] = (kernel.hash, f"{kernel.name}.json")
     return times
@@ -96,27 +102,43 @@ print(json.dumps(medians))
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build")
+    parser.add_argument("--bundle", type=Path, help="kilnd and kiln from scripts/make-gpu-bundle's folder")
     parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--gpu", action="store_true", help="this machine's GPU only, each hit loaded onto it")
     args = parser.parse_args()
+    if args.bundle:
+        kilnd_path, kiln_path = args.bundle / "kilnd", args.bundle / "kiln"
+        os.environ["LD_LIBRARY_PATH"] = str(args.bundle / "lib")
+    else:
+        kilnd_path = args.build_dir / "service" / "kilnd"
+        kiln_path = args.build_dir / "client" / "cpp" / "kiln"
+    if args.gpu:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        arches = f"{major}{minor}"
+    else:
+        arches = "80,90"
     work = Path(tempfile.mkdtemp(prefix="kiln-hit-paths-"))
     tests = str(ROOT / "tests" / "python")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
-    subprocess.run([sys.executable, "-c", POPULATE, tests], env=dict(base, TRITON_CACHE_DIR=str(work / "stock")),
+    subprocess.run([sys.executable, "-c", POPULATE, tests, arches], env=dict(base, TRITON_CACHE_DIR=str(work / "stock")),
                    check=True)
     socket = work / "kilnd.sock"
-    kilnd = subprocess.Popen([str(args.build_dir / "service" / "kilnd"), f"--data-dir={work / 'data'}",
+    kilnd = subprocess.Popen([str(kilnd_path), f"--data-dir={work / 'data'}",
                               f"--local-socket={socket}", f"--toolchain={sys.executable}", "--log-level=warn"])
     try:
-        subprocess.run([str(args.build_dir / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{socket}", "health",
+        subprocess.run([str(kiln_path), "--endpoint", f"unix:{socket}", "health",
                         "--wait", "60"], check=True, stdout=subprocess.DEVNULL)
         kiln_env = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}",
                         KILN_FILES_DIR=str(work / "files"))
         # kilnd compiles the suite, then serves it as files to a second process.
         for name in ("k1", "k2"):
-            subprocess.run([sys.executable, "-c", POPULATE, tests], env=dict(kiln_env, TRITON_CACHE_DIR=str(work / name)),
-                           check=True)
+            subprocess.run([sys.executable, "-c", POPULATE, tests, arches],
+                           env=dict(kiln_env, TRITON_CACHE_DIR=str(work / name)), check=True)
         result = subprocess.run([sys.executable, "-c", MEASURE, tests, str(work / "stock"), str(work / "k3"),
-                                 str(args.rounds)], env=kiln_env, capture_output=True, text=True)
+                                 str(args.rounds), arches, "gpu" if args.gpu else "cpu"], env=kiln_env,
+                                capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(result.stderr[-3000:])
         medians = json.loads(result.stdout.splitlines()[-1])
@@ -124,7 +146,8 @@ def main():
         kilnd.terminate()
         kilnd.wait()
 
-    print(f"warm hits in one process, median of {args.rounds} alternating rounds (ms)")
+    print(f"warm hits in one process, median of {args.rounds} alternating rounds (ms)"
+          + (", compile = to a kernel loaded on the GPU" if args.gpu else ""))
     print(f"{'kernel':34} {'stock cache':>11} {'kiln cache':>10} {'ratio':>6} | {'stock compile':>13} "
           f"{'kiln compile':>12} {'ratio':>6}")
     for name in medians["stock cache"]:
