@@ -18,6 +18,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kiln import _api  # noqa: E402  (the client package's API messages and stub)
 
 
+def run_on_terminal(command, env=None, timeout=600):
+    """Runs `command` with its stdout on a pseudo-terminal: (exit status, what
+    the terminal showed, stderr)."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(command, stdout=secondary, stderr=subprocess.PIPE, env=env)
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal's other end closed: the command exited
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    return process.wait(timeout=timeout), shown.decode(), process.stderr.read().decode()
+
+
 def kilnd_refusing(directory, config_text):
     """Runs kilnd with `config_text` as its config file, expecting it to refuse
     to start; returns what it printed."""

@@ -3,11 +3,12 @@ that then starts warm, and a damaged bundle refused whole. Real kilnds, the
 real client compiling the kernel suite."""
 
 import os
+import re
 import subprocess
 import sys
 
 import kernel_suite
-from conftest import BUILD, Kilnd
+from conftest import BUILD, Kilnd, run_on_terminal
 from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 
 KILN = BUILD / "client" / "cpp" / "kiln"
@@ -159,5 +160,17 @@ def test_python_prewarm_reads_the_bundle_itself_and_refuses_a_damaged_one(tmp_pa
         assert result["kernels"] == {name: kernel for name, kernel in stock_suite.items()
                                      if name == f"{kernel_suite.SUITE[0].name}-sm80"}
         assert result["frontend_runs"] == 0 and farm.stats().compiles == 1
+
+        # On a terminal, both show a status line redrawn in place, results above it, gone at the end.
+        for command, targets in (([str(KILN), "--endpoint", f"unix:{farm.socket}"], ["cuda:86", "cuda:90"]),
+                                 ([sys.executable, "-m", "kiln"], ["cuda:89"])):
+            returncode, text, errors = run_on_terminal(
+                [*command, "prewarm", str(bundle), *(flag for t in targets for flag in ("--target", t))], env=env)
+            assert returncode == 0, errors
+            assert re.search(rf"\r\x1b\[2Kprewarming first\.kilnbundle: \d/{len(targets)} done, \d running, "
+                             r"0 failed, [\d.]+ s", text), repr(text)
+            assert len(re.findall(r"add_kernel cuda:(86|89|90): compiled\r?\n", text)) == len(targets), repr(text)
+            assert text.endswith("\r\x1b[2K"), repr(text[-80:])
+        assert farm.stats().compiles == 4
     finally:
         farm.stop()

@@ -15,7 +15,7 @@ from triton.compiler.compiler import ASTSource
 
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd, tcp_kilnd
+from conftest import BUILD, Kilnd, run_on_terminal, tcp_kilnd
 
 KILN = BUILD / "client" / "cpp" / "kiln"
 SDK_PROBE = BUILD / "tests" / "sdk_compile_probe"
@@ -204,7 +204,6 @@ def test_cli_spreads_targets_over_a_fleets_kilnds_and_moves_on_when_one_is_gone(
 
 
 def test_cli_compile_shows_a_progress_line_on_a_terminal_and_plain_lines_otherwise(kilnd, tmp_path):
-    import pty
     import re
 
     frontend = triton_frontend.run_frontend(CASES["matmul_fp16_64x64x32_s2"], GPUTarget("cuda", 90, 32))
@@ -213,21 +212,8 @@ def test_cli_compile_shows_a_progress_line_on_a_terminal_and_plain_lines_otherwi
     targets = ["--target", "cuda:80", "--target", "cuda:86", "--target", "cuda:90"]
     command = [str(KILN), "--endpoint", f"unix:{kilnd.socket}", "compile", str(source), *targets,
                *map(str, option_flags(CASES["matmul_fp16_64x64x32_s2"]))]
-    primary, secondary = pty.openpty()
-    process = subprocess.Popen([*command, "-o", str(tmp_path / "tty")], stdout=secondary, stderr=subprocess.PIPE)
-    os.close(secondary)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(primary, 4096)
-        except OSError:  # the terminal's other end closed: kiln exited
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(primary)
-    assert process.wait(timeout=600) == 0, process.stderr.read()
-    text = shown.decode()
+    returncode, text, errors = run_on_terminal([*command, "-o", str(tmp_path / "tty")])
+    assert returncode == 0, errors
     # The status line is redrawn in place ("\r" and erase) while targets compile...
     statuses = re.findall(r"\r\x1b\[2Kcompiling matmul\.ttir: (\d)/3 done, (\d) running, 0 failed, [\d.]+ s", text)
     assert statuses and statuses[0][0] == "0", text

@@ -78,26 +78,30 @@ def parse_target(text):
 
 
 class _Progress:
-    """One status line redrawn in place on a terminal; plain lines elsewhere."""
+    """One status line redrawn in place on a terminal, with printed lines going
+    above it; elsewhere (a log, a pipe) only the printed lines. As `kiln`'s."""
+
+    _ERASE = "\r\x1b[2K"
 
     def __init__(self, out):
-        self.out, self.terminal, self.drawn = out, out.isatty(), False
+        self.out, self.terminal, self.status = out, out.isatty(), ""
 
     def update(self, status):
-        if self.terminal:
-            self.out.write("\r\x1b[K" + status)
+        if self.terminal and status != self.status:
+            self.out.write(self._ERASE + status)
             self.out.flush()
-            self.drawn = True
+            self.status = status
 
     def print(self, line):
-        self.clear()
-        self.out.write(line + "\n")
+        drawn = self.terminal and self.status
+        self.out.write((self._ERASE if drawn else "") + line + "\n" + (self.status if drawn else ""))
         self.out.flush()
 
     def clear(self):
-        if self.drawn:
-            self.out.write("\r\x1b[K")
-            self.drawn = False
+        if self.terminal and self.status:
+            self.out.write(self._ERASE)
+            self.out.flush()
+            self.status = ""
 
 
 def prewarm(path, target_texts, out=sys.stdout):
@@ -164,4 +168,5 @@ def prewarm(path, target_texts, out=sys.stdout):
     progress.print(f"prewarmed {len(kernels)} kernels for {len(targets)} targets: {counts['compiled']} compiled, "
                    f"{counts['cache hit']} already cached, {counts['skipped']} skipped, {counts['failed']} failed, "
                    f"{time.monotonic() - started:.1f} s")
+    progress.clear()
     return exit_code
