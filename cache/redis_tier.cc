@@ -39,6 +39,9 @@ namespace kiln::cache {
 namespace {
 
 constexpr size_t kMaxBacklog = 256;
+// The last line of a signed entry: "hmac-sha256\t<hex>". No blob has that
+// name (Triton's are "<kernel>.<ext>").
+constexpr absl::string_view kSignatureName = "hmac-sha256\t";
 // After a failure, the tier is not tried again for this long.
 constexpr absl::Duration kRetryAfter = absl::Seconds(2);
 // A claim lapses this long after its kilnd last renewed it (a kilnd that died
@@ -324,11 +327,19 @@ class RedisTier final : public SharedTier {
     }
     // name -> digest (hex), as the entry lists them
     std::vector<std::pair<std::string, std::string>> listed;
+    std::string signature;  // hex, from the last line when signed
     bool well_formed = (*entry)->type == REDIS_REPLY_STRING;
+    const absl::string_view value =
+        well_formed ? absl::string_view((*entry)->str, (*entry)->len) : absl::string_view();
+    absl::string_view listing = value;
+    if (const size_t last = value.rfind(kSignatureName); last != absl::string_view::npos &&
+                                                          (last == 0 || value[last - 1] == '\n')) {
+      listing = value.substr(0, last);
+      signature = std::string(absl::StripTrailingAsciiWhitespace(
+          value.substr(last + kSignatureName.size())));
+    }
     if (well_formed) {
-      for (absl::string_view line :
-           absl::StrSplit(absl::string_view((*entry)->str, (*entry)->len), '\n',
-                          absl::SkipEmpty())) {
+      for (absl::string_view line : absl::StrSplit(listing, '\n', absl::SkipEmpty())) {
         const std::pair<absl::string_view, absl::string_view> named =
             absl::StrSplit(line, absl::MaxSplits('\t', 1));
         if (named.first.empty() || named.second.size() != 2 * kSha256Size) well_formed = false;
@@ -336,6 +347,13 @@ class RedisTier final : public SharedTier {
       }
     }
     if (!well_formed || listed.empty()) return Rejected(entry_key, "the entry does not parse");
+    if (!options_.secret.empty() &&
+        !SameDigest(signature, DigestHex(DigestBytes(Sign(entry_key, listing))))) {
+      return Rejected(entry_key, signature.empty()
+                                     ? "the entry is not signed (written by a kilnd without "
+                                       "this fleet's redis_secret_file?)"
+                                     : "the entry's signature is not this fleet's");
+    }
     std::vector<std::string> command = {"MGET"};
     for (const auto& [name, digest] : listed) command.push_back(BlobKey(digest));
     absl::StatusOr<Reply> blobs = reader_.CommandArgv(command);
@@ -516,9 +534,18 @@ class RedisTier final : public SharedTier {
       absl::StrAppend(&listing, name, "\t", digest, "\n");
     }
     const std::string entry_key = EntryKey(pending.ns, pending.key);
+    if (!options_.secret.empty()) {
+      absl::StrAppend(&listing, kSignatureName, DigestHex(DigestBytes(Sign(entry_key, listing))),
+                      "\n");
+    }
     return writer_
         .Command("SET %b %b", entry_key.data(), entry_key.size(), listing.data(), listing.size())
         .status();
+  }
+
+  // Covers the entry's key too: a signed listing moved under another key fails.
+  Sha256Digest Sign(absl::string_view entry_key, absl::string_view listing) const {
+    return HmacSha256(options_.secret, absl::StrCat(entry_key, "\n", listing));
   }
 
   const RedisAddress address_;

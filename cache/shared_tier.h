@@ -9,7 +9,8 @@
 // It never fails a request: a lookup it cannot answer is a miss, a store it
 // cannot make is dropped, and an outage is logged once and shown in the stats
 // while kilnd goes on with its own store. Every blob read back is checked
-// against its SHA-256 before it is used.
+// against its SHA-256 before it is used, and with a fleet secret every entry's
+// signature too.
 
 #include <cstdint>
 #include <memory>
@@ -71,6 +72,12 @@ class SharedTier {
 struct RedisOptions {
   std::string url;     // redis://[:PASSWORD@]HOST[:PORT][/DB]
   std::string prefix;  // every key starts with it: one farm's keys apart from others'
+  // The fleet's secret (redis_secret_file): each entry is signed with it
+  // (HMAC-SHA256 of its key and listing), and an entry without a valid
+  // signature is never served, so whoever can write to Redis without the
+  // secret cannot make the fleet serve their bytes. Empty: entries are
+  // trusted as any writer left them (only their digests are checked).
+  std::string secret;
   absl::Duration timeout = absl::Seconds(2);
 };
 

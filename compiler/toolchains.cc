@@ -29,6 +29,13 @@ const std::map<std::string, Kind, std::less<>>& FailureKinds() {
 
 int DefaultWorkers() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
+// The reply's part of that name, or null.
+const std::string* PartNamed(const Parts& parts, absl::string_view name) {
+  const auto found = std::find_if(parts.begin(), parts.end(),
+                                  [name](const auto& part) { return part.first == name; });
+  return found == parts.end() ? nullptr : &found->second;
+}
+
 }  // namespace
 
 WorkerPool::WorkerPool(ToolchainInfo info, PoolOptions options)
@@ -164,27 +171,30 @@ absl::StatusOr<WorkerReply> WorkerPool::Call(const worker::Request& request, con
   return reply;
 }
 
+absl::StatusOr<WorkerReply> WorkerPool::Ask(const worker::Request& request, const Parts& parts,
+                                            Priority priority, absl::string_view what) {
+  absl::StatusOr<WorkerReply> reply = Call(request, parts, priority);
+  if (!reply.ok()) {
+    return absl::UnavailableError(absl::StrFormat("the %s toolchain's worker did not answer for %s: %s",
+                                                  info_.python_executable, what,
+                                                  reply.status().message()));
+  }
+  if (!reply->header.ok()) return absl::InvalidArgumentError(reply->header.message());
+  return reply;
+}
+
 absl::StatusOr<GeneratedLauncher> WorkerPool::LauncherSource(const LauncherSourceJob& job) {
   worker::Request request;
   request.set_op("launcher_source");
   request.set_make_launcher_args(job.make_launcher_args);
   request.set_cuda_utils(job.cuda_utils);
-  absl::StatusOr<WorkerReply> reply = Call(request, {}, Priority::kInteractive);
-  if (!reply.ok()) {
-    return absl::UnavailableError(absl::StrFormat(
-        "the %s toolchain's worker did not answer for the launcher source: %s",
-        info_.python_executable, reply.status().message()));
-  }
-  const worker::Reply& header = reply->header;
-  if (!header.ok()) return absl::InvalidArgumentError(header.message());
-  const auto source = std::find_if(reply->parts.begin(), reply->parts.end(),
-                                   [](const auto& part) { return part.first == "source"; });
-  if (source == reply->parts.end()) {
-    return absl::InternalError("the worker sent no launcher source");
-  }
-  const worker::LauncherBuild& build = header.launcher();
+  ASSIGN_OR_RETURN(WorkerReply reply,
+                   Ask(request, {}, Priority::kInteractive, "the launcher source"));
+  const std::string* source = PartNamed(reply.parts, "source");
+  if (source == nullptr) return absl::InternalError("the worker sent no launcher source");
+  const worker::LauncherBuild& build = reply.header.launcher();
   GeneratedLauncher launcher;
-  launcher.source = source->second;
+  launcher.source = *source;
   launcher.abi = {build.python_version(), build.abiflags(), build.ext_suffix(), build.platform(),
                   build.python_include_dir()};
   launcher.include_dirs.assign(build.include_dirs().begin(), build.include_dirs().end());
@@ -198,23 +208,17 @@ absl::StatusOr<Retargeted> WorkerPool::Retarget(const RetargetJob& job, Priority
   request.set_op("retarget");
   request.set_key_inputs_json(job.key_inputs_json);
   *request.mutable_target() = job.target;
-  absl::StatusOr<WorkerReply> reply = Call(request, {{"ir", job.frontend_ir}}, priority);
-  if (!reply.ok()) {
-    return absl::UnavailableError(absl::StrFormat(
-        "the %s toolchain's worker did not answer for the recorded kernel: %s",
-        info_.python_executable, reply.status().message()));
-  }
-  const worker::Reply& header = reply->header;
-  if (!header.ok()) return absl::InvalidArgumentError(header.message());
+  ASSIGN_OR_RETURN(WorkerReply reply,
+                   Ask(request, {{"ir", job.frontend_ir}}, priority, "the recorded kernel"));
+  const worker::Reply& header = reply.header;
   Retargeted retargeted{header.skipped(), header.cache_key(), header.options_json(),
                         header.key_inputs_json(), ""};
   if (!retargeted.skipped.empty()) return retargeted;
-  const auto ir = std::find_if(reply->parts.begin(), reply->parts.end(),
-                               [](const auto& part) { return part.first == "ir"; });
-  if (ir == reply->parts.end() || retargeted.cache_key.empty()) {
+  const std::string* ir = PartNamed(reply.parts, "ir");
+  if (ir == nullptr || retargeted.cache_key.empty()) {
     return absl::InternalError("the worker's retarget reply lacks the key or the TTIR");
   }
-  retargeted.frontend_ir = ir->second;
+  retargeted.frontend_ir = *ir;
   return retargeted;
 }
 

@@ -151,6 +151,10 @@ class WorkerPool {
   // idle (the job never ran there).
   absl::StatusOr<WorkerReply> Call(const worker::Request& request, const Parts& parts,
                                    Priority priority);
+  // Call for a job whose refusal is the request's fault: INVALID_ARGUMENT with
+  // the worker's message; UNAVAILABLE naming `what` when no worker answered.
+  absl::StatusOr<WorkerReply> Ask(const worker::Request& request, const Parts& parts,
+                                  Priority priority, absl::string_view what);
   absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire(Priority priority);
   void Release(std::unique_ptr<WorkerProcess> worker);
   void RetireIdleLoop();

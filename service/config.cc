@@ -114,6 +114,10 @@ const std::vector<Setting>& Settings() {
        Text(&Config::redis_url)},
       {"redis_prefix", "the start of every key kilnd writes in Redis (kiln:)",
        Text(&Config::redis_prefix)},
+      {"redis_secret_file",
+       "a file holding the fleet's secret (32+ bytes, the same for every kilnd): Redis entries "
+       "are signed with it, and unsigned ones are not served",
+       Text(&Config::redis_secret_file)},
       {"max_cache_size", "evict least recently used entries above this size (10GiB)",
        ByteSize(&Config::max_cache_size)},
       {"max_request_size", "largest request accepted (64MiB)",

@@ -54,6 +54,8 @@ struct Config {
   // redis://[:PASSWORD@]HOST[:PORT][/DB]; empty: none. Keys start with redis_prefix.
   std::string redis_url;
   std::string redis_prefix = "kiln:";
+  // A file holding the fleet's secret, which signs its Redis entries; empty: unsigned.
+  std::string redis_secret_file;
   uint64_t max_request_size = 64ull << 20;
   uint64_t inline_threshold = 0;  // 0: the store's measured default
   int zstd_level = 1;

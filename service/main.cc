@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/subprocess.h"
 #include "compiler/launcher_builder.h"
@@ -60,6 +62,26 @@ absl::Status ConfigureLogging(const Config& config) {
 }
 
 // Owns everything that must be gone before the data-dir lock is released.
+// The fleet's secret for signing Redis entries (empty without a file). Short
+// secrets are refused: the signature is only as strong as the secret.
+absl::StatusOr<std::string> ReadFleetSecret(const std::string& path) {
+  if (path.empty()) return std::string();
+  absl::StatusOr<std::string> content = kiln::platform::ReadWholeFile(path);
+  if (!content.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot read redis_secret_file %s: %s", path, content.status().message()));
+  }
+  const std::string secret(absl::StripAsciiWhitespace(*content));
+  constexpr size_t kMinimum = 32;
+  if (secret.size() < kMinimum) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "redis_secret_file %s holds %d bytes; a fleet's secret needs at least %d (make one with "
+        "`openssl rand -hex 32 > %s` and give every kilnd of the fleet the same file)",
+        path, secret.size(), kMinimum, path));
+  }
+  return secret;
+}
+
 absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals& signals,
                            const std::function<void()>& ready) {
   kiln::cache::StoreOptions store_options;
@@ -122,10 +144,14 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   // worker is busy.
   std::unique_ptr<kiln::cache::SharedTier> shared_tier;
   if (!config.redis_url.empty()) {
-    ASSIGN_OR_RETURN(shared_tier, kiln::cache::OpenRedisTier({config.redis_url,
-                                                              config.redis_prefix}));
-    spdlog::info("compile results and launchers shared through Redis (keys {}*)",
-                 config.redis_prefix);
+    kiln::cache::RedisOptions redis;
+    redis.url = config.redis_url;
+    redis.prefix = config.redis_prefix;
+    ASSIGN_OR_RETURN(redis.secret, ReadFleetSecret(config.redis_secret_file));
+    ASSIGN_OR_RETURN(shared_tier, kiln::cache::OpenRedisTier(redis));
+    spdlog::info("compile results and launchers shared through Redis (keys {}*, {})",
+                 config.redis_prefix,
+                 redis.secret.empty() ? "entries unsigned: set redis_secret_file" : "entries signed");
   }
   kiln::service::CompileCoordinator coordinator(*store, toolchains, std::move(launcher_builder),
                                                 build_environment.status(),

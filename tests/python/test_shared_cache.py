@@ -61,10 +61,11 @@ def redis(tmp_path_factory):
     server.stop()
 
 
-def fleet_kilnd(directory, redis, prefix, *flags):
+def fleet_kilnd(directory, redis, prefix, *flags, secret_file=None):
     config = directory / "kilnd.conf"
     directory.mkdir(parents=True, exist_ok=True)
-    config.write_text(f"redis_url = redis://:{PASSWORD}@127.0.0.1:{redis.port}\nredis_prefix = {prefix}\n")
+    config.write_text(f"redis_url = redis://:{PASSWORD}@127.0.0.1:{redis.port}\nredis_prefix = {prefix}\n"
+                      + (f"redis_secret_file = {secret_file}\n" if secret_file else ""))
     return Kilnd(directory / "kilnd", f"--config={config}", f"--toolchain={sys.executable}", *flags)
 
 
@@ -132,13 +133,21 @@ def compile_one(kilnd, case_index=0, arch=90):
     return blobs_by_name(response.entry)
 
 
-def test_a_value_corrupted_in_redis_is_never_served(redis, tmp_path):
-    maker = fleet_kilnd(tmp_path / "maker", redis, "fleet2:")
+def made_in_redis(redis, directory, prefix, secret_file=None):
+    """A kernel compiled by a kilnd of the fleet, once its entry is in Redis:
+    (its blobs, its Redis entry key)."""
+    maker = fleet_kilnd(directory, redis, prefix, secret_file=secret_file)
     try:
         made = compile_one(maker)
         wait_for(lambda: maker.stats().shared_cache_stores >= 1, "the compile never reached Redis")
     finally:
         maker.stop()
+    [entry_key] = redis.cli("--scan", "--pattern", f"{prefix}e:*").split()
+    return made, entry_key
+
+
+def test_a_value_corrupted_in_redis_is_never_served(redis, tmp_path):
+    made, _ = made_in_redis(redis, tmp_path / "maker", "fleet2:")
     blob_keys = redis.cli("--scan", "--pattern", "fleet2:b:*").split()
     assert blob_keys
     for key in blob_keys:
@@ -176,6 +185,43 @@ def test_redis_going_away_fails_no_request_and_the_fleet_fills_again_once_it_is_
             redis.start()
 
 
+def test_with_a_fleet_secret_an_entry_forged_in_redis_by_someone_without_it_is_never_served(redis, tmp_path):
+    secret = tmp_path / "fleet.secret"
+    secret.write_text("5d1f" * 16 + "\n")
+    made, entry_key = made_in_redis(redis, tmp_path / "maker", "fleet9:", secret_file=secret)
+    listing = redis.cli("GET", entry_key).rstrip("\n").split("\n")
+    assert listing[-1].startswith("hmac-sha256\t")
+    # Someone who can write to Redis but lacks the secret: the cubin's name now
+    # lists the PTX's blob (each blob still matches its digest), signature kept.
+    digests = dict(line.split("\t") for line in listing[:-1])
+    cubin, ptx = (next(name for name in digests if name.endswith(ext)) for ext in (".cubin", ".ptx"))
+    digests[cubin] = digests[ptx]
+    forged = "".join(f"{name}\t{digest}\n" for name, digest in digests.items())
+    for value in (forged + listing[-1] + "\n", forged):  # the old signature, and none
+        redis.cli("SET", entry_key, value)
+        reader = fleet_kilnd(tmp_path / f"reader{len(value)}", redis, "fleet9:", secret_file=secret)
+        try:
+            assert compile_one(reader) == made  # compiled itself: the forgery was not served
+            stats = reader.stats()
+            assert stats.compiles == 1 and stats.shared_cache_hits == 0 and stats.shared_cache_errors >= 1
+        finally:
+            reader.stop()
+    # The genuine entry again (the last reader stored its own, signed): served to a kilnd of the fleet.
+    wait_for(lambda: redis.cli("GET", entry_key).rstrip("\n").split("\n")[-1] == listing[-1],
+             "the reader never stored its signed entry")
+    served = fleet_kilnd(tmp_path / "served", redis, "fleet9:", secret_file=secret)
+    try:
+        assert compile_one(served) == made
+        assert served.stats().compiles == 0 and served.stats().shared_cache_hits == 1
+    finally:
+        served.stop()
+
+    secret.write_text("too short\n")
+    printed = kilnd_refusing(tmp_path, f"redis_url = redis://127.0.0.1:{redis.port}\n"
+                                          f"redis_secret_file = {secret}\n")
+    assert "holds 9 bytes; a fleet's secret needs at least 32" in printed
+
+
 def test_a_redis_url_that_does_not_parse_stops_kilnd_with_the_form_to_write(tmp_path):
     printed = kilnd_refusing(tmp_path, "redis_url = http://127.0.0.1:6379\n")
     assert "redis://[:PASSWORD@]HOST[:PORT][/DB]" in printed
@@ -185,13 +231,7 @@ def test_a_kilnd_waits_for_another_kilnds_claim_and_compiles_itself_once_the_cla
         redis, tmp_path):
     import threading
 
-    maker = fleet_kilnd(tmp_path / "maker", redis, "fleet5:")
-    try:
-        made = compile_one(maker)
-        wait_for(lambda: maker.stats().shared_cache_stores >= 1, "the compile never reached Redis")
-    finally:
-        maker.stop()
-    [entry_key] = redis.cli("--scan", "--pattern", "fleet5:e:*").split()
+    made, entry_key = made_in_redis(redis, tmp_path / "maker", "fleet5:")
     digest = entry_key[len("fleet5:e:"):]
     manifest = redis.cli("GET", entry_key)
     claim, channel = f"fleet5:c:{digest}", f"fleet5:d:{digest}"
