@@ -107,6 +107,8 @@ KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistr
       coordinator_(coordinator),
       data_dir_(std::move(data_dir)),
       tcp_access_(std::move(tcp_access)),
+      miss_log_(data_dir_.empty() ? std::filesystem::path()
+                                  : std::filesystem::path(data_dir_) / "miss-history.pb"),
       claims_(claim_timeout),
       tenant_compile_slots_(tcp_access_.compiles_per_tenant),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}

@@ -5,8 +5,38 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/fmt_absl.h"
+#include "common/platform.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln::service {
+
+MissLog::MissLog(std::filesystem::path history) : history_(std::move(history)) {
+  if (history_.empty()) return;
+  absl::StatusOr<std::string> content = platform::ReadWholeFile(history_);
+  if (absl::IsNotFound(content.status())) return;
+  v1::MissHistory saved;
+  if (!content.ok() || !saved.ParseFromString(*content)) {
+    // Only hints for `kiln misses` are lost: start over.
+    spdlog::warn("miss history {} is unreadable; starting a new one", history_.string());
+    return;
+  }
+  keys_missed_.insert(saved.keys_missed().begin(), saved.keys_missed().end());
+  last_by_kernel_.insert(saved.last_by_kernel().begin(), saved.last_by_kernel().end());
+}
+
+MissLog::~MissLog() {
+  if (history_.empty()) return;
+  v1::MissHistory saved;
+  for (const std::string& key : keys_missed_) saved.add_keys_missed(key);
+  saved.mutable_last_by_kernel()->insert(last_by_kernel_.begin(), last_by_kernel_.end());
+  const std::filesystem::path written = history_.string() + ".new";
+  std::error_code left_by_a_crash;
+  std::filesystem::remove(written, left_by_a_crash);
+  absl::Status status = platform::WriteFileDurably(written, saved.SerializeAsString());
+  if (status.ok()) status = platform::MoveFileOver(written, history_).status();
+  if (!status.ok()) spdlog::warn("cannot keep the miss history: {}", status.message());
+}
 
 std::vector<std::string> MissLog::Record(absl::string_view domain, absl::string_view ns,
                                          absl::string_view key,

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
@@ -18,10 +19,19 @@ namespace kiln::service {
 // Why compiles were needed (`kiln misses`, like ccache's input hashes): each
 // miss that a client is about to compile is compared with what kilnd saw of
 // the same kernel (name and target) before, using the key's inputs the client
-// sent. Kept in memory and bounded: a restarted kilnd starts over, and one
-// that has seen 100,000 keys forgets them.
+// sent. Kept in memory and bounded (one that has seen 100,000 keys forgets
+// them); what was seen of each kernel survives a restart in a history file,
+// the list of recent misses does not.
 class MissLog {
  public:
+  // `history` (empty: memory only) is read here and written when the log is
+  // destroyed, at kilnd's orderly stop: a restart for an upgrade keeps what
+  // it knew, and a killed kilnd loses only what it saw since it started.
+  explicit MissLog(std::filesystem::path history = {});
+  ~MissLog();
+  MissLog(const MissLog&) = delete;
+  MissLog& operator=(const MissLog&) = delete;
+
   // Explains and records the miss of (scoped `ns`, key) in trust domain
   // `domain`; returns its reasons (see kiln.v1.Miss).
   std::vector<std::string> Record(absl::string_view domain, absl::string_view ns,
@@ -33,6 +43,8 @@ class MissLog {
 
  private:
   static constexpr size_t kMaxRemembered = 100000;
+
+  const std::filesystem::path history_;
   static constexpr size_t kMaxRecent = 1000;
 
   mutable std::mutex mutex_;

@@ -114,3 +114,36 @@ def test_a_new_triton_or_ptxas_is_named_and_misses_stay_with_their_trust_domain(
             assert "at most 256 characters" in str(error)
     finally:
         kilnd.stop()
+
+
+def test_what_kilnd_saw_of_each_kernel_survives_a_restart_and_a_damaged_history_starts_over(tmp_path):
+    components = dict(kernel="k@cuda:90", toolchain="t1", source="s1", backend="12.8-90", options="o1", env="e1")
+
+    def miss(kilnd, key, **changed):
+        call = kilnd.stub.LookupOrClaim(_api.LookupRequest(
+            namespace="triton", key=key, claimant="test",
+            key_components=_api.KeyComponents(**dict(components, **changed))))
+        assert next(call).claimed
+        call.cancel()
+        return list(kilnd.stub.ListMisses(_api.ListMissesRequest(last=1)).misses[-1].reasons)
+
+    kilnd = Kilnd(tmp_path / "kilnd")
+    try:
+        assert miss(kilnd, "key1") == ["new kernel"]
+    finally:
+        kilnd.stop()  # an orderly stop, as for an upgrade
+    kilnd = Kilnd(tmp_path / "kilnd")
+    try:
+        assert miss(kilnd, "key2", options="o2") == ["options"]
+        assert miss(kilnd, "key1") == ["evicted"]  # compiled before the restart, and gone since
+    finally:
+        kilnd.stop()
+
+    [history] = (tmp_path / "kilnd").rglob("miss-history.pb")
+    history.write_bytes(b"\xff not a history")
+    kilnd = Kilnd(tmp_path / "kilnd")
+    try:
+        assert miss(kilnd, "key3", options="o3") == ["new kernel"]
+        assert "miss history" in (kilnd.root / "kilnd.out").read_text()
+    finally:
+        kilnd.stop()
