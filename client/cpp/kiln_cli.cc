@@ -478,18 +478,22 @@ int Prewarm(kiln::Client& client, const std::vector<std::string>& args) {
   std::condition_variable finished;
   size_t next = 0;
   size_t done = 0;
+  // Set by an error no other kernel would escape (kilnd gone, no toolchain of
+  // the bundle's Triton, refused): nothing more is sent.
+  bool stopping = false;
   auto work = [&] {
     for (;;) {
       Job* job;
       {
         std::lock_guard lock(mutex);
-        if (next == jobs.size()) return;
+        if (stopping || next == jobs.size()) return;
         job = &jobs[next++];
       }
       kiln::v1::PrewarmRequest request = job->kernel->request;
       *request.mutable_target() = *job->target;
       absl::StatusOr<kiln::v1::PrewarmResponse> response = client.Prewarm(request);
       std::lock_guard lock(mutex);
+      stopping |= !response.ok() && !absl::IsInvalidArgument(response.status());
       job->result = std::move(response);
       ++done;
       finished.notify_all();
@@ -504,7 +508,7 @@ int Prewarm(kiln::Client& client, const std::vector<std::string>& args) {
   int exit_code = kOk;
   std::vector<bool> shown(jobs.size(), false);
   std::unique_lock lock(mutex);
-  while (reported < jobs.size()) {
+  while (reported < (stopping ? next : jobs.size())) {
     finished.wait_for(lock, std::chrono::milliseconds(100));
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (shown[i] || !jobs[i].result.has_value()) continue;
@@ -539,6 +543,11 @@ int Prewarm(kiln::Client& client, const std::vector<std::string>& args) {
   }
   lock.unlock();
   for (std::thread& sender : senders) sender.join();
+  if (stopping) {
+    std::cerr << "kiln: stopped after that error; " << jobs.size() - reported
+              << " kernel and target pairs were not sent\n";
+    return exit_code;
+  }
   progress.Print(absl::StrFormat(
       "prewarmed %d kernels for %d targets: %d compiled, %d already cached, %d skipped, %d "
       "failed, %.1f s",

@@ -174,3 +174,17 @@ def test_python_prewarm_reads_the_bundle_itself_and_refuses_a_damaged_one(tmp_pa
         assert farm.stats().compiles == 4
     finally:
         farm.stop()
+
+    # A kilnd with no toolchain of the bundle's Triton: the first answer says so, and nothing more is sent.
+    bare = Kilnd(tmp_path / "bare")
+    try:
+        many = [flag for arch in range(80, 92) for flag in ("--target", f"cuda:{arch}")]
+        for command in ([str(KILN), "--endpoint", f"unix:{bare.socket}"], [sys.executable, "-m", "kiln"]):
+            stopped = subprocess.run([*command, "prewarm", str(bundle), *many], capture_output=True, text=True,
+                                     env=dict(env, KILN_ENDPOINT=f"unix:{bare.socket}"), timeout=120)
+            assert stopped.returncode == 4, stopped
+            assert "no registered toolchain has triton key" in stopped.stderr
+            assert re.search(r"stopped after that error; [1-9]\d* kernel and target pairs were not sent",
+                             stopped.stderr), stopped.stderr
+    finally:
+        bare.stop()

@@ -7,6 +7,7 @@ import concurrent.futures
 import hashlib
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +78,13 @@ def parse_target(text):
     return _api.Target(backend="cuda", arch=arch, warp_size=32)
 
 
+def _kernel_specific(error):
+    """Whether an RPC error is about one recording (the others may still go)."""
+    import grpc
+
+    return isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 class _Progress:
     """One status line redrawn in place on a terminal, with printed lines going
     above it; elsewhere (a log, a pipe) only the printed lines. As `kiln`'s."""
@@ -124,14 +132,25 @@ def prewarm(path, target_texts, out=sys.stdout):
         print(f"kiln: kilnd is not reachable: {error}", file=sys.stderr)
         return 3
 
+    # Set by an error no other kernel would escape (kilnd gone, no toolchain of
+    # the bundle's Triton, refused): nothing more is sent.
+    stop = threading.Event()
+
     def send(request, target):
+        if stop.is_set():
+            return None
         request = _api.PrewarmRequest.FromString(request.SerializeToString())
         request.target.CopyFrom(target)
-        return stub.Prewarm(request, timeout=600)
+        try:
+            return stub.Prewarm(request, timeout=600)
+        except Exception as error:
+            if not _kernel_specific(error):
+                stop.set()
+            raise
 
     progress, started = _Progress(out), time.monotonic()
     counts = {"compiled": 0, "cache hit": 0, "skipped": 0, "failed": 0}
-    exit_code = 0
+    exit_code, not_sent = 0, 0
     # A few at a time: kilnd runs them on its workers, and a bundle may hold thousands.
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         pending = {pool.submit(send, request, target): f"{name} {target.backend}:{target.arch}"
@@ -149,6 +168,9 @@ def prewarm(path, target_texts, out=sys.stdout):
                     print(f"kiln: {label}: {getattr(error, 'details', lambda: str(error))()}", file=sys.stderr)
                     exit_code = max(exit_code, 4)
                     continue
+                if response is None:
+                    not_sent += 1
+                    continue
                 if response.skipped:
                     counts["skipped"] += 1
                     progress.print(f"{label}: skipped: {response.skipped}")
@@ -165,6 +187,10 @@ def prewarm(path, target_texts, out=sys.stdout):
             progress.update(f"prewarming {Path(path).name}: {finished}/{total} done, "
                             f"{min(len(pending), 8)} running, {counts['failed']} failed, "
                             f"{time.monotonic() - started:.1f} s")
+    if not_sent:
+        progress.clear()
+        print(f"kiln: stopped after that error; {not_sent} kernel and target pairs were not sent", file=sys.stderr)
+        return exit_code
     progress.print(f"prewarmed {len(kernels)} kernels for {len(targets)} targets: {counts['compiled']} compiled, "
                    f"{counts['cache hit']} already cached, {counts['skipped']} skipped, {counts['failed']} failed, "
                    f"{time.monotonic() - started:.1f} s")
