@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,14 @@ absl::Status CreateFileSymlink(const std::filesystem::path& target,
 // follows too.
 absl::Status PublishContentAddressedFile(const std::filesystem::path& temp,
                                          const std::filesystem::path& target);
+
+// "HOST:PORT" or "[IPV6]:PORT" as its host (without brackets) and port;
+// nullopt when it is not that form or the port is not 0..65535.
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+std::optional<HostPort> SplitHostPort(absl::string_view address);
 
 // The addresses `host` has for TCP (DNS, hosts file or a literal), as a gRPC
 // "ipv4:"/"ipv6:" target lists them ("10.0.0.1:7733", "[::1]:7733"), in the

@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 #endif
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/platform.h"
@@ -42,6 +44,18 @@ absl::Status PublishContentAddressedFile(const std::filesystem::path& temp,
     std::filesystem::remove(temp, error);
   }
   return absl::OkStatus();
+}
+
+std::optional<HostPort> SplitHostPort(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return std::nullopt;
+  }
+  absl::string_view host = address.substr(0, colon);
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) host = host.substr(1, host.size() - 2);
+  return HostPort{std::string(host), static_cast<uint16_t>(port)};
 }
 
 absl::StatusOr<TcpAddresses> ResolveTcpAddresses(const std::string& host, uint16_t port) {

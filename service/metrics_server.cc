@@ -1,11 +1,12 @@
 #include "service/metrics_server.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/platform.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::service {
@@ -24,17 +25,13 @@ std::string Response(absl::string_view status, absl::string_view content_type,
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
                                                                     Page page) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
+  const std::optional<platform::HostPort> split = platform::SplitHostPort(address);
+  if (!split.has_value()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "metrics_listen '%s' is not PORT or HOST:PORT, e.g. 127.0.0.1:9464", address));
   }
-  std::string host = address.substr(0, colon);
-  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) host = host.substr(1, host.size() - 2);
   absl::StatusOr<std::unique_ptr<platform::TcpListener>> listener =
-      platform::TcpListener::Listen(host, static_cast<uint16_t>(port));
+      platform::TcpListener::Listen(split->host, split->port);
   if (!listener.ok()) {
     return absl::Status(listener.status().code(),
                         absl::StrCat("metrics_listen: ", listener.status().message()));

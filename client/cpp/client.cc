@@ -132,18 +132,14 @@ absl::StatusOr<ChannelTarget> ChannelTargetOf(absl::string_view endpoint) {
   platform::TcpAddresses all;
   for (std::string kilnd : kilnds) {
     if (absl::StartsWith(kilnd, kTlsScheme)) kilnd = kilnd.substr(kTlsScheme.size());
-    const size_t colon = kilnd.rfind(':');
-    int port = 0;
-    if (colon == std::string::npos || !absl::SimpleAtoi(kilnd.substr(colon + 1), &port) ||
-        port <= 0 || port > 65535) {
+    const std::optional<platform::HostPort> split = platform::SplitHostPort(kilnd);
+    if (!split.has_value() || split->port == 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "the endpoint lists '%s', which is not HOST:PORT; list kilnds as HOST:PORT,HOST:PORT",
           kilnd));
     }
-    std::string host = kilnd.substr(0, colon);
-    if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) host = host.substr(1, host.size() - 2);
     absl::StatusOr<platform::TcpAddresses> found =
-        platform::ResolveTcpAddresses(host, static_cast<uint16_t>(port));
+        platform::ResolveTcpAddresses(split->host, split->port);
     if (!found.ok()) {
       return absl::UnavailableError(absl::StrFormat(
           "the endpoint lists %s: %s; list HOST:PORT entries that resolve", kilnd,
@@ -155,7 +151,7 @@ absl::StatusOr<ChannelTarget> ChannelTargetOf(absl::string_view endpoint) {
       }
     }
     // The fleet's certificate names the first kilnd listed (usually a name all share).
-    if (channel.tls_name.empty()) channel.tls_name = host;
+    if (channel.tls_name.empty()) channel.tls_name = split->host;
   }
   const bool ipv4 = !all.ipv4.empty();
   channel.target = absl::StrCat(ipv4 ? "ipv4:" : "ipv6:", absl::StrJoin(ipv4 ? all.ipv4 : all.ipv6, ","));

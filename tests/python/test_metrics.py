@@ -31,8 +31,13 @@ def scrape(url):
 @pytest.fixture
 def metered(tmp_path):
     server = Kilnd(tmp_path / "kilnd", "--metrics-listen=127.0.0.1:0", f"--toolchain={sys.executable}")
-    port = re.search(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", (server.root / "kilnd.out").read_text()).group(1)
-    yield server, f"http://127.0.0.1:{port}/metrics"
+    # kilnd answers on its socket a moment before the metrics page is up (and logged).
+    deadline, found = time.monotonic() + 30, None
+    while found is None and time.monotonic() < deadline:
+        found = re.search(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", (server.root / "kilnd.out").read_text())
+        time.sleep(0.05)
+    assert found, (server.root / "kilnd.out").read_text()
+    yield server, f"http://127.0.0.1:{found.group(1)}/metrics"
     server.stop()
 
 

@@ -77,7 +77,10 @@ class FleetStub:
         else:
             order = list(self._any)
         now = time.monotonic()
-        return [m for m in order if m.usable(now)] + [m for m in order if not m.usable(now)]
+        # Asked once per member: a channel state changing between two asks would
+        # have dropped the member from the order, or listed it twice.
+        usable = {id(m): m.usable(now) for m in order}
+        return sorted(order, key=lambda m: not usable[id(m)])  # stable: the key's order within each
 
     def __getattr__(self, method):
         def call(request, *args, **kwargs):
