@@ -272,7 +272,9 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
       // Runs when the claim ends; looks again on our own pool, never on the
       // thread that ended it.
       blocking_pool_.Schedule([this, caller, ns, request, response, finish] {
-        finish(LookupInto(caller, ns, *request, *response));
+        const absl::Status status = LookupInto(caller, ns, *request, *response);
+        if (status.ok() && response->found()) CountWaitedHit(ns);
+        finish(status);
       });
     };
     // A unary call cannot hold a claim (nothing would end it if its caller
@@ -282,6 +284,11 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
     if (ticket.answer != CompileClaims::Answer::kWaiting) return finish(absl::OkStatus());
     lookups_waited_.fetch_add(1);
   });
+}
+
+void KilnService::CountWaitedHit(const std::string& ns) {
+  std::lock_guard lock(waited_hits_mutex_);
+  ++waited_hits_by_namespace_[ns];
 }
 
 grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
@@ -442,11 +449,17 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
   response->set_max_size_bytes(stats.max_size_bytes);
   response->set_evictions(stats.evicted_entries);
   response->set_corrupt_entries_dropped(stats.corrupt_entries_dropped);
-  for (const auto& [ns, counts] : stats.lookups_by_namespace) {
-    v1::NamespaceLookups* lookups = response->add_lookups_by_namespace();
-    lookups->set_namespace_(ns);
-    lookups->set_hits(counts.first);
-    lookups->set_misses(counts.second);
+  {
+    std::lock_guard lock(waited_hits_mutex_);
+    for (const auto& [ns, counts] : stats.lookups_by_namespace) {
+      v1::NamespaceLookups* lookups = response->add_lookups_by_namespace();
+      lookups->set_namespace_(ns);
+      lookups->set_hits(counts.first);
+      lookups->set_misses(counts.second);
+      if (auto waited = waited_hits_by_namespace_.find(ns); waited != waited_hits_by_namespace_.end()) {
+        lookups->set_waited_hits(waited->second);
+      }
+    }
   }
   response->set_server_version(KILN_VERSION);
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));

@@ -2,6 +2,8 @@
 #define KILN_SERVICE_KILN_SERVICE_H_
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "absl/time/time.h"
@@ -148,6 +150,10 @@ class KilnService final : public v1::Kiln::CallbackService {
   MissLog miss_log_;
   mutable std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> lookups_waited_{0};
+  // A waiter that found the entry its claimant stored: a compile saved.
+  void CountWaitedHit(const std::string& ns);
+  mutable std::mutex waited_hits_mutex_;
+  std::map<std::string, uint64_t> waited_hits_by_namespace_;  // guarded
   CompileClaims claims_;
   TenantCompileSlots tenant_compile_slots_;
   // Served files written ahead of lookups: one thread of its own, so this

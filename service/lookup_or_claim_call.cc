@@ -106,7 +106,9 @@ class KilnService::LookupOrClaimCall final
       std::lock_guard lock(mutex_);
       if (finished_ || finish_requested_) return;
     }
-    Answer(service_.LookupInto(caller_, ns_, request_, response_));
+    const absl::Status status = service_.LookupInto(caller_, ns_, request_, response_);
+    if (status.ok() && response_.found()) service_.CountWaitedHit(ns_);
+    Answer(status);
   }
 
   // The claim ended without this call abandoning it: the key is stored, its

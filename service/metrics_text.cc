@@ -64,6 +64,12 @@ std::string PrometheusText(const v1::GetStatsResponse& stats, const RpcStats& rp
     page.Sample("kiln_lookups_total", absl::StrCat(ns, ",result=\"miss\""),
                 static_cast<double>(lookups.misses()));
   }
+  page.Family("kiln_waited_hits_total", "counter",
+              "Hits that waited for another client's claim on the key: compiles saved, by namespace.");
+  for (const v1::NamespaceLookups& lookups : stats.lookups_by_namespace()) {
+    page.Sample("kiln_waited_hits_total", absl::StrCat("namespace=", Quoted(lookups.namespace_())),
+                static_cast<double>(lookups.waited_hits()));
+  }
   page.One("kiln_cache_hits_total", "counter", "Cache lookups that hit, all namespaces.",
            static_cast<double>(stats.hits()));
   page.One("kiln_cache_misses_total", "counter", "Cache lookups that missed, all namespaces.",

@@ -534,8 +534,14 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
                                            stats.tenant_compiles_waiting()));
   }
   for (const v1::NamespaceLookups& by_namespace : stats.lookups_by_namespace()) {
-    absl::StrAppend(&text, absl::StrFormat("  %-22s %d hits, %d misses\n", by_namespace.namespace_(),
+    absl::StrAppend(&text, absl::StrFormat("  %-22s %d hits, %d misses", by_namespace.namespace_(),
                                            by_namespace.hits(), by_namespace.misses()));
+    if (by_namespace.waited_hits() > 0) {
+      // Hits that waited for another client's compile of the key: compiles saved.
+      absl::StrAppend(&text, absl::StrFormat(" (%d after waiting for another client's compile)",
+                                             by_namespace.waited_hits()));
+    }
+    absl::StrAppend(&text, "\n");
   }
   if (stats.rpc_latency_size() > 0) {
     absl::StrAppend(&text, absl::StrFormat("%-15s %9s %7s %9s %9s %9s %9s\n", "rpc", "calls",

@@ -46,6 +46,9 @@ def status():
         print(f"saved:     {avoided} compiles, about {mean * avoided:.1f} s (mean compile {mean * 1e3:.0f} ms)")
     else:
         print(f"saved:     {avoided} compiles")
+    graphs_waited = sum(n.waited_hits for n in stats.lookups_by_namespace if n.namespace.endswith("/inductor"))
+    if graphs_waited:
+        print(f"inductor:  {graphs_waited} graph compiles saved by waiting for another process's")
     if stats.misses_by_reason:
         print("misses:    " + ", ".join(f"{r.count} {r.reason}" for r in stats.misses_by_reason))
     return 0

@@ -10,14 +10,15 @@ explicit 0 from the user wins). Entries live in kilnd's "inductor" namespace
 of the caller's trust domain, under the cache's size cap, eviction and
 integrity checks. An entry kilnd serves this account as a file (_index) is
 read from it, with no call: a warm start then imports no gRPC, like stock's
-local caches.
+local caches. Misses of the FX graph and AOTAutograd caches are single flight
+across processes (_inductor_claims).
 """
 
 import logging
 import os
 import sys
 
-from . import _files, _index
+from . import _files, _index, _inductor_claims
 
 log = logging.getLogger("kiln")
 
@@ -26,6 +27,8 @@ REMOTE_CACHE_SWITCHES = ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_A
                          "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE")
 _CACHE_CLASSES = ("RemoteFxGraphCache", "RemoteAOTAutogradCache", "RemoteAutotuneCache",
                   "RemoteBundledAutotuneCache")
+# Caches of graphs: a miss inside a compile scope claims its key (_inductor_claims).
+_SINGLE_FLIGHT_CLASSES = frozenset({"RemoteFxGraphCache", "RemoteAOTAutogradCache"})
 _MODULE = "torch._inductor.remote_cache"
 NAMESPACE = "inductor"
 VALUE_BLOB = "value"  # an entry's one blob
@@ -38,7 +41,7 @@ def _backend_base():
     return RemoteCacheBackend
 
 
-def _make_backend_class():
+def _make_backend_class(single_flight):
     class KilnInductorBackend(_backend_base()):
         """Bytes in, bytes out, keyed by inductor's own cache keys."""
 
@@ -52,11 +55,15 @@ def _make_backend_class():
                     pass  # removed since it was found: kilnd knows
             import grpc
 
-            from . import _api, _service
+            from . import _service
 
             if _unreachable:
                 return None
             try:
+                if single_flight and _inductor_claims.in_scope():
+                    return _lookup_or_claim(key)
+                from . import _api
+
                 response = _service.connect().stub.Lookup(_api.LookupRequest(namespace=NAMESPACE, key=key))
             except (grpc.RpcError, _service.KilnUnavailable) as error:
                 _unreachable = True
@@ -69,15 +76,36 @@ def _make_backend_class():
 
             from . import _api, _service
 
-            if _unreachable:
-                return
             try:
+                if _unreachable:
+                    return
                 _service.connect().stub.Put(_api.PutRequest(namespace=NAMESPACE, key=key, blobs=[
                     _api.blob(VALUE_BLOB, data)]))
             except (grpc.RpcError, _service.KilnUnavailable) as error:
                 log.debug("inductor cache entry not stored: %s", error)
+            finally:
+                _inductor_claims.release(key)  # stored or not, nobody waits on it now
 
     return KilnInductorBackend
+
+
+def _lookup_or_claim(key):
+    """The entry, or None on a miss this process compiles: then it holds the
+    claim (others wait) until it stores the key or its compile scope ends. A
+    miss that waited on another process and found nothing is compiled here
+    too: that process failed, bypassed the cache or went away."""
+    from . import _api, _frontend, _service
+
+    call = _service.connect().stub.LookupOrClaim(_api.LookupRequest(
+        namespace=NAMESPACE, key=key, claimant=_frontend.CLAIMANT))
+    try:
+        response = next(call)
+    except StopIteration:
+        return None
+    if response.claimed:
+        _inductor_claims.hold(key, call)
+        return None
+    return response.entry.blobs[0].data if response.found else None
 
 
 def install(remote_cache_module):
@@ -94,19 +122,42 @@ def install(remote_cache_module):
         _service.fall_back(f"torch {torch.__version__}'s inductor cache interface is not supported; "
                            "inductor's caches stay local")
         return False
-    backend = _make_backend_class()
-    for cls in classes:
-        cls.backend_override_cls = backend
+    backends = {single_flight: _make_backend_class(single_flight) for single_flight in (False, True)}
+    for name, cls in zip(_CACHE_CLASSES, classes):
+        cls.backend_override_cls = backends[name in _SINGLE_FLIGHT_CLASSES]
     log.debug("inductor's remote caches go to kilnd")
     return True
 
 
+def install_autotune_cache(module):
+    """Inductor's bundled autotune cache asserts it has a GPU backend's hash,
+    which a CPU-only compile has not: with the switch Kiln turns on (in this
+    process and, through the environment, its children), that would break
+    every torch.compile on a machine without a GPU. There it stays off, as
+    stock leaves it."""
+    bundler = getattr(module, "_AutotuneCacheBundlerImpl", None)
+    should_use = getattr(bundler, "_should_use_bundled_autotune_remote_cache", None)
+    if should_use is None:
+        return
+
+    def only_with_backend_hash(cls, inductor_meta):
+        return inductor_meta.get("backend_hash") is not None and should_use(inductor_meta)
+
+    bundler._should_use_bundled_autotune_remote_cache = classmethod(only_with_backend_hash)
+
+
+# What Kiln changes in each of torch's modules, right after it is imported.
+_INSTALLERS = {_MODULE: install, "torch._inductor.runtime.autotune_cache": install_autotune_cache,
+               **_inductor_claims.INSTALLERS}
+
+
 class _PatchAfterImport:
-    """A meta-path finder that runs install() right after inductor's
-    remote_cache module executes, however and whenever torch imports it."""
+    """A meta-path finder that runs a module's installer right after the
+    module executes, however and whenever torch imports it."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _MODULE:
+        installer = _INSTALLERS.get(fullname)
+        if installer is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -118,9 +169,9 @@ class _PatchAfterImport:
                 def exec_module(module, execute=execute):
                     execute(module)
                     try:
-                        install(module)
+                        installer(module)
                     except Exception as error:  # never break torch's import
-                        log.debug("inductor caches not redirected: %s", error)
+                        log.debug("%s not changed for kilnd: %s", fullname, error)
 
                 spec.loader.exec_module = exec_module
                 return spec
@@ -137,7 +188,8 @@ def activate():
         from . import _paths
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
-    if _MODULE in sys.modules:
-        install(sys.modules[_MODULE])
-    elif not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
+    for name, installer in _INSTALLERS.items():
+        if name in sys.modules:
+            installer(sys.modules[name])
+    if not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PatchAfterImport())

@@ -1,0 +1,92 @@
+"""One process of test_inductor_claims.py: torch.compile (inductor, on the CPU)
+a small model, once for inference and once with a backward, with its own empty
+local caches, and print one JSON line: outputs equal to eager, inductor's and
+AOTAutograd's cache counters, and seconds spent.
+
+usage: inductor_graph_program.py START_FILE [--raise] [--hold-claim SECONDS]
+
+START_FILE: the process waits until it exists, so that several start compiling
+together. --raise: the model's compile raises (a lowering error) in every
+process. --hold-claim: the process sleeps that long inside its first graph
+compile, after its cache miss (a claimant a test kills)."""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 256)
+        self.down = torch.nn.Linear(256, 64)
+        self.norm = torch.nn.LayerNorm(64)
+
+    def forward(self, x):
+        return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+def break_lowering():
+    """Makes inductor's lowering of gelu raise, as a bug in it would."""
+    from torch._inductor import lowering
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("kiln test: this lowering fails")
+
+    for op in (torch.ops.aten.gelu.default, torch.ops.aten.gelu):
+        lowering.lowerings[op] = failing
+    torch._inductor.config.fallback_random = False
+
+
+def hold_first_claim(seconds):
+    """Sleeps in the first FX graph compile, after its lookup missed."""
+    from torch._inductor import compile_fx
+
+    original = compile_fx.fx_codegen_and_compile
+
+    def slow(*args, **kwargs):
+        print("holding", flush=True)
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    compile_fx.fx_codegen_and_compile = slow
+
+
+def main():
+    start_file = sys.argv[1]
+    while not os.path.exists(start_file):
+        time.sleep(0.005)
+    if "--raise" in sys.argv:
+        break_lowering()
+    if "--hold-claim" in sys.argv:
+        hold_first_claim(float(sys.argv[sys.argv.index("--hold-claim") + 1]))
+    torch.manual_seed(0)
+    model = Model()
+    x = torch.randn(8, 64)
+    result = {}
+    started = time.perf_counter()
+    try:
+        with torch.no_grad():
+            result["inference_equal"] = bool(torch.allclose(torch.compile(model)(x), model(x), atol=1e-5))
+        compiled = torch.compile(model)
+        x.requires_grad_(True)
+        compiled(x).sum().backward()
+        compiled_grad = x.grad.clone()
+        x.grad = None
+        model(x).sum().backward()
+        result["training_equal"] = bool(torch.allclose(compiled_grad, x.grad, atol=1e-5))
+    except Exception as error:  # the test compares it with stock's
+        result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    result["seconds"] = round(time.perf_counter() - started, 3)
+    from torch._dynamo.utils import counters
+
+    result["inductor"] = {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
+    result["aot_autograd"] = {k: v for k, v in counters["aot_autograd"].items() if "cache" in k}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
