@@ -6,8 +6,8 @@ AOTAutograd's cache counters, and seconds spent.
 usage: inductor_graph_program.py START_FILE [--raise] [--hold-claim SECONDS]
 
 START_FILE: the process waits until it exists, so that several start compiling
-together. --raise: the model's compile raises (a lowering error) in every
-process. --hold-claim: the process sleeps that long inside its first graph
+together. --raise: every graph's compile raises (as a lowering error would) in
+every process. --hold-claim: the process sleeps that long inside its first graph
 compile, after its cache miss (a claimant a test kills)."""
 
 import json
@@ -29,16 +29,14 @@ class Model(torch.nn.Module):
         return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
 
 
-def break_lowering():
-    """Makes inductor's lowering of gelu raise, as a bug in it would."""
-    from torch._inductor import lowering
+def break_graph_compiles():
+    """Makes inductor's compile of every graph raise, as a bug in its lowering would."""
+    from torch._inductor import compile_fx
 
     def failing(*args, **kwargs):
-        raise RuntimeError("kiln test: this lowering fails")
+        raise RuntimeError("kiln test: this graph's compile fails")
 
-    for op in (torch.ops.aten.gelu.default, torch.ops.aten.gelu):
-        lowering.lowerings[op] = failing
-    torch._inductor.config.fallback_random = False
+    compile_fx.fx_codegen_and_compile = failing
 
 
 def hold_first_claim(seconds):
@@ -60,7 +58,7 @@ def main():
     while not os.path.exists(start_file):
         time.sleep(0.005)
     if "--raise" in sys.argv:
-        break_lowering()
+        break_graph_compiles()
     if "--hold-claim" in sys.argv:
         hold_first_claim(float(sys.argv[sys.argv.index("--hold-claim") + 1]))
     torch.manual_seed(0)

@@ -17,6 +17,7 @@ across processes (_inductor_claims).
 import logging
 import os
 import sys
+import time
 
 from . import _files, _index, _inductor_claims
 
@@ -98,10 +99,13 @@ def _lookup_or_claim(key):
 
     call = _service.connect().stub.LookupOrClaim(_api.LookupRequest(
         namespace=NAMESPACE, key=key, claimant=_frontend.CLAIMANT))
+    asked = time.monotonic()
     try:
         response = next(call)
     except StopIteration:
-        return None
+        response = _api.LookupResponse()
+    outcome = "claimed" if response.claimed else "found" if response.found else "missing: compiling it here"
+    log.debug("inductor entry %s %s after %.3f s", key, outcome, time.monotonic() - asked)
     if response.claimed:
         _inductor_claims.hold(key, call)
         return None

@@ -1,0 +1,148 @@
+"""torch.compile in several processes at once through one kilnd: inductor's
+FX graphs and AOTAutograd graphs are compiled by one process and loaded by the
+others (single flight), and nobody waits on a claimant that died or failed.
+Real torch (inductor compiling for the CPU, .venv-torch), real kilnd."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import REPO, Kilnd
+
+PYTHON = REPO / ".venv-torch" / "bin" / "python"
+PROGRAM = REPO / "tests" / "python" / "inductor_graph_program.py"
+GRAPHS = 3  # the program's FX graphs: inference, training forward and backward
+AOT_GRAPHS = 2  # its AOTAutograd graphs: inference, training
+
+
+@pytest.fixture
+def kilnd(tmp_path):
+    server = Kilnd(tmp_path / "kilnd")
+    yield server
+    server.stop()
+
+
+def _env(tmp_path, name, kilnd=None):
+    """Empty local caches of its own for each process; Kiln on when kilnd is given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR_"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / name / "inductor"), TRITON_CACHE_DIR=str(tmp_path / name / "triton"),
+               XDG_CACHE_HOME=str(tmp_path / name / "cache"), PYTHONUNBUFFERED="1")
+    if kilnd is not None:
+        env.update(KILN="1", KILN_STRICT="1", KILN_DEBUG="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    return env
+
+
+class Program:
+    """One inductor_graph_program.py process; its stderr lines are timed as they come."""
+
+    def __init__(self, tmp_path, name, kilnd, *flags):
+        self.lines = []  # (monotonic time, line) of stderr
+        self.process = subprocess.Popen([str(PYTHON), str(PROGRAM), str(tmp_path / "start"), *flags],
+                                        env=_env(tmp_path, name, kilnd), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        self.stdout = []
+        self.readers = [threading.Thread(target=self._read, args=(self.process.stderr, self.lines)),
+                        threading.Thread(target=self._read, args=(self.process.stdout, self.stdout))]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, into):
+        for line in stream:
+            into.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, text, timeout=300):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for _, line in self.stdout + self.lines):
+                return
+            assert self.process.poll() is None, self.log()
+            time.sleep(0.02)
+        raise AssertionError(f"never printed {text!r}:\n{self.log()}")
+
+    def result(self, timeout=600):
+        self.process.wait(timeout)
+        for reader in self.readers:
+            reader.join()
+        for _, line in reversed(self.stdout):
+            if line.startswith("{"):
+                return json.loads(line)
+        raise AssertionError(f"no result (exit {self.process.returncode}):\n{self.log()}")
+
+    def log(self):
+        return "\n".join(line for _, line in self.stdout + self.lines)[-6000:]
+
+
+def _start_together(tmp_path, programs):
+    (tmp_path / "start").touch()
+    return [program.result() for program in programs]
+
+
+def _graph_counts(results):
+    misses = [r["inductor"].get("fxgraph_cache_miss", 0) for r in results]
+    hits = [r["inductor"].get("fxgraph_cache_hit", 0) for r in results]
+    aot_misses = [r["aot_autograd"].get("autograd_cache_miss", 0) for r in results]
+    return misses, hits, aot_misses
+
+
+def _waited_hits(kilnd):
+    return sum(n.waited_hits for n in kilnd.stats().lookups_by_namespace if n.namespace.endswith("/inductor"))
+
+
+def test_processes_started_together_compile_each_graph_once(kilnd, tmp_path):
+    programs = [Program(tmp_path, f"p{i}", kilnd) for i in range(3)]
+    results = _start_together(tmp_path, programs)
+    logs = "\n\n".join(p.log() for p in programs)
+    for result in results:
+        assert "error" not in result, logs
+        assert result["inference_equal"] and result["training_equal"]
+    misses, hits, aot_misses = _graph_counts(results)
+    # One process compiled each graph; the other two loaded every one of them.
+    assert sum(misses) == GRAPHS and sorted(hits) == [0, GRAPHS, GRAPHS], (results, logs)
+    assert sum(aot_misses) == AOT_GRAPHS, results
+    # Those two were running while the graphs compiled: they waited, and the
+    # wait ended in a hit (kilnd counts each as a compile saved).
+    assert _waited_hits(kilnd) >= 2, kilnd.stats()
+
+
+def test_a_killed_claimant_costs_its_waiter_under_a_second(kilnd, tmp_path):
+    holder = Program(tmp_path, "holder", kilnd, "--hold-claim", "300")
+    (tmp_path / "start").touch()
+    holder.wait_for("holding")  # inside its first graph's compile, holding the graph's claims
+    waiter = Program(tmp_path, "waiter", kilnd)
+    before = kilnd.stats().lookups_waited
+    deadline = time.monotonic() + 120
+    while kilnd.stats().lookups_waited == before:
+        assert time.monotonic() < deadline and waiter.process.poll() is None, waiter.log()
+        time.sleep(0.02)
+    killed_at = time.monotonic()
+    holder.process.send_signal(signal.SIGKILL)
+    result = waiter.result()
+    holder.process.wait(60)
+    assert "error" not in result and result["inference_equal"] and result["training_equal"], waiter.log()
+    # Its wait ended as soon as the holder died; then it compiled the graph itself.
+    ended = [t for t, line in waiter.lines if re.search(r"inductor entry \S+ missing: compiling it here", line)]
+    assert ended, waiter.log()
+    assert ended[0] - killed_at < 1.0, ended[0] - killed_at
+    assert sum(_graph_counts([result])[0]) == GRAPHS
+
+
+def test_a_graph_that_fails_gives_every_process_stocks_error(kilnd, tmp_path):
+    stock = Program(tmp_path, "stock", None, "--raise")
+    (tmp_path / "start").touch()
+    stock_result = stock.result()
+    assert stock_result.get("error"), stock.log()
+    (tmp_path / "start").unlink()
+    programs = [Program(tmp_path, f"p{i}", kilnd, "--raise") for i in range(2)]
+    results = _start_together(tmp_path, programs)
+    for program, result in zip(programs, results):
+        assert result.get("error") == stock_result["error"], program.log()
+    # Nobody held a claim once its compile failed: no waiter timed out on it.
+    assert max(r["seconds"] for r in results) < 60, results
+    assert _waited_hits(kilnd) == 0
