@@ -1,9 +1,13 @@
 """One process of inductor_warm.py: torch.compile a 2-block fp16 transformer
 and an MLP, time the first call, compare with eager.
 
-usage: inductor_program.py [--wider]     prints one JSON line"""
+usage: inductor_program.py [--wider] [--start-file PATH]     prints one JSON line
+
+--start-file: waits until PATH exists before compiling (several processes
+started together: inductor_fanout.py)."""
 
 import json
+import os
 import sys
 import time
 
@@ -51,6 +55,10 @@ class MLP(torch.nn.Module):
 
 
 def main():
+    if "--start-file" in sys.argv:
+        start_file = sys.argv[sys.argv.index("--start-file") + 1]
+        while not os.path.exists(start_file):
+            time.sleep(0.005)
     width = 768 if "--wider" in sys.argv else 512
     torch.manual_seed(0)
     result = {}
