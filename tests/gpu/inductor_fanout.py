@@ -7,8 +7,9 @@ empty local caches of its own, and all start together. Runs stock and through
 one fresh kilnd, with one process and with N, and with --cores again pinned to
 that many cores (taskset). Prints wall time, the CPU time of the processes
 (their compile workers included) and of kilnd (its Triton workers included),
-inductor's graph cache counters, and kilnd's graph hits after waiting; then
-the issue's checks: exactly one process compiled each graph, every output
+inductor's graph cache counters, autotuning benchmarks run, and kilnd's hits
+after waiting; then the issue's checks: exactly one process compiled each
+graph and benchmarked each kernel's configs, every output
 equal to eager, and the N processes' CPU within 2x one process's."""
 
 import argparse
@@ -84,13 +85,15 @@ def run(label, count, bundle, work, cores):
     results = [json.loads((work / f"p{i}.out").read_text().splitlines()[-1]) for i in range(count)]
     misses = sum(r["inductor"].get("fxgraph_cache_miss", 0) for r in results)
     hits = sum(r["inductor"].get("fxgraph_cache_hit", 0) for r in results)
+    benchmarks = sum(r["autotune_benchmarks"] for r in results)
     firsts = sorted(r["transformer"]["first_call_s"] for r in results)
     correct = all(r[m]["allclose"] for r in results for m in ("transformer", "mlp"))
     print(f"{label:5} x{count} {'on ' + str(cores) + ' cores' if cores else 'all cores':12} wall {wall:6.1f} s, "
           f"CPU {client_cpu:7.1f} s + kilnd {kilnd_cpu:6.1f} s = {client_cpu + kilnd_cpu:7.1f} s; "
           f"transformer first call {firsts[0]:.1f}-{firsts[-1]:.1f} s; FX graphs {misses} compiled, {hits} hits, "
-          f"{waited} hits after waiting; outputs {'equal eager' if correct else 'WRONG'}", flush=True)
-    return {"wall": wall, "cpu": client_cpu + kilnd_cpu, "misses": misses, "hits": hits, "correct": correct}
+          f"{waited} hits after waiting; {benchmarks} autotune benchmarks; outputs {'equal eager' if correct else 'WRONG'}", flush=True)
+    return {"wall": wall, "cpu": client_cpu + kilnd_cpu, "misses": misses, "hits": hits, "correct": correct,
+            "benchmarks": benchmarks}
 
 
 def main():
@@ -113,6 +116,7 @@ def main():
     graphs = one_kiln["misses"]
     checks = {
         "each graph compiled once": many_kiln["misses"] == graphs and many_kiln["hits"] == (n - 1) * graphs,
+        "each kernel autotuned once": many_kiln["benchmarks"] == one_kiln["benchmarks"],
         "outputs equal eager": all(r["correct"] for r in runs.values()),
         f"CPU of {n} <= 2x one": many_kiln["cpu"] <= 2 * one_kiln["cpu"],
         f"wall on {args.cores} cores better than stock": runs["kiln", n, args.cores]["wall"] < runs["stock", n, args.cores]["wall"],

@@ -54,7 +54,24 @@ class MLP(torch.nn.Module):
         return self.net(x)
 
 
+def count_benchmarks():
+    """Counts inductor's autotuning benchmarks (each kernel's configs timed at its first run)."""
+    from torch._inductor.runtime import triton_heuristics
+
+    autotuner = triton_heuristics.CachingAutotuner
+    benchmark = autotuner.benchmark_all_configs
+    count = [0]
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return benchmark(self, *args, **kwargs)
+
+    autotuner.benchmark_all_configs = counted
+    return count
+
+
 def main():
+    benchmarks = count_benchmarks()
     if "--start-file" in sys.argv:
         start_file = sys.argv[sys.argv.index("--start-file") + 1]
         while not os.path.exists(start_file):
@@ -78,6 +95,7 @@ def main():
     from torch._dynamo.utils import counters
 
     result["inductor"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
+    result["autotune_benchmarks"] = benchmarks[0]
     result["grpc_imported"] = "grpc" in sys.modules  # whether a Kiln client called kilnd
     print(json.dumps(result))
 

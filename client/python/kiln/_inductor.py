@@ -10,8 +10,8 @@ explicit 0 from the user wins). Entries live in kilnd's "inductor" namespace
 of the caller's trust domain, under the cache's size cap, eviction and
 integrity checks. An entry kilnd serves this account as a file (_index) is
 read from it, with no call: a warm start then imports no gRPC, like stock's
-local caches. Misses of the FX graph and AOTAutograd caches are single flight
-across processes (_inductor_claims).
+local caches. Misses of the FX graph, AOTAutograd and autotune caches are
+single flight across processes (_inductor_claims).
 """
 
 import logging
@@ -28,8 +28,10 @@ REMOTE_CACHE_SWITCHES = ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_A
                          "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE")
 _CACHE_CLASSES = ("RemoteFxGraphCache", "RemoteAOTAutogradCache", "RemoteAutotuneCache",
                   "RemoteBundledAutotuneCache")
-# Caches of graphs: a miss inside a compile scope claims its key (_inductor_claims).
-_SINGLE_FLIGHT_CLASSES = frozenset({"RemoteFxGraphCache", "RemoteAOTAutogradCache"})
+# A miss of these inside a claim scope of their kind claims its key (_inductor_claims).
+_SINGLE_FLIGHT_KINDS = {"RemoteFxGraphCache": _inductor_claims.GRAPHS,
+                        "RemoteAOTAutogradCache": _inductor_claims.GRAPHS,
+                        "RemoteAutotuneCache": _inductor_claims.AUTOTUNING}
 _MODULE = "torch._inductor.remote_cache"
 NAMESPACE = "inductor"
 VALUE_BLOB = "value"  # an entry's one blob
@@ -42,7 +44,7 @@ def _backend_base():
     return RemoteCacheBackend
 
 
-def _make_backend_class(single_flight):
+def _make_backend_class(single_flight_kind):
     class KilnInductorBackend(_backend_base()):
         """Bytes in, bytes out, keyed by inductor's own cache keys."""
 
@@ -61,7 +63,7 @@ def _make_backend_class(single_flight):
             if _unreachable:
                 return None
             try:
-                if single_flight and _inductor_claims.in_scope():
+                if single_flight_kind and _inductor_claims.in_scope(single_flight_kind):
                     return _lookup_or_claim(key)
                 from . import _api
 
@@ -126,9 +128,8 @@ def install(remote_cache_module):
         _service.fall_back(f"torch {torch.__version__}'s inductor cache interface is not supported; "
                            "inductor's caches stay local")
         return False
-    backends = {single_flight: _make_backend_class(single_flight) for single_flight in (False, True)}
     for name, cls in zip(_CACHE_CLASSES, classes):
-        cls.backend_override_cls = backends[name in _SINGLE_FLIGHT_CLASSES]
+        cls.backend_override_cls = _make_backend_class(_SINGLE_FLIGHT_KINDS.get(name))
     log.debug("inductor's remote caches go to kilnd")
     return True
 

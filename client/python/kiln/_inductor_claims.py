@@ -23,11 +23,16 @@ connection releases at once (kilnd sees its call end); one alive but stuck
 lapses after kilnd's claim timeout (60 s), after which waiters compile
 themselves, as does every waiter whose claimant failed.
 
-Autotune results are not claimed: inductor reads them when it loads a kernel
-and writes them after the kernel's first run, and a claim held across that gap
-could make two processes wait on each other.
+Autotune results: inductor reads one when it loads a kernel and writes it
+after benchmarking the kernel's configs at its first run. A claim held across
+that gap could make two processes wait on each other, so the miss at load
+time claims nothing; the benchmark itself is the scope
+(`CachingAutotuner.autotune_to_one_config`): it asks the cache again, claiming
+on a miss, and a process whose claimant benchmarked meanwhile takes its
+result. A benchmark waits on nothing, so this wait ends with it.
 """
 
+import contextlib
 import functools
 import logging
 import threading
@@ -36,12 +41,16 @@ log = logging.getLogger("kiln")
 
 _claims = {}  # key -> the open LookupOrClaim call of this process's claim on it
 _claims_lock = threading.Lock()
-_scopes = threading.local()  # .stack: [[key claimed in that scope]], innermost last
+_scopes = threading.local()  # .stack: [(kind, [key claimed in that scope])], innermost last
+GRAPHS = "graphs"  # a compile's scope: FX graph and AOTAutograd misses claim
+AUTOTUNING = "autotuning"  # a benchmark's scope: autotune misses claim
 
 
-def in_scope():
-    """Whether a miss on this thread may claim: some scope will end its claim."""
-    return bool(getattr(_scopes, "stack", None))
+def in_scope(kind):
+    """Whether a miss of that kind of cache on this thread may claim: the
+    innermost scope is of its kind, and will end the claim."""
+    stack = getattr(_scopes, "stack", None)
+    return bool(stack) and stack[-1][0] == kind
 
 
 def hold(key, call):
@@ -51,7 +60,7 @@ def hold(key, call):
         _claims[key] = call
     if previous is not None:
         previous.cancel()
-    _scopes.stack[-1].append(key)
+    _scopes.stack[-1][1].append(key)
 
 
 def release(key):
@@ -63,6 +72,20 @@ def release(key):
         call.cancel()
 
 
+@contextlib.contextmanager
+def claim_scope(kind):
+    """Misses of `kind` on this thread inside it may claim; their claims end with it."""
+    stack = getattr(_scopes, "stack", None)
+    if stack is None:
+        stack = _scopes.stack = []
+    stack.append((kind, []))
+    try:
+        yield
+    finally:
+        for key in stack.pop()[1]:
+            release(key)
+
+
 def scoped(compile_function):
     """compile_function, ending at its exit every claim taken during it."""
     if getattr(compile_function, "_kiln_claim_scope", False):
@@ -70,15 +93,42 @@ def scoped(compile_function):
 
     @functools.wraps(compile_function)
     def wrapper(*args, **kwargs):
-        stack = getattr(_scopes, "stack", None)
-        if stack is None:
-            stack = _scopes.stack = []
-        stack.append([])
-        try:
+        with claim_scope(GRAPHS):
             return compile_function(*args, **kwargs)
-        finally:
-            for key in stack.pop():
-                release(key)
+
+    wrapper._kiln_claim_scope = True
+    return wrapper
+
+
+def _single_flight_benchmark(autotune_to_one_config):
+    """CachingAutotuner.autotune_to_one_config, asking the remote autotune
+    cache again first inside a claim scope: one process benchmarks, the others
+    wait for and take its choice."""
+    if getattr(autotune_to_one_config, "_kiln_claim_scope", False):
+        return autotune_to_one_config
+
+    @functools.wraps(autotune_to_one_config)
+    def wrapper(self, *args, **kwargs):
+        autotune_cache = getattr(getattr(self, "save_cache_hook", None), "__self__", None)
+        remote = getattr(autotune_cache, "remote_cache", None)
+        if not isinstance(remote, tuple) or len(getattr(self, "launchers", ())) < 2:
+            return autotune_to_one_config(self, *args, **kwargs)
+        remote_cache, key = remote
+        with claim_scope(AUTOTUNING):
+            best = remote_cache.get(key)
+            if isinstance(best, dict):
+                from torch._inductor.runtime.autotune_cache import _load_cached_autotuning
+
+                config = _load_cached_autotuning(dict(best), autotune_cache.configs_hash,
+                                                 [launcher.config for launcher in self.launchers],
+                                                 self.inductor_meta)
+                chosen = [launcher for launcher in self.launchers if launcher.config is config]
+                if chosen:
+                    log.debug("autotuning of %s taken from another process's benchmark",
+                              getattr(self.fn, "__name__", "a kernel"))
+                    self.launchers = chosen[:1]
+                    return None
+            return autotune_to_one_config(self, *args, **kwargs)
 
     wrapper._kiln_claim_scope = True
     return wrapper
@@ -105,8 +155,18 @@ def install_dynamo_backends_common(module):
     _scope_function(module, "aot_module_simplified")
 
 
+def install_triton_heuristics(module):
+    autotuner = getattr(module, "CachingAutotuner", None)
+    benchmark = getattr(autotuner, "autotune_to_one_config", None)
+    if benchmark is None:
+        log.debug("CachingAutotuner.autotune_to_one_config not found: autotuning is not single flight")
+        return
+    autotuner.autotune_to_one_config = _single_flight_benchmark(benchmark)
+
+
 # Modules whose functions get a claim scope, each right after it is imported.
 INSTALLERS = {
+    "torch._inductor.runtime.triton_heuristics": install_triton_heuristics,
     "torch._inductor.compile_fx": install_compile_fx,
     "torch._functorch.aot_autograd": install_aot_autograd,
     "torch._dynamo.backends.common": install_dynamo_backends_common,
