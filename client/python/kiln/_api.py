@@ -8,14 +8,37 @@ protobuf runtime to the generator's version; this works with any protobuf from
 """
 
 import hashlib
-from importlib import resources
+import os
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pool, message_factory
+
+
+def _serialized_files(descriptor_set):
+    """The FileDescriptorProtos of a serialized FileDescriptorSet, whose only
+    field is `repeated FileDescriptorProto file = 1`: split by hand, because
+    importing descriptor_pb2 to parse it costs more than the rest of this
+    module, on the first cache miss of every process."""
+    position = 0
+    while position < len(descriptor_set):
+        if descriptor_set[position] != 0x0A:  # field 1, length-delimited
+            raise ValueError("_kiln_v1.desc is not a FileDescriptorSet; reinstall the kiln package")
+        position += 1
+        size = shift = 0
+        while True:
+            byte = descriptor_set[position]
+            position += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        yield descriptor_set[position:position + size]
+        position += size
+
 
 _POOL = descriptor_pool.DescriptorPool()
-for _file in descriptor_pb2.FileDescriptorSet.FromString(
-        resources.files(__package__).joinpath("_kiln_v1.desc").read_bytes()).file:
-    _POOL.Add(_file)
+with open(os.path.join(os.path.dirname(__file__), "_kiln_v1.desc"), "rb") as _descriptor_set:
+    for _file in _serialized_files(_descriptor_set.read()):
+        _POOL.AddSerializedFile(_file)
 
 
 def _message(name):
