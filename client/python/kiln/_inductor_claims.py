@@ -54,7 +54,7 @@ def in_scope(kind):
 
 
 def hold(key, call):
-    """Keeps this process's claim on key until put_done(key) or the scope ends."""
+    """Keeps this process's claim on key until release(key) (its put) or the scope ends."""
     with _claims_lock:
         previous = _claims.pop(key, None)
         _claims[key] = call
@@ -146,12 +146,7 @@ def install_compile_fx(module):
     _scope_function(module, "_compile_fx_inner")
 
 
-def install_aot_autograd(module):
-    _scope_function(module, "aot_module_simplified")
-
-
-def install_dynamo_backends_common(module):
-    # It imports aot_module_simplified by name: its copy needs the scope too.
+def install_aot_module_simplified(module):
     _scope_function(module, "aot_module_simplified")
 
 
@@ -168,6 +163,7 @@ def install_triton_heuristics(module):
 INSTALLERS = {
     "torch._inductor.runtime.triton_heuristics": install_triton_heuristics,
     "torch._inductor.compile_fx": install_compile_fx,
-    "torch._functorch.aot_autograd": install_aot_autograd,
-    "torch._dynamo.backends.common": install_dynamo_backends_common,
+    "torch._functorch.aot_autograd": install_aot_module_simplified,
+    # It imports aot_module_simplified by name: its copy needs the scope too.
+    "torch._dynamo.backends.common": install_aot_module_simplified,
 }
