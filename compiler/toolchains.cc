@@ -114,11 +114,14 @@ void WorkerPool::RetireIdleLoop() {
     changed_.wait_for(lock, absl::ToChronoSeconds(std::max(absl::Seconds(1),
                                                            options_.idle_timeout / 4)));
     const absl::Time cutoff = absl::Now() - options_.idle_timeout;
-    const auto expired = std::partition(idle_.begin(), idle_.end(), [&](const auto& worker) {
+    const auto expired = std::stable_partition(idle_.begin(), idle_.end(), [&](const auto& worker) {
       return worker->last_used() > cutoff;
     });
-    const auto retired = static_cast<int>(idle_.end() - expired);
-    idle_.erase(expired, idle_.end());
+    // The pool keeps one worker however long it idles: a compile after a quiet
+    // spell would otherwise wait seconds for a new worker to import triton,
+    // which a stock Triton process that has run once never pays again.
+    const int retired = std::max(0, std::min(static_cast<int>(idle_.end() - expired), live_ - 1));
+    idle_.erase(expired, expired + retired);
     live_ -= retired;
     stats_.workers_retired += static_cast<uint64_t>(retired);
   }

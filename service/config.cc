@@ -135,7 +135,7 @@ const std::vector<Setting>& Settings() {
        Integer(&Config::compile_workers, 0, 1024)},
       {"compile_timeout_seconds", "a compile job running longer is killed (600)",
        Integer(&Config::compile_timeout_seconds, 1, 86400)},
-      {"worker_idle_seconds", "idle workers exit after this long (600)",
+      {"worker_idle_seconds", "idle workers but the last of each toolchain exit after this long (600)",
        Integer(&Config::worker_idle_seconds, 1, 86400)},
       {"launcher_cc", "C compiler for launcher modules (default: $CC, gcc, clang, tcc)",
        Text(&Config::launcher_cc)},

@@ -207,3 +207,25 @@ def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
     retry = server.stub.Compile(compile_request(frontend))
     assert retry.WhichOneof("result") == "entry", retry.error
     assert server.stats().workers_lost == 1
+
+
+def test_idle_workers_retire_but_the_last_one_stays_ready(fresh_kilnd):
+    server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2", "--worker-idle-seconds=1")
+    # Two compiles at once: registration's worker takes one, a second worker starts for the other.
+    frontends = [triton_frontend.run_frontend(case, TARGETS[0]) for case in kernel_suite.SUITE[:2]]
+    threads = [threading.Thread(target=server.stub.Compile, args=(compile_request(f),)) for f in frontends]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert server.stats().workers_started == 2
+    deadline = time.time() + 30
+    while server.stats().live_workers > 1 and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # three more turns of the retirer, each past the idle time
+    stats = server.stats()
+    assert stats.live_workers == 1 and len(server.worker_pids()) == 1, stats
+    # A compile after the quiet spell finds that worker ready: no worker starts for it.
+    response = server.stub.Compile(compile_request(triton_frontend.run_frontend(kernel_suite.SUITE[2], TARGETS[0])))
+    assert response.WhichOneof("result") == "entry", response.error
+    assert server.stats().workers_started == 2
