@@ -13,6 +13,7 @@ Kiln cold run against a fresh kilnd (medians).
 """
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -36,6 +37,11 @@ def run(env, *flags, kind=None):
     if result.returncode != 0:
         sys.exit(result.stderr[-3000:])
     report = json.loads(result.stdout.splitlines()[-1])
+    if report["kiln_used"] != (env.get("KILN") == "1"):
+        # A client missing from this Python would make every "kiln" figure stock's.
+        sys.exit(f"a {'Kiln' if env.get('KILN') == '1' else 'stock'} run was "
+                 f"{'served by Kiln' if report['kiln_used'] else 'not served by Kiln'}: is the client "
+                 f"wheel installed for {sys.executable}?")
     if kind and report["grpc_imported"]:
         _called_kilnd.append(kind)
     return report["kernels"]
@@ -63,8 +69,8 @@ def start_kilnd(bundle, base, data_dir, socket):
 
 
 def cold_phases(bundle, base, work, rounds, skip):
-    """Phase sums (after the first kernel) of cold runs, stock and Kiln, each against
-    empty caches: a fresh kilnd for every Kiln run."""
+    """Phases of cold runs, stock and Kiln, each against empty caches (a fresh kilnd
+    for every Kiln run): summed over the kernels after the first, and of the first."""
     runs = {"stock": [], "kiln": []}
     for round_ in range(rounds):
         runs["stock"].append(run(dict(base, TRITON_CACHE_DIR=str(work / f"cs-{round_}")), "--cold-phases"))
@@ -75,7 +81,14 @@ def cold_phases(bundle, base, work, rounds, skip):
         finally:
             kilnd.terminate()
             kilnd.wait()
-    return {kind: median_phases(kind_runs, skip) for kind, kind_runs in runs.items()}
+    return ({kind: median_phases(kind_runs, skip) for kind, kind_runs in runs.items()},
+            {kind: first_kernel_phases(kind_runs, skip) for kind, kind_runs in runs.items()})
+
+
+def first_kernel_phases(runs, first):
+    """phase -> the median ms of the first kernel, which pays each process's one-time costs."""
+    phases = {phase for run in runs for phase in run[first]}
+    return {phase: statistics.median(run[first].get(phase, 0.0) for run in runs) for phase in phases}
 
 
 def main():
@@ -87,6 +100,8 @@ def main():
                         help="also time the steps of cold runs, over N more rounds")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
+                    *glob.glob(str(bundle / "*.whl"))], check=True)
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-bench-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
@@ -150,11 +165,14 @@ def main():
 
     if args.cold_phases:
         first = next(iter(stock_cold))
-        by_kind = cold_phases(bundle, base, work, args.cold_phases, first)
-        print(f"\ncold, after the first kernel, by phase (ms, sum of per-kernel medians of {args.cold_phases} rounds)")
-        print(f"{'phase':28} {'stock':>10} {'kiln':>10}")
-        for phase in sorted(set(by_kind["stock"]) | set(by_kind["kiln"]), key=lambda p: (p == "total", p)):
-            print(f"{phase:28} {by_kind['stock'].get(phase, 0):10.1f} {by_kind['kiln'].get(phase, 0):10.1f}")
+        after_first, of_first = cold_phases(bundle, base, work, args.cold_phases, first)
+        print(f"\ncold by phase (ms, medians of {args.cold_phases} rounds; after the first kernel: the sum "
+              f"of per-kernel medians)")
+        print(f"{'phase':28} {'stock first':>11} {'kiln first':>10} | {'stock after':>11} {'kiln after':>10}")
+        phases = set(after_first["stock"]) | set(after_first["kiln"]) | set(of_first["stock"]) | set(of_first["kiln"])
+        for phase in sorted(phases, key=lambda p: (p == "total", p)):
+            print(f"{phase:28} {of_first['stock'].get(phase, 0):11.1f} {of_first['kiln'].get(phase, 0):10.1f} | "
+                  f"{after_first['stock'].get(phase, 0):11.1f} {after_first['kiln'].get(phase, 0):10.1f}")
 
 
 if __name__ == "__main__":

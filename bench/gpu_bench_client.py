@@ -1,7 +1,8 @@
 """One process of bench/gpu_bench.py: for each suite kernel at this GPU's own
 target, the time from asking Triton for it to having it loaded and launchable
 (triton.compile, then loading the cubin and the launcher module). Prints JSON:
-{"kernels": {kernel name: milliseconds}, "grpc_imported": whether it called kilnd}.
+{"kernels": {kernel name: milliseconds}, "grpc_imported": whether it called kilnd,
+"kiln_used": whether Kiln's client served Triton's cache}.
 
 With --phases, each kernel's time is split into the steps of a warm hit, with
 --cold-phases into those of a cold compile (each of Triton's stages, where
@@ -133,7 +134,10 @@ def main():
             times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total, **_inside)
         else:
             times[case.name] = total
-    print(json.dumps({"kernels": times, "grpc_imported": "grpc" in sys.modules}))
+    # Triton took its cache manager from Kiln (a warm hit never imports kiln._triton).
+    triton_side = sys.modules.get("kiln._triton")
+    kiln_used = "kiln._cache" in sys.modules and (triton_side is None or triton_side._installed is not False)
+    print(json.dumps({"kernels": times, "grpc_imported": "grpc" in sys.modules, "kiln_used": kiln_used}))
 
 
 if __name__ == "__main__":
