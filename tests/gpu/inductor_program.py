@@ -1,13 +1,19 @@
 """One process of inductor_warm.py: torch.compile a 2-block fp16 transformer
 and an MLP, time the first call, compare with eager.
 
-usage: inductor_program.py [--wider] [--start-file PATH]     prints one JSON line
+usage: inductor_program.py [--wider] [--start-file PATH] [--profile PREFIX]
+prints one JSON line.
 
 --start-file: waits until PATH exists before compiling (several processes
-started together: inductor_fanout.py)."""
+started together: inductor_fanout.py).
+--profile: profiles each model's first call, PREFIX.<model>.txt (where a warm
+start spends its time: inductor_warm.py --profile)."""
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
 import time
 
@@ -70,6 +76,15 @@ def count_benchmarks():
     return count
 
 
+def write_profile(profile, path):
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text)
+    stats.sort_stats("cumulative").print_stats(70)
+    stats.sort_stats("tottime").print_stats(30)
+    with open(path, "w") as out:
+        out.write(text.getvalue())
+
+
 def main():
     benchmarks = count_benchmarks()
     if "--start-file" in sys.argv:
@@ -86,10 +101,16 @@ def main():
             eager = model(x)
             compiled = torch.compile(model)
             torch.cuda.synchronize()
+            profile = cProfile.Profile() if "--profile" in sys.argv else None
             start = time.perf_counter()
+            if profile:
+                profile.enable()
             out = compiled(x)
             torch.cuda.synchronize()
             first_call = time.perf_counter() - start
+            if profile:
+                profile.disable()
+                write_profile(profile, f"{sys.argv[sys.argv.index('--profile') + 1]}.{name}.txt")
         result[name] = {"first_call_s": round(first_call, 3),
                         "allclose": bool(torch.allclose(eager, out, atol=2e-2, rtol=2e-2))}
     from torch._dynamo.utils import counters

@@ -43,6 +43,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="also profile the first calls of one more stock fully warm run and B run, "
+                             "into DIR/{stock,kiln}.<model>.txt")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
@@ -76,6 +79,10 @@ def main():
             envs["kiln, local files present"] = envs["kiln"]
             for kind in ORDERS[i % len(ORDERS)]:
                 repeats[kind].append(run(envs[kind])[0])
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            run(stock_env, "--profile", str(args.profile / "stock"))
+            run(fresh(kiln_env, work, "profiled"), "--profile", str(args.profile / "kiln"))
     finally:
         kilnd.terminate()
         kilnd.wait()
