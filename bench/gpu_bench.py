@@ -5,11 +5,14 @@ Warm runs take a few milliseconds per kernel, within the noise of one process,
 so they are repeated (--rounds, interleaved) and each kernel's median is shown.
 Run on the GPU machine (see README):
 
-  python3 bench/gpu_bench.py gpu_bundle [--rounds 3] [--phases] [--cold-phases N]
+  python3 bench/gpu_bench.py gpu_bundle [--rounds 3] [--phases] [--cold-phases N] [--simultaneous]
 
 --phases also shows where the warm runs spend their time (gpu_bench_client.py),
 --cold-phases N where cold runs do, over N more rounds of a stock cold run and a
-Kiln cold run against a fresh kilnd (medians).
+Kiln cold run against a fresh kilnd (medians). --simultaneous runs each round's
+three warm runs at once, one CPU each, and also compares them round by round:
+the machine's speed moves whole runs by 10-20% from one moment to the next,
+more than the difference measured.
 """
 
 import argparse
@@ -31,12 +34,19 @@ ORDERS = (("stock", "absent", "present"), ("absent", "stock", "present"), ("abse
 _called_kilnd = []  # warm runs that made a call to kilnd (imported gRPC), by kind
 
 
-def run(env, *flags, kind=None):
-    """Times one process; `kind` for a warm run."""
-    result = subprocess.run([sys.executable, str(CLIENT), *flags], capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(result.stderr[-3000:])
-    report = json.loads(result.stdout.splitlines()[-1])
+def launch(env, *flags, cpu=None):
+    """Starts one timed process, on CPU `cpu` alone if given."""
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    return subprocess.Popen([sys.executable, str(CLIENT), *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, preexec_fn=pin)
+
+
+def collect(process, env, kind=None):
+    """The kernel times of a process launch() started; `kind` for a warm run."""
+    stdout, stderr = process.communicate()
+    if process.returncode != 0:
+        sys.exit(stderr[-3000:])
+    report = json.loads(stdout.splitlines()[-1])
     if report["kiln_used"] != (env.get("KILN") == "1"):
         # A client missing from this Python would make every "kiln" figure stock's.
         sys.exit(f"a {'Kiln' if env.get('KILN') == '1' else 'stock'} run was "
@@ -45,6 +55,32 @@ def run(env, *flags, kind=None):
     if kind and report["grpc_imported"]:
         _called_kilnd.append(kind)
     return report["kernels"]
+
+
+def run(env, *flags, kind=None):
+    """Times one process; `kind` for a warm run."""
+    return collect(launch(env, *flags), env, kind)
+
+
+def simultaneous_round(envs, round_):
+    """One warm run of each kind, all at once, each on a CPU of its own (the
+    kinds take turns on the CPUs): runs in the same moments share the machine's
+    state, which moved whole runs by 10-20% between moments."""
+    cpus = sorted(os.sched_getaffinity(0))[:len(envs)]
+    kinds = list(envs)
+    processes = {kind: launch(envs[kind], cpu=cpus[(index + round_) % len(cpus)])
+                 for index, kind in enumerate(kinds)}
+    return {kind: collect(processes[kind], envs[kind], kind) for kind in kinds}
+
+
+def paired_ratios(warm_runs, kind):
+    """kernel -> the median over rounds of that round's kind/stock ratio, and
+    how many rounds had the kind at most as slow as stock."""
+    ratios = {}
+    for name in warm_runs["stock"][0]:
+        per_round = [run[name] / stock[name] for run, stock in zip(warm_runs[kind], warm_runs["stock"])]
+        ratios[name] = (statistics.median(per_round), sum(r <= 1.0 for r in per_round))
+    return ratios
 
 
 def median_run(runs):
@@ -98,6 +134,10 @@ def main():
     parser.add_argument("--phases", action="store_true", help="also time the steps of the warm runs")
     parser.add_argument("--cold-phases", type=int, default=0, metavar="N",
                         help="also time the steps of cold runs, over N more rounds")
+    parser.add_argument("--simultaneous", action="store_true",
+                        help="run each round's warm runs at once, one CPU each, and compare them round by round")
+    parser.add_argument("--dump", type=Path, metavar="FILE",
+                        help="also write every run's figures (warm runs and phases, by kind) to FILE as JSON")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
@@ -112,7 +152,16 @@ def main():
     phase_runs = {"stock": [], "absent": [], "present": []}
     try:
         kiln_cold = run(dict(kiln_env, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")))
-        for round_ in range(args.rounds):
+        if args.simultaneous:
+            present_env = dict(kiln_env, TRITON_CACHE_DIR=str(work / "kp"), KILN_FILES_DIR=str(work / "fp"))
+            run(present_env)  # its files present from now on
+        for round_ in range(args.rounds if args.simultaneous else 0):
+            absent_env = dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
+                              KILN_FILES_DIR=str(work / f"f2-{round_}"))
+            for kind, kernels in simultaneous_round(
+                    {"stock": stock_env, "absent": absent_env, "present": present_env}, round_).items():
+                warm_runs[kind].append(kernels)
+        for round_ in range(0 if args.simultaneous else args.rounds):
             envs = {"stock": stock_env,
                     # a new process, venv or container: the client's files absent
                     "absent": dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
@@ -135,6 +184,9 @@ def main():
         kilnd.terminate()
         kilnd.wait()
     stock_warm, kiln_warm, kiln_local = (median_run(warm_runs[k]) for k in ("stock", "absent", "present"))
+    if args.dump:
+        args.dump.write_text(json.dumps({"cold": {"stock": stock_cold, "kiln": kiln_cold}, "warm": warm_runs,
+                                         "phases": phase_runs}))
 
     print(f"warm: median of {args.rounds} rounds")
     print(f"{'kernel':28} {'stock cold':>10} {'kiln cold':>10} {'ratio':>6} | {'stock warm':>10} "
@@ -150,6 +202,19 @@ def main():
               f"{totals[2]:10.1f} {totals[3]:11.1f} {totals[3] / totals[2]:6.2f} {totals[4]:12.1f} "
               f"{totals[4] / totals[2]:6.2f}")
 
+    if args.simultaneous:
+        absent, present = paired_ratios(warm_runs, "absent"), paired_ratios(warm_runs, "present")
+        print(f"\nwarm, paired by round (runs at once): median of the {args.rounds} rounds' ratios to stock, "
+              f"and the rounds at most as slow as stock")
+        for name in absent:
+            print(f"{name:28} absent {absent[name][0]:5.2f} ({absent[name][1]:2}/{args.rounds})   "
+                  f"present {present[name][0]:5.2f} ({present[name][1]:2}/{args.rounds})")
+        skip = next(iter(stock_cold))
+        for kind in ("absent", "present"):
+            after_first = [sum(ms for k, ms in run.items() if k != skip) / sum(ms for k, ms in stock.items() if k != skip)
+                           for run, stock in zip(warm_runs[kind], warm_runs["stock"])]
+            print(f"after the first kernel, {kind}: median ratio {statistics.median(after_first):.3f}, "
+                  f"{sum(r <= 1.0 for r in after_first)}/{args.rounds} rounds at most as slow as stock")
     kiln_calls = [kind for kind in _called_kilnd if kind != "stock"]
     print(f"warm kiln runs that called kilnd (imported gRPC): {len(kiln_calls)} of "
           f"{2 * args.rounds * (2 if args.phases else 1)}")
