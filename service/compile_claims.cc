@@ -19,7 +19,7 @@ void RunAll(std::vector<std::function<void()>>& callbacks) {
 
 }  // namespace
 
-CompileClaims::CompileClaims(absl::Duration claim_timeout) : claim_timeout_(claim_timeout) {
+CompileClaims::CompileClaims(ClaimLimits limits) : limits_(limits) {
   expirer_ = std::thread([this] { ExpireLoop(); });
 }
 
@@ -66,14 +66,15 @@ CompileClaims::Ticket CompileClaims::ClaimOrWait(const std::string& ns, const st
     std::lock_guard lock(mutex_);
     if (closed_) return ticket;  // shutting down: nobody claims or waits any more
     auto claim = claims_.find(ClaimId(ns, key));
+    const absl::Time now = absl::Now();
     if (claim != claims_.end() && !claimant.empty() && claim->second.claimant == claimant) {
       // The holder's own process asks again (its earlier attempt ended in a
       // way we were not told of): it takes the claim over, never waits on it.
       claim->second.ended.swap(ended);
       if (ended) callbacks.push_back(std::move(ended));
       claim->second.id = next_claim_id_++;
-      claim->second.lapses_at = std::min(claim->second.lapses_at, absl::Now() + claim_timeout_);
-      ticket = {Answer::kClaimed, claim->second.id};
+      claim->second.lapses_at = std::min(claim->second.lapses_at, now + limits_.timeout);
+      ticket = {Answer::kClaimed, claim->second.id, claim->second.lapses_at - now};
     } else if (claim != claims_.end()) {
       claim->second.waiters.push_back(std::move(wake));
       ticket = {Answer::kWaiting};
@@ -81,14 +82,29 @@ CompileClaims::Ticket CompileClaims::ClaimOrWait(const std::string& ns, const st
       Claim& created = claims_[ClaimId(ns, key)];
       created.id = next_claim_id_++;
       created.claimant = claimant;
-      created.lapses_at = absl::Now() + claim_timeout_;
+      created.taken_at = now;
+      created.lapses_at = now + std::min(limits_.timeout, limits_.longest_hold);
       created.ended = std::move(ended);
-      ticket = {Answer::kClaimed, created.id};
+      ticket = {Answer::kClaimed, created.id, created.lapses_at - now};
       changed_.notify_all();
     }
   }
   RunAll(callbacks);
   return ticket;
+}
+
+std::optional<absl::Duration> CompileClaims::Renew(const std::string& ns, const std::string& key,
+                                                   const std::string& claimant) {
+  std::lock_guard lock(mutex_);
+  auto claim = claims_.find(ClaimId(ns, key));
+  if (claim == claims_.end() || claimant.empty() || claim->second.claimant != claimant) {
+    return std::nullopt;
+  }
+  const absl::Time now = absl::Now();
+  claim->second.lapses_at =
+      std::max(claim->second.lapses_at,
+               std::min(now + limits_.timeout, claim->second.taken_at + limits_.longest_hold));
+  return claim->second.lapses_at - now;
 }
 
 void CompileClaims::MarkCompiling(const std::string& ns, const std::string& key) {

@@ -9,16 +9,20 @@
 // One lifetime rule: a claim lasts while its holder is alive and working on
 // it. It ends when the key's result is stored or its compile fails (Release),
 // when the holder goes away before its compile started (Abandon: its call
-// ended, its connection dropped, its process died), when the same claimant
-// asks again (it is not made to wait on itself), and, as the last resort for
-// a holder that is alive but stuck, `claim_timeout` after it was taken if no
-// compile has started. Whenever a claim ends, every waiter is woken to look
-// again: it then finds the result or compiles itself.
+// ended, its connection dropped, its process died), and, as the last resort
+// for a holder that is alive but stuck, `timeout` after it was taken or last
+// renewed (Renew) if no compile has started: a compile the client runs itself
+// (an inductor graph) keeps its claim past `timeout` by renewing it, but never
+// past `longest_hold` after it was taken. When the same claimant asks again it
+// takes its claim over rather than waiting on itself. Whenever a claim ends,
+// every waiter is woken to look again: it then finds the result or compiles
+// itself.
 
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,9 +32,14 @@
 
 namespace kiln::service {
 
+struct ClaimLimits {
+  absl::Duration timeout = absl::Seconds(60);
+  absl::Duration longest_hold = absl::Minutes(10);
+};
+
 class CompileClaims {
  public:
-  explicit CompileClaims(absl::Duration claim_timeout);
+  explicit CompileClaims(ClaimLimits limits);
   ~CompileClaims();  // releases all
   CompileClaims(const CompileClaims&) = delete;
   CompileClaims& operator=(const CompileClaims&) = delete;
@@ -44,6 +53,7 @@ class CompileClaims {
   struct Ticket {
     Answer answer;
     uint64_t claim_id = 0;  // identifies a kClaimed claim for Abandon
+    absl::Duration lapses_in;  // kClaimed: unless renewed or compiling by then
   };
 
   // kClaimed: the caller now holds the claim and should compile; `ended` runs
@@ -54,6 +64,13 @@ class CompileClaims {
   // free key answers kNoClaim instead of being claimed.
   Ticket ClaimOrWait(const std::string& ns, const std::string& key, const std::string& claimant,
                      bool may_claim, Ended ended, Wake wake);
+
+  // `claimant`, holding the key, is still working on it: the claim lapses
+  // `timeout` from now, but not later than `longest_hold` after it was taken.
+  // How long it has left; nullopt when the key is not claimed by `claimant`
+  // (any more). Never takes a free key.
+  std::optional<absl::Duration> Renew(const std::string& ns, const std::string& key,
+                                      const std::string& claimant);
 
   // The holder's compile has started: from now on only Release ends the claim.
   void MarkCompiling(const std::string& ns, const std::string& key);
@@ -73,6 +90,7 @@ class CompileClaims {
   struct Claim {
     uint64_t id = 0;
     std::string claimant;
+    absl::Time taken_at;   // by this claimant, first
     absl::Time lapses_at;  // InfiniteFuture once compiling
     Ended ended;
     std::vector<Wake> waiters;
@@ -82,7 +100,7 @@ class CompileClaims {
       absl::flat_hash_map<std::string, Claim>::iterator claim, bool tell_holder);
   void ExpireLoop();
 
-  const absl::Duration claim_timeout_;
+  const ClaimLimits limits_;
   std::mutex mutex_;
   std::condition_variable changed_;
   absl::flat_hash_map<std::string, Claim> claims_;  // guarded; by ns + '\0' + key

@@ -101,7 +101,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
                          CompileCoordinator& coordinator, std::string data_dir,
-                         absl::Duration claim_timeout, TcpAccess tcp_access)
+                         ClaimLimits claim_limits, TcpAccess tcp_access)
     : store_(store),
       toolchains_(toolchains),
       coordinator_(coordinator),
@@ -109,7 +109,7 @@ KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistr
       tcp_access_(std::move(tcp_access)),
       miss_log_(data_dir_.empty() ? std::filesystem::path()
                                   : std::filesystem::path(data_dir_) / "miss-history.pb"),
-      claims_(claim_timeout),
+      claims_(claim_limits),
       tenant_compile_slots_(tcp_access_.compiles_per_tenant),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}
 

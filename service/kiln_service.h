@@ -50,7 +50,7 @@ class KilnService final : public v1::Kiln::CallbackService {
  public:
   KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
               CompileCoordinator& coordinator, std::string data_dir,
-              absl::Duration claim_timeout, TcpAccess tcp_access = {});
+              ClaimLimits claim_limits, TcpAccess tcp_access = {});
 
   // Answers every lookup still waiting on another client's compile, so that
   // shutdown does not wait on them.

@@ -28,6 +28,13 @@ class KilnService::LookupOrClaimCall final
     if (!status.ok()) return Answer(status);
     caller_ = *std::move(caller);
     ns_ = ScopedNamespace(caller_, request_.namespace_());
+    if (request_.renew_claim()) {
+      const std::optional<absl::Duration> left =
+          service_.claims_.Renew(ns_, request_.key(), request_.claimant());
+      response_.set_claimed(left.has_value());
+      if (left.has_value()) response_.set_claim_seconds(absl::ToDoubleSeconds(*left));
+      return Answer(absl::OkStatus());
+    }
     status = service_.LookupInto(caller_, ns_, request_, response_);
     if (!status.ok() || response_.found()) return Answer(status);
 
@@ -52,6 +59,7 @@ class KilnService::LookupOrClaimCall final
         std::lock_guard lock(mutex_);
         claim_id_ = ticket.claim_id;
         response_.set_claimed(true);
+        response_.set_claim_seconds(absl::ToDoubleSeconds(ticket.lapses_in));
         break;
       }
       case CompileClaims::Answer::kWaiting:

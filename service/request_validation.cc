@@ -94,6 +94,11 @@ absl::Status ValidateLookup(const v1::LookupRequest& request) {
     return absl::InvalidArgumentError(
         "claimant is longer than 128 characters; send a short per-process identity");
   }
+  if (request.renew_claim() && request.claimant().empty()) {
+    return absl::InvalidArgumentError(
+        "renew_claim needs the claimant that holds the claim; send the claimant of the claiming "
+        "LookupOrClaim");
+  }
   // kilnd keeps them (miss reasons): digests and a name, not the inputs themselves.
   const v1::KeyComponents& components = request.key_components();
   for (const std::string* part : {&components.kernel(), &components.toolchain(), &components.source(),

@@ -157,7 +157,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     tcp_access.endpoint_file = options.endpoint_file;
   }
   server->service_ = std::make_unique<KilnService>(
-      store, toolchains, coordinator, options.data_dir, options.claim_timeout, tcp_access);
+      store, toolchains, coordinator, options.data_dir, options.claim_limits, tcp_access);
   // Must precede building the server; serves grpc.health.v1 with no extra code.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -42,8 +42,9 @@ struct ServerOptions {
   // ServedFilesPointer(endpoint) for each local endpoint. Empty: not named.
   std::string served_files_dir;
   // How long a client that claimed a missing key may take to start compiling
-  // it before clients waiting on it give up on it.
-  absl::Duration claim_timeout = absl::Seconds(60);
+  // it (or to renew its claim) before clients waiting on it give up on it,
+  // and how long renewals may keep it.
+  ClaimLimits claim_limits;
 };
 
 // The file beside a local endpoint (socket or endpoint file) that names the

@@ -38,7 +38,7 @@ class Signal {
 };
 
 TEST(CompileClaimsTest, FirstClaimsLaterOnesWaitAndReleaseWakesAll) {
-  CompileClaims claims(absl::Seconds(60));
+  CompileClaims claims({absl::Seconds(60)});
   Signal holder, waiters;
   EXPECT_EQ(claims.ClaimOrWait("ns", "k", "a", true, holder.Callback(), nullptr).answer,
             Answer::kClaimed);
@@ -53,7 +53,7 @@ TEST(CompileClaimsTest, FirstClaimsLaterOnesWaitAndReleaseWakesAll) {
 }
 
 TEST(CompileClaimsTest, AbandonReleasesWaitersButNotOnceTheCompileStarted) {
-  CompileClaims claims(absl::Seconds(60));
+  CompileClaims claims({absl::Seconds(60)});
   Signal holder, waiter;
   const auto ticket = claims.ClaimOrWait("ns", "k", "a", true, holder.Callback(), nullptr);
   claims.ClaimOrWait("ns", "k", "b", true, nullptr, waiter.Callback());
@@ -74,7 +74,7 @@ TEST(CompileClaimsTest, AbandonReleasesWaitersButNotOnceTheCompileStarted) {
 }
 
 TEST(CompileClaimsTest, TheSameClaimantTakesItsClaimOver) {
-  CompileClaims claims(absl::Seconds(60));
+  CompileClaims claims({absl::Seconds(60)});
   Signal first_holder, waiter;
   const auto first = claims.ClaimOrWait("ns", "k", "me", true, first_holder.Callback(), nullptr);
   claims.ClaimOrWait("ns", "k", "other", true, nullptr, waiter.Callback());
@@ -90,13 +90,13 @@ TEST(CompileClaimsTest, TheSameClaimantTakesItsClaimOver) {
 }
 
 TEST(CompileClaimsTest, AnEmptyClaimantNeverMatchesAnother) {
-  CompileClaims claims(absl::Seconds(60));
+  CompileClaims claims({absl::Seconds(60)});
   claims.ClaimOrWait("ns", "k", "", true, nullptr, nullptr);
   EXPECT_EQ(claims.ClaimOrWait("ns", "k", "", true, nullptr, nullptr).answer, Answer::kWaiting);
 }
 
 TEST(CompileClaimsTest, AClaimWithoutACompileLapsesAsTheLastResort) {
-  CompileClaims claims(absl::Milliseconds(50));
+  CompileClaims claims({absl::Milliseconds(50)});
   Signal holder, waiter;
   claims.ClaimOrWait("ns", "k", "a", true, holder.Callback(), nullptr);
   claims.ClaimOrWait("ns", "k", "b", true, nullptr, waiter.Callback());
@@ -104,8 +104,41 @@ TEST(CompileClaimsTest, AClaimWithoutACompileLapsesAsTheLastResort) {
   EXPECT_TRUE(holder.WaitFor(1, absl::Seconds(10)));
 }
 
+TEST(CompileClaimsTest, RenewalsKeepAClaimPastItsTimeoutButNotPastTheLongestHold) {
+  const ClaimLimits limits{absl::Seconds(1), absl::Seconds(4)};
+  CompileClaims claims(limits);
+  Signal holder, waiter;
+  const absl::Time taken = absl::Now();
+  const auto first = claims.ClaimOrWait("ns", "k", "a", true, holder.Callback(), nullptr);
+  EXPECT_LE(first.lapses_in, limits.timeout);
+  EXPECT_GT(first.lapses_in, absl::ZeroDuration());
+  claims.ClaimOrWait("ns", "k", "b", true, nullptr, waiter.Callback());
+  EXPECT_FALSE(claims.Renew("ns", "k", "b").has_value());  // not b's claim
+  EXPECT_FALSE(claims.Renew("ns", "free", "a").has_value());  // renewing never claims
+  EXPECT_EQ(claims.ClaimOrWait("ns", "free", "c", true, nullptr, nullptr).answer, Answer::kClaimed);
+  // The holder renews ten times a timeout, for 2.5 timeouts.
+  while (absl::Now() - taken < absl::Milliseconds(2500)) {
+    absl::SleepFor(absl::Milliseconds(100));
+    const std::optional<absl::Duration> left = claims.Renew("ns", "k", "a");
+    ASSERT_TRUE(left.has_value());
+    EXPECT_LE(*left, limits.timeout);
+  }
+  EXPECT_EQ(waiter.count(), 0);  // past its timeout, still held, by the same call
+  EXPECT_EQ(holder.count(), 0);
+  // Renewed on, it lapses at the longest hold after it was taken.
+  std::optional<absl::Duration> left = absl::ZeroDuration();
+  while (left.has_value() && absl::Now() - taken < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(100));
+    left = claims.Renew("ns", "k", "a");
+  }
+  EXPECT_TRUE(waiter.WaitFor(1, absl::Seconds(10)));
+  EXPECT_TRUE(holder.WaitFor(1, absl::Seconds(10)));  // its call is told
+  EXPECT_GE(absl::Now() - taken, limits.longest_hold);
+  EXPECT_FALSE(claims.Renew("ns", "k", "a").has_value());
+}
+
 TEST(CompileClaimsTest, AfterReleaseAllNobodyClaimsOrWaits) {
-  CompileClaims claims(absl::Seconds(60));
+  CompileClaims claims({absl::Seconds(60)});
   Signal waiter;
   claims.ClaimOrWait("ns", "k", "a", true, nullptr, nullptr);
   claims.ClaimOrWait("ns", "k", "b", true, nullptr, waiter.Callback());

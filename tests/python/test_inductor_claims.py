@@ -133,6 +133,26 @@ def test_a_killed_claimant_costs_its_waiter_under_a_second(kilnd, tmp_path):
     assert sum(_graph_counts([result])[0]) == GRAPHS
 
 
+def test_a_graph_compile_longer_than_the_claim_timeout_is_still_compiled_once(tmp_path):
+    kilnd = Kilnd(tmp_path / "kilnd", "--claim-timeout-seconds=2")
+    try:
+        holder = Program(tmp_path, "holder", kilnd, "--hold-claim", "7")
+        (tmp_path / "start").touch()
+        holder.wait_for("holding")  # compiling its first graph for 7 s: 3.5 claim timeouts
+        waiter = Program(tmp_path, "waiter", kilnd)
+        results = [holder.result(), waiter.result()]
+        logs = holder.log() + "\n\n" + waiter.log()
+        assert all("error" not in r and r["inference_equal"] and r["training_equal"] for r in results), logs
+        # The holder renewed its claim while it compiled: the waiter waited the
+        # whole time and loaded the graph, never compiling it too.
+        misses, hits, _ = _graph_counts(results)
+        assert misses == [GRAPHS, 0] and hits == [0, GRAPHS], (results, logs)
+        assert _waited_hits(kilnd) >= 1, kilnd.stats()
+        assert "ended in kilnd while compiling" not in logs
+    finally:
+        kilnd.stop()
+
+
 def test_a_graph_that_fails_gives_every_process_stocks_error(kilnd, tmp_path):
     stock = Program(tmp_path, "stock", None, "--raise")
     (tmp_path / "start").touch()

@@ -14,6 +14,7 @@ local caches. Misses of the FX graph, AOTAutograd and autotune caches are
 single flight across processes (_inductor_claims).
 """
 
+import functools
 import logging
 import os
 import sys
@@ -109,9 +110,20 @@ def _lookup_or_claim(key):
     outcome = "claimed" if response.claimed else "found" if response.found else "missing: compiling it here"
     log.debug("inductor entry %s %s after %.3f s", key, outcome, time.monotonic() - asked)
     if response.claimed:
-        _inductor_claims.hold(key, call)
+        _inductor_claims.hold(key, call, response.claim_seconds, functools.partial(_renew_claim, key))
         return None
     return response.entry.blobs[0].data if response.found else None
+
+
+def _renew_claim(key):
+    """Renews this process's claim on key while it compiles the entry: the
+    seconds the claim has left, or None when it is no longer this process's."""
+    from . import _api, _frontend, _service
+
+    response = next(_service.connect().stub.LookupOrClaim(
+        _api.LookupRequest(namespace=NAMESPACE, key=key, claimant=_frontend.CLAIMANT, renew_claim=True),
+        timeout=10), None)
+    return response.claim_seconds if response is not None and response.claimed else None
 
 
 def install(remote_cache_module):

@@ -19,9 +19,13 @@ paths, and the claim ends with the scope at the latest:
 A claim held while waiting on another: an AOTAutograd claim waits on FX
 graphs, an FX graph (a compile) waits on nothing of these, so no two
 processes can wait on each other. A claimant that dies or drops its
-connection releases at once (kilnd sees its call end); one alive but stuck
-lapses after kilnd's claim timeout (60 s), after which waiters compile
-themselves, as does every waiter whose claimant failed.
+connection releases at once (kilnd sees its call end). While it compiles, a
+thread of its own renews its claims, each at a third of the time kilnd gives
+it (claim_timeout_seconds, 60 s), so a graph that takes minutes to compile is
+still compiled once; kilnd stops renewals at compile_timeout_seconds (10 min)
+after the claim was taken. A process stuck so that this thread cannot run
+lapses after the claim timeout. Waiters then compile themselves, as does
+every waiter whose claimant failed.
 
 Autotune results: inductor reads one when it loads a kernel and writes it
 after benchmarking the kernel's configs at its first run. A claim held across
@@ -36,11 +40,14 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 
 log = logging.getLogger("kiln")
 
 _claims = {}  # key -> the open LookupOrClaim call of this process's claim on it
-_claims_lock = threading.Lock()
+_renewals = {}  # key -> [when to renew it next (monotonic), renew()], for claims kilnd lets lapse
+_claims_lock = threading.Condition()
+_renewer = None  # the thread renewing _renewals, once one was needed
 _scopes = threading.local()  # .stack: [(kind, [key claimed in that scope])], innermost last
 GRAPHS = "graphs"  # a compile's scope: FX graph and AOTAutograd misses claim
 AUTOTUNING = "autotuning"  # a benchmark's scope: autotune misses claim
@@ -53,14 +60,50 @@ def in_scope(kind):
     return bool(stack) and stack[-1][0] == kind
 
 
-def hold(key, call):
-    """Keeps this process's claim on key until release(key) (its put) or the scope ends."""
+def hold(key, call, lapses_in=0.0, renew=None):
+    """Keeps this process's claim on key until release(key) (its put) or the
+    scope ends. kilnd lets the claim lapse `lapses_in` seconds from now unless
+    renewed: renew() does, returning the seconds it then has left, or None
+    when it is no longer this process's (0: a kilnd that does not say)."""
+    global _renewer
     with _claims_lock:
         previous = _claims.pop(key, None)
         _claims[key] = call
+        _renewals.pop(key, None)
+        if renew is not None and 0 < lapses_in < float("inf"):
+            _renewals[key] = [time.monotonic() + lapses_in / 3, renew]
+            if _renewer is None:
+                _renewer = threading.Thread(target=_renew_claims, name="kiln-claim-renewer", daemon=True)
+                _renewer.start()
+            _claims_lock.notify_all()
     if previous is not None:
         previous.cancel()
     _scopes.stack[-1][1].append(key)
+
+
+def _renew_claims():
+    """Renews each held claim at a third of the time it has left, for as long as it is held."""
+    while True:
+        with _claims_lock:
+            now = time.monotonic()
+            due = [(key, renew) for key, (at, renew) in _renewals.items() if at <= now]
+            if not due:
+                _claims_lock.wait(min((at for at, _ in _renewals.values()), default=now + 3600) - now)
+                continue
+        for key, renew in due:
+            try:
+                left = renew()
+            except Exception as error:  # kilnd unreachable: the claim lapses, waiters compile
+                log.debug("claim on %s not renewed: %s", key, error)
+                left = None
+            with _claims_lock:
+                if key not in _renewals or _renewals[key][1] is not renew:
+                    continue  # released (or claimed again) meanwhile
+                if left is None or not 0 < left < float("inf"):
+                    log.debug("claim on %s ended in kilnd while compiling it: waiters compile too", key)
+                    del _renewals[key]
+                else:
+                    _renewals[key][0] = time.monotonic() + left / 3
 
 
 def release(key):
@@ -68,6 +111,7 @@ def release(key):
     already when the key was stored; otherwise its waiters look again now."""
     with _claims_lock:
         call = _claims.pop(key, None)
+        _renewals.pop(key, None)
     if call is not None:
         call.cancel()
 
