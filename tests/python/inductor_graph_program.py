@@ -3,12 +3,14 @@ a small model, once for inference and once with a backward, with its own empty
 local caches, and print one JSON line: outputs equal to eager, inductor's and
 AOTAutograd's cache counters, and seconds spent.
 
-usage: inductor_graph_program.py START_FILE [--raise] [--hold-claim SECONDS]
+usage: inductor_graph_program.py START_FILE [--raise] [--hold-claim SECONDS] [--ask-pool]
 
 START_FILE: the process waits until it exists, so that several start compiling
 together. --raise: every graph's compile raises (as a lowering error would) in
 every process. --hold-claim: the process sleeps that long inside its first graph
-compile, after its cache miss (a claimant a test kills)."""
+compile, after its cache miss (a claimant a test kills). --ask-pool: at the end,
+asks inductor whether to compile kernels in its worker pool, as it does for
+each Triton kernel, and reports whether that started the pool."""
 
 import json
 import os
@@ -83,6 +85,14 @@ def main():
 
     result["inductor"] = {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
     result["aot_autograd"] = {k: v for k, v in counters["aot_autograd"].items() if "cache" in k}
+    if "--ask-pool" in sys.argv:
+        # What inductor asks before it loads or compiles a Triton kernel (a GPU
+        # graph's, which this CPU model has none of): it starts the pool of
+        # compile worker processes if it may use one.
+        from torch._inductor import async_compile
+
+        async_compile.AsyncCompile.use_process_pool()
+        result["compile_pool_started"] = bool(async_compile._pool_set)
     print(json.dumps(result), flush=True)
 
 

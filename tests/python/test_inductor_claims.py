@@ -41,10 +41,10 @@ def _env(tmp_path, name, kilnd=None):
 class Program:
     """One inductor_graph_program.py process; its stderr lines are timed as they come."""
 
-    def __init__(self, tmp_path, name, kilnd, *flags):
+    def __init__(self, tmp_path, name, kilnd, *flags, env=None):
         self.lines = []  # (monotonic time, line) of stderr
         self.process = subprocess.Popen([str(PYTHON), str(PROGRAM), str(tmp_path / "start"), *flags],
-                                        env=_env(tmp_path, name, kilnd), stdout=subprocess.PIPE,
+                                        env=dict(_env(tmp_path, name, kilnd), **(env or {})), stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)
         self.stdout = []
         self.readers = [threading.Thread(target=self._read, args=(self.process.stderr, self.lines)),
@@ -109,6 +109,26 @@ def test_processes_started_together_compile_each_graph_once(kilnd, tmp_path):
     # Those two were running while the graphs compiled: they waited, and the
     # wait ended in a hit (kilnd counts each as a compile saved).
     assert _waited_hits(kilnd) >= 2, kilnd.stats()
+
+
+def test_a_process_whose_graphs_all_hit_starts_no_compile_workers(kilnd, tmp_path):
+    (tmp_path / "start").touch()
+    # Two compile threads: inductor's pool is on whatever the machine's CPU count.
+    pool = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    stock = [Program(tmp_path, "stock", None, "--ask-pool", env=pool).result() for _ in range(2)]
+    compiled, loaded = (Program(tmp_path, name, kilnd, "--ask-pool", env=pool).result()
+                        for name in ("compiles", "loads"))
+    for result in stock + [compiled, loaded]:
+        assert "error" not in result and result["inference_equal"] and result["training_equal"], result
+    # Asked before a Triton kernel, stock starts its worker pool in a process that
+    # compiled and in one whose own cache served every graph.
+    assert _graph_counts(stock)[1] == [0, GRAPHS], stock
+    assert [r["compile_pool_started"] for r in stock] == [True, True], stock
+    # Through kilnd, the process that compiled gets the pool; the one that loaded
+    # every graph from kilnd loads its kernels itself and never starts it.
+    misses, hits, _ = _graph_counts([compiled, loaded])
+    assert misses == [GRAPHS, 0] and hits == [0, GRAPHS], (compiled, loaded)
+    assert compiled["compile_pool_started"] and not loaded["compile_pool_started"], (compiled, loaded)
 
 
 def test_a_killed_claimant_costs_its_waiter_under_a_second(kilnd, tmp_path):

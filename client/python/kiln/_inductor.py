@@ -11,7 +11,8 @@ of the caller's trust domain, under the cache's size cap, eviction and
 integrity checks. An entry kilnd serves this account as a file (_index) is
 read from it, with no call: a warm start then imports no gRPC, like stock's
 local caches. Misses of the FX graph, AOTAutograd and autotune caches are
-single flight across processes (_inductor_claims).
+single flight across processes (_inductor_claims), and a process whose
+graphs all come from the cache starts no compile workers (_inductor_pool).
 """
 
 import functools
@@ -20,7 +21,7 @@ import os
 import sys
 import time
 
-from . import _files, _index, _inductor_claims
+from . import _files, _index, _inductor_claims, _inductor_pool
 
 log = logging.getLogger("kiln")
 
@@ -163,9 +164,26 @@ def install_autotune_cache(module):
     bundler._should_use_bundled_autotune_remote_cache = classmethod(only_with_backend_hash)
 
 
+def _by_module(*tables):
+    """{module: [installer, ...]} of tables of {module: installer}."""
+    combined = {}
+    for table in tables:
+        for name, installer in table.items():
+            combined.setdefault(name, []).append(installer)
+    return combined
+
+
 # What Kiln changes in each of torch's modules, right after it is imported.
-_INSTALLERS = {_MODULE: install, "torch._inductor.runtime.autotune_cache": install_autotune_cache,
-               **_inductor_claims.INSTALLERS}
+_INSTALLERS = _by_module({_MODULE: install, "torch._inductor.runtime.autotune_cache": install_autotune_cache},
+                         _inductor_claims.INSTALLERS, _inductor_pool.INSTALLERS)
+
+
+def _install_all(name, module):
+    for installer in _INSTALLERS[name]:
+        try:
+            installer(module)
+        except Exception as error:  # never break torch's import
+            log.debug("%s not changed for kilnd: %s", name, error)
 
 
 class _PatchAfterImport:
@@ -173,8 +191,7 @@ class _PatchAfterImport:
     module executes, however and whenever torch imports it."""
 
     def find_spec(self, fullname, path, target=None):
-        installer = _INSTALLERS.get(fullname)
-        if installer is None:
+        if fullname not in _INSTALLERS:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -185,10 +202,7 @@ class _PatchAfterImport:
 
                 def exec_module(module, execute=execute):
                     execute(module)
-                    try:
-                        installer(module)
-                    except Exception as error:  # never break torch's import
-                        log.debug("%s not changed for kilnd: %s", fullname, error)
+                    _install_all(fullname, module)
 
                 spec.loader.exec_module = exec_module
                 return spec
@@ -205,8 +219,8 @@ def activate():
         from . import _paths
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
-    for name, installer in _INSTALLERS.items():
+    for name in _INSTALLERS:
         if name in sys.modules:
-            installer(sys.modules[name])
+            _install_all(name, sys.modules[name])
     if not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PatchAfterImport())
