@@ -1,8 +1,9 @@
 """Inductor's pool of compile workers only in a process that compiles a graph.
 
-Stock inductor starts its pool (a worker per CPU, each importing torch) when
-torch.compile first runs, whether or not the graphs will come from a cache,
-and loading a cached graph's kernels starts it too. Measured on the GPU
+Stock inductor starts its pool (a worker per CPU, each importing torch) at
+the first Triton kernel it compiles or loads, so loading a cached graph's
+kernels starts it too (and the dynamo backend warms it up as it starts,
+whether or not the graphs will come from a cache). Measured on the GPU
 machine (tests/gpu/inductor_fanout.py), that pool is about 17 s of the 44 s of
 CPU a process spends when every graph is a cache hit, and it is what the 8
 processes of a job started together fight over for their cores. Through
@@ -10,13 +11,13 @@ kilnd, a cached graph's Triton kernels are kilnd hits, read from files in
 milliseconds: a process that only loads graphs has no use for the pool. So,
 with Kiln on:
 
-- the warm-up at torch.compile's start (`maybe_warm_pool`) waits;
-- it runs when inductor starts compiling a graph (`fx_codegen_and_compile`,
-  a cache miss or a bypass), before lowering: the kernels of a compiled
-  graph are compiled in the pool as in stock;
-- until then `AsyncCompile.use_process_pool` answers no, so a cached graph's
-  kernels load in this process, as they do in stock whenever the pool is not
-  ready yet.
+- until inductor starts compiling a graph (`fx_codegen_and_compile`, a
+  cache miss or a bypass), `AsyncCompile.use_process_pool` answers no, so a
+  cached graph's kernels load in this process, as they do in stock whenever
+  the pool is not ready yet; from then on it is stock's, and the kernels of
+  a compiled graph are compiled in the pool;
+- a warm-up asked for before that (`maybe_warm_pool`) runs when the first
+  graph starts compiling, before lowering, and never if none does.
 
 The pool works for Triton kernels only (inductor's C++ kernels compile on
 threads), so CPU-only compiles lose nothing either. A cached graph whose
@@ -30,15 +31,16 @@ import logging
 log = logging.getLogger("kiln")
 
 _compiling = False  # this process has started compiling a graph: the pool is stock's from now on
-_warm_pool = None  # inductor's own maybe_warm_pool, for when a graph compiles
+_warm_pool = None  # inductor's own maybe_warm_pool
+_warm_asked = False  # inductor asked to warm the pool up before a graph compiled
 
 
-def _start_pool():
+def _allow_pool():
     global _compiling
     if _compiling:
         return
     _compiling = True
-    if _warm_pool is not None:
+    if _warm_asked and _warm_pool is not None:
         _warm_pool()
 
 
@@ -54,8 +56,11 @@ def install_async_compile(module):
     _warm_pool = module.maybe_warm_pool
 
     def maybe_warm_pool():
+        global _warm_asked
         if _compiling:
             _warm_pool()
+        else:
+            _warm_asked = True
 
     def gated(cls):
         return _compiling and use_process_pool()
@@ -69,14 +74,14 @@ def install_compile_fx(module):
     compile_graph = getattr(module, "fx_codegen_and_compile", None)
     if not callable(compile_graph):
         log.debug("fx_codegen_and_compile not found: inductor's compile pool starts as in stock")
-        _start_pool()
+        _allow_pool()
         return
     if getattr(compile_graph, "_kiln_pool_gate", False):
         return
 
     @functools.wraps(compile_graph)
     def compile_with_pool(*args, **kwargs):
-        _start_pool()
+        _allow_pool()
         return compile_graph(*args, **kwargs)
 
     compile_with_pool._kiln_pool_gate = True
