@@ -119,8 +119,8 @@ struct PoolStats {
 };
 
 // Long-lived workers of one toolchain, at most max_workers at once, started on
-// demand and retired after idle_timeout, but for the last one. Compile() blocks its caller (one of
-// kilnd's compile threads, never a gRPC thread).
+// demand and retired after idle_timeout, but for the last one. Compile()
+// blocks its caller (one of kilnd's compile threads, never a gRPC thread).
 class WorkerPool {
  public:
   WorkerPool(ToolchainInfo info, PoolOptions options);

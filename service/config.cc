@@ -139,7 +139,8 @@ const std::vector<Setting>& Settings() {
        "a client that claimed a missing key and neither renews its claim nor starts compiling "
        "within this long is given up on by the clients waiting for it (60)",
        Integer(&Config::claim_timeout_seconds, 1, 86400)},
-      {"worker_idle_seconds", "idle workers but the last of each toolchain exit after this long (600)",
+      {"worker_idle_seconds",
+       "idle workers but the last of each toolchain exit after this long (600)",
        Integer(&Config::worker_idle_seconds, 1, 86400)},
       {"launcher_cc", "C compiler for launcher modules (default: $CC, gcc, clang, tcc)",
        Text(&Config::launcher_cc)},
