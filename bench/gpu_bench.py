@@ -16,7 +16,6 @@ more than the difference measured.
 """
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -24,6 +23,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+
+from gpu_bundle import install_client  # noqa: E402
 
 CLIENT = Path(__file__).resolve().parent / "gpu_bench_client.py"
 
@@ -140,8 +143,7 @@ def main():
                         help="also write every run's figures (warm runs and phases, by kind) to FILE as JSON")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
-                    *glob.glob(str(bundle / "*.whl"))], check=True)
+    install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-bench-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))

@@ -12,13 +12,14 @@ compile nothing: kilnd's stats prove every kernel and launcher came from its
 cache.
 """
 
-import glob
 import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from gpu_bundle import install_client
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,8 +50,7 @@ def run_round(name, env, work):
 
 def main():
     bundle = Path(sys.argv[1]).resolve()
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
-                    *glob.glob(str(bundle / "*.whl"))], check=True)
+    install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-"))
     env = dict(os.environ, LD_LIBRARY_PATH=str(bundle / "lib"), KILN_ENDPOINT=f"unix:{work / 'kilnd.sock'}")
     kilnd = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={work / 'data'}",

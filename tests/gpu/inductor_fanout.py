@@ -13,7 +13,6 @@ graph and benchmarked each kernel's configs, every output
 equal to eager, and the N processes' CPU within 2x one process's."""
 
 import argparse
-import glob
 import json
 import os
 import subprocess
@@ -21,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gpu_bundle import install_client
 
 HERE = Path(__file__).resolve().parent
 
@@ -103,8 +104,7 @@ def main():
     parser.add_argument("--cores", type=int, default=4)
     args = parser.parse_args()
     bundle = args.bundle.resolve()
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
-                    *glob.glob(str(bundle / "*.whl"))], check=True)
+    install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-fanout-"))
     runs = {}
     for cores in (0, args.cores):

@@ -13,13 +13,14 @@ present) are repeated N times, interleaved, and their medians compared."""
 import argparse
 import statistics
 
-import glob
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from gpu_bundle import install_client
 
 HERE = Path(__file__).resolve().parent
 ORDERS = (("stock", "kiln", "kiln, local files present"), ("kiln", "stock", "kiln, local files present"),
@@ -48,8 +49,7 @@ def main():
                              "into DIR/{stock,kiln}.<model>.txt")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
-                    *glob.glob(str(bundle / "*.whl"))], check=True)
+    install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-inductor-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR"))}
     stock_env = fresh(base, work, "stock")
