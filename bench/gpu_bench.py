@@ -86,6 +86,11 @@ def paired_ratios(warm_runs, kind):
     return ratios
 
 
+def total_ms(kernels, skip=None):
+    """The ms of a run's kernels, but `skip` (the first: each process's one-time costs)."""
+    return sum(ms for name, ms in kernels.items() if name != skip)
+
+
 def median_run(runs):
     return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
 
@@ -148,6 +153,7 @@ def main():
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
     stock_cold = run(stock_env)
+    first = next(iter(stock_cold))
 
     kilnd, kiln_env = start_kilnd(bundle, base, work / "data", work / "s")
     warm_runs = {"stock": [], "absent": [], "present": []}
@@ -197,9 +203,8 @@ def main():
         print(f"{name:28} {stock_cold[name]:10.1f} {kiln_cold[name]:10.1f} {kiln_cold[name] / stock_cold[name]:6.2f} | "
               f"{stock_warm[name]:10.1f} {kiln_warm[name]:11.1f} {kiln_warm[name] / stock_warm[name]:6.2f} "
               f"{kiln_local[name]:12.1f} {kiln_local[name] / stock_warm[name]:6.2f}")
-    for label, skip in (("total", None), ("after the first", next(iter(stock_cold)))):
-        totals = [sum(ms for k, ms in d.items() if k != skip)
-                  for d in (stock_cold, kiln_cold, stock_warm, kiln_warm, kiln_local)]
+    for label, skip in (("total", None), ("after the first", first)):
+        totals = [total_ms(d, skip) for d in (stock_cold, kiln_cold, stock_warm, kiln_warm, kiln_local)]
         print(f"{label:28} {totals[0]:10.1f} {totals[1]:10.1f} {totals[1] / totals[0]:6.2f} | "
               f"{totals[2]:10.1f} {totals[3]:11.1f} {totals[3] / totals[2]:6.2f} {totals[4]:12.1f} "
               f"{totals[4] / totals[2]:6.2f}")
@@ -211,9 +216,8 @@ def main():
         for name in absent:
             print(f"{name:28} absent {absent[name][0]:5.2f} ({absent[name][1]:2}/{args.rounds})   "
                   f"present {present[name][0]:5.2f} ({present[name][1]:2}/{args.rounds})")
-        skip = next(iter(stock_cold))
         for kind in ("absent", "present"):
-            after_first = [sum(ms for k, ms in run.items() if k != skip) / sum(ms for k, ms in stock.items() if k != skip)
+            after_first = [total_ms(run, first) / total_ms(stock, first)
                            for run, stock in zip(warm_runs[kind], warm_runs["stock"])]
             print(f"after the first kernel, {kind}: median ratio {statistics.median(after_first):.3f}, "
                   f"{sum(r <= 1.0 for r in after_first)}/{args.rounds} rounds at most as slow as stock")
@@ -221,7 +225,6 @@ def main():
     print(f"warm kiln runs that called kilnd (imported gRPC): {len(kiln_calls)} of "
           f"{2 * args.rounds * (2 if args.phases else 1)}")
     if args.phases:
-        first = next(iter(stock_cold))
         by_kind = {kind: median_phases(runs, first) for kind, runs in phase_runs.items()}
         print(f"\nwarm, after the first kernel, by phase (ms, sum of per-kernel medians of {args.rounds} rounds)")
         print(f"{'phase':28} {'stock':>10} {'kiln absent':>11} {'kiln present':>12}")
@@ -231,7 +234,6 @@ def main():
 
 
     if args.cold_phases:
-        first = next(iter(stock_cold))
         after_first, of_first = cold_phases(bundle, base, work, args.cold_phases, first)
         print(f"\ncold by phase (ms, medians of {args.cold_phases} rounds; after the first kernel: the sum "
               f"of per-kernel medians)")
