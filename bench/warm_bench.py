@@ -10,7 +10,9 @@ kilnd measured in one run on one machine (no GPU needed).
   kiln warm, files present  the same dirs again (the next run of the same program)
 
 usage: python bench/warm_bench.py [--build-dir build] [--repeat 3]
-Prints per-phase totals (the median of --repeat runs) and ratios against stock.
+Prints per-phase totals (the median of --repeat runs) and ratios against stock,
+and on its own the once-per-process triton_key() (Kiln remembers it across
+processes, with the files dir: absent, it is computed as in stock).
 """
 
 import argparse
@@ -32,7 +34,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 from triton.runtime.cache import triton_key
 import kernel_suite
-triton_key()  # every Triton process pays this first, stock or not
+start = time.perf_counter()
+triton_key()  # once per process, before its first kernel: timed on its own
+key_ms = (time.perf_counter() - start) * 1e3
 times = {}
 for case in kernel_suite.SUITE:
     for arch in (80, 90):
@@ -40,16 +44,21 @@ for case in kernel_suite.SUITE:
         triton.compile(ASTSource(case.fn, case.signature, case.constexprs), target=GPUTarget("cuda", arch, 32),
                        options=case.options)
         times[f"{case.name}-sm{arch}"] = (time.perf_counter() - start) * 1e3
-print(json.dumps(times))
+print(json.dumps({"triton_key": key_ms, "kernels": times}))
 """
 
 
-def run(env):
+_triton_key_ms = {}  # phase -> [ms of triton_key() in each round]
+
+
+def run(env, phase):
     result = subprocess.run([sys.executable, "-c", CLIENT, str(ROOT / "tests" / "python")], capture_output=True,
                             text=True, env=env)
     if result.returncode != 0:
         sys.exit(result.stderr[-3000:])
-    return json.loads(result.stdout.splitlines()[-1])
+    measured = json.loads(result.stdout.splitlines()[-1])
+    _triton_key_ms.setdefault(phase, []).append(measured["triton_key"])
+    return measured["kernels"]
 
 
 def start_kilnd(build_dir, work):
@@ -65,14 +74,15 @@ def start_kilnd(build_dir, work):
 def one_round(build_dir, base):
     work = Path(tempfile.mkdtemp(prefix="kiln-warm-bench-"))
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
-    phases = {"stock cold": run(stock_env), "stock warm": run(stock_env)}
+    phases = {"stock cold": run(stock_env, "stock cold"), "stock warm": run(stock_env, "stock warm")}
     kilnd, socket = start_kilnd(build_dir, work)
     kiln = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}")
     try:
-        phases["kiln cold"] = run(dict(kiln, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")))
+        phases["kiln cold"] = run(dict(kiln, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")),
+                                  "kiln cold")
         fresh = dict(kiln, TRITON_CACHE_DIR=str(work / "k2"), KILN_FILES_DIR=str(work / "f2"))
-        phases["kiln warm, files absent"] = run(fresh)
-        phases["kiln warm, files present"] = run(fresh)
+        for phase in ("kiln warm, files absent", "kiln warm, files present"):
+            phases[phase] = run(fresh, phase)
     finally:
         kilnd.terminate()
         kilnd.wait()
@@ -108,6 +118,12 @@ def main():
                   for k in rounds[0][phase] if k != first}
         worst = max(ratios, key=ratios.get)
         print(f"  {phase}: worst kernel after the first {worst} {ratios[worst]:.2f}x stock warm")
+    print("once per process, before its first kernel: triton_key(), the hash of Triton's install (median ms)")
+    for phase, times in _triton_key_ms.items():
+        line = f"  {phase:26} {statistics.median(times):9.1f} ms"
+        if phase in against:
+            line += f"  ratio {statistics.median(times) / statistics.median(_triton_key_ms[against[phase]]):.2f}x"
+        print(line)
 
 
 if __name__ == "__main__":

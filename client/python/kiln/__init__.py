@@ -48,6 +48,9 @@ def activate_lazily():
     if "kiln._cache" in sys.modules:  # enabled again after disable()
         sys.modules["kiln._cache"].claim_knob()
     os.environ.setdefault("KILN", "1")
+    from . import _after_import, _triton_memos
+
+    _after_import.patch(_triton_memos.INSTALLERS)
     if os.environ.get("KILN_INDUCTOR", "1") != "0":
         from . import _inductor
 

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from . import _files, _index, _inductor_claims, _inductor_pool
+from . import _after_import, _files, _index, _inductor_claims, _inductor_pool
 
 log = logging.getLogger("kiln")
 
@@ -164,49 +164,9 @@ def install_autotune_cache(module):
     bundler._should_use_bundled_autotune_remote_cache = classmethod(only_with_backend_hash)
 
 
-def _by_module(*tables):
-    """{module: [installer, ...]} of tables of {module: installer}."""
-    combined = {}
-    for table in tables:
-        for name, installer in table.items():
-            combined.setdefault(name, []).append(installer)
-    return combined
-
-
-# What Kiln changes in each of torch's modules, right after it is imported.
-_INSTALLERS = _by_module({_MODULE: install, "torch._inductor.runtime.autotune_cache": install_autotune_cache},
-                         _inductor_claims.INSTALLERS, _inductor_pool.INSTALLERS)
-
-
-def _install_all(name, module):
-    for installer in _INSTALLERS[name]:
-        try:
-            installer(module)
-        except Exception as error:  # never break torch's import
-            log.debug("%s not changed for kilnd: %s", name, error)
-
-
-class _PatchAfterImport:
-    """A meta-path finder that runs a module's installer right after the
-    module executes, however and whenever torch imports it."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _INSTALLERS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                execute = spec.loader.exec_module
-
-                def exec_module(module, execute=execute):
-                    execute(module)
-                    _install_all(fullname, module)
-
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
+# What Kiln changes in torch's modules, right after each is imported.
+_INSTALLERS = ({_MODULE: install, "torch._inductor.runtime.autotune_cache": install_autotune_cache},
+               _inductor_claims.INSTALLERS, _inductor_pool.INSTALLERS)
 
 
 def activate():
@@ -219,8 +179,5 @@ def activate():
         from . import _paths
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
-    for name in _INSTALLERS:
-        if name in sys.modules:
-            _install_all(name, sys.modules[name])
-    if not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
+    for table in _INSTALLERS:
+        _after_import.patch(table)

@@ -1,0 +1,190 @@
+"""What stock Triton works out again in every process, remembered across this
+user's processes, as a compiler cache remembers a compiler's identity:
+
+- triton_key(), the SHA-256 of Triton's own install (its Python sources and
+  the 400 MB libtriton): about 0.3 s of CPU in every process that compiles or
+  loads a kernel, inductor's compile workers included;
+- `ptxas --version` (and the release of each CUDA tool Triton finds): a
+  subprocess for each, two or three in every process.
+
+A memo holds the value and a fingerprint of the files it came from: the stat
+(size, modification and change times, inode, device) of the tool, or of every
+file and directory of the Triton package (a directory's times change as
+entries come and go). A value is used only while its fingerprint is what the
+files show now, so a reinstalled, upgraded or edited Triton or CUDA computes
+it again, as stock does. The fingerprint is taken before the value is
+computed: a file that changes meanwhile leaves a memo that never matches.
+
+    <files dir>/memos/<hh>/<62 hex>.json   {"name": ..., "fingerprint": ..., "value": ...}
+
+Installed on the modules of Triton as they are imported (_after_import). Each
+value is the one stock computes, so disable() leaves them in place.
+"""
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import sysconfig
+import uuid
+
+from . import _paths
+
+log = logging.getLogger("kiln")
+
+
+def _memo_path(name):
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    return os.path.join(_paths.files_dir(), "memos", digest[:2], digest[2:] + ".json")
+
+
+def remembered(name, fingerprint, compute):
+    """compute()'s value, or the one remembered under `name` for this
+    `fingerprint`. A value of None (a failure) is not remembered; neither is
+    one that a memo this process cannot write would hold."""
+    path = _memo_path(name)
+    try:
+        with open(path, "rb") as memo_file:
+            memo = json.loads(memo_file.read())
+        if memo["name"] == name and memo["fingerprint"] == fingerprint:
+            return memo["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    value = compute()
+    if value is not None:
+        _write(path, {"name": name, "fingerprint": fingerprint, "value": value})
+    return value
+
+
+def _write(path, memo):
+    temp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(temp, "w", encoding="utf-8") as out:
+            out.write(json.dumps(memo))
+        os.replace(temp, path)
+    except OSError as error:
+        log.debug("memo %s not written: %s", path, error)
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+
+
+def _stat_line(path, stat):
+    return f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}\0{stat.st_dev}"
+
+
+def file_fingerprint(path):
+    """None when the file cannot be stat'ed (then stock finds out why)."""
+    try:
+        return _stat_line(path, os.stat(path))
+    except OSError:
+        return None
+
+
+def tree_fingerprint(root):
+    """A digest of the stat of every file and directory under `root`, bytecode
+    caches aside (Python writes them as it imports); None when the tree cannot
+    be read. Symbolic links are followed, each directory once."""
+    lines, pending, seen = [], [root], set()
+    try:
+        while pending:
+            directory = pending.pop()
+            stat = os.stat(directory)
+            if (stat.st_dev, stat.st_ino) in seen:
+                continue
+            seen.add((stat.st_dev, stat.st_ino))
+            lines.append(_stat_line(directory, stat))
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.is_dir():
+                        if entry.name != "__pycache__":
+                            pending.append(entry.path)
+                    else:
+                        lines.append(_stat_line(entry.path, entry.stat()))
+    except OSError:
+        return None
+    lines.sort()
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def install_triton_key(cache_module):
+    """triton.runtime.cache.triton_key, remembered for this Triton install."""
+    original = cache_module.triton_key
+    if getattr(original, "_kiln_memo", False):
+        return
+    triton_dir = os.path.dirname(os.path.dirname(os.path.abspath(cache_module.__file__)))
+
+    @functools.lru_cache()
+    def triton_key():
+        if original.cache_info().currsize:  # computed in this process already
+            return original()
+        fingerprint = tree_fingerprint(triton_dir)
+        if fingerprint is None:
+            return original()
+        # The libtriton it hashes depends on the interpreter's extension suffix.
+        name = f"triton_key\0{triton_dir}\0{sysconfig.get_config_var('EXT_SUFFIX')}"
+        return remembered(name, fingerprint, original)
+
+    triton_key._kiln_memo = True
+    cache_module.triton_key = triton_key
+
+
+def install_tool_versions(knobs_module):
+    """knobs.NvidiaTool.from_path (which runs `<tool> --version` for its release),
+    remembered for each tool binary."""
+    tool_class = getattr(knobs_module, "NvidiaTool", None)
+    original = getattr(tool_class, "from_path", None)
+    if original is None or getattr(original, "_kiln_memo", False):
+        return
+
+    # A miss runs stock's function itself, not its lru_cache: clearing this
+    # one's cache (as stock's) then asks the tool again.
+    run_tool = getattr(original, "__wrapped__", original)
+
+    @functools.lru_cache()
+    def from_path(path):
+        fingerprint = file_fingerprint(path)
+        if fingerprint is None:
+            return run_tool(path)
+
+        def release():
+            tool = run_tool(path)
+            return None if tool is None else tool.version
+
+        version = remembered(f"tool release\0{path}", fingerprint, release)
+        return None if version is None else tool_class(path, version)
+
+    from_path._kiln_memo = True
+    tool_class.from_path = staticmethod(from_path)
+
+
+def install_ptxas_version(nvidia_compiler):
+    """The nvidia backend's get_ptxas_version (`ptxas --version`, which enters
+    every kernel's cache key), remembered for each ptxas binary."""
+    original = getattr(nvidia_compiler, "get_ptxas_version", None)
+    if original is None or getattr(original, "_kiln_memo", False):
+        return
+    from triton import knobs
+
+    run_ptxas = getattr(original, "__wrapped__", original)
+
+    @functools.lru_cache()
+    def get_ptxas_version(arch=80):
+        if knobs.nvidia.mock_ptx_version is not None:
+            return run_ptxas(arch)
+        path = nvidia_compiler.get_ptxas(arch).path
+        fingerprint = file_fingerprint(path)
+        if fingerprint is None:
+            return run_ptxas(arch)
+        # The output depends on the binary alone: one memo serves every arch it compiles for.
+        return remembered(f"ptxas --version\0{path}", fingerprint, lambda: run_ptxas(arch))
+
+    get_ptxas_version._kiln_memo = True
+    nvidia_compiler.get_ptxas_version = get_ptxas_version
+
+
+INSTALLERS = {"triton.runtime.cache": install_triton_key, "triton.knobs": install_tool_versions,
+              "triton.backends.nvidia.compiler": install_ptxas_version}

@@ -1,0 +1,142 @@
+"""What stock Triton works out in every process (triton_key(), `ptxas --version`),
+remembered across processes by the client (kiln/_triton_memos.py): the real
+triton package, in real processes with and without Kiln."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+from kiln import _triton_memos
+
+# Computes what the memos stand in for, and says what it read and ran to get it
+# (Python's audit events: every open() and every subprocess).
+PROGRAM = r"""
+import json, os, sys
+opened, spawned = [], []
+def audit(event, args):
+    if event == "open" and isinstance(args[0], str) and os.path.basename(args[0]).startswith("libtriton."):
+        opened.append(args[0])
+    elif event == "subprocess.Popen":
+        argv = args[1]
+        spawned.append(os.path.basename(str(argv[0] if isinstance(argv, (list, tuple)) else argv).split()[0]))
+sys.addaudithook(audit)
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend, get_ptxas_version
+from triton.runtime.cache import triton_key
+key = triton_key()
+print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(80),
+                  "ptxas_release": knobs.nvidia.ptxas.version,
+                  "backend_hash": CUDABackend(GPUTarget("cuda", 90, 32)).hash(),
+                  "read_libtriton": bool(opened), "spawned": spawned}))
+"""
+
+
+def _run(tmp_path, kiln, **env):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    environment.update(env, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    if kiln:
+        # Nothing here needs kilnd: an endpoint where none listens.
+        environment.update(KILN="1", KILN_FILES_DIR=str(tmp_path / "files"),
+                           KILN_ENDPOINT=f"unix:{tmp_path / 'no-kilnd.sock'}")
+    result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=environment,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def _values(run):
+    return {name: run[name] for name in ("triton_key", "ptxas_version", "ptxas_release", "backend_hash")}
+
+
+def test_a_second_process_takes_triton_key_and_the_ptxas_version_from_the_memos(tmp_path):
+    stock = _run(tmp_path, kiln=False)
+    assert stock["read_libtriton"] and "ptxas" in stock["spawned"]
+
+    first = _run(tmp_path, kiln=True)
+    assert _values(first) == _values(stock)
+    assert first["read_libtriton"] and "ptxas" in first["spawned"]  # nothing remembered yet
+
+    second = _run(tmp_path, kiln=True)
+    assert _values(second) == _values(stock)
+    assert not second["read_libtriton"], "triton_key() hashed libtriton again"
+    assert second["spawned"] == [], "ptxas --version ran again"
+
+    # Stock Triton's test knob still wins over a memo.
+    mocked = _run(tmp_path, kiln=True, TRITON_MOCK_PTX_VERSION="12.3.0")
+    assert mocked["ptxas_version"] == "12.3.0"
+
+
+def _fake_ptxas(path, release):
+    """A ptxas that only answers --version: what is tested is that a changed binary is asked again."""
+    path.write_text(f"#!/bin/sh\necho 'ptxas: NVIDIA (R) Ptx optimizing assembler'\n"
+                    f"echo 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_a_changed_ptxas_is_asked_its_version_again(tmp_path):
+    ptxas = tmp_path / "bin" / "ptxas"
+    ptxas.parent.mkdir()
+    _fake_ptxas(ptxas, "12.8")
+    first = _run(tmp_path, kiln=True, TRITON_PTXAS_PATH=str(ptxas))
+    assert first["ptxas_release"] == "12.8" and "release 12.8," in first["ptxas_version"]
+    assert "ptxas" in first["spawned"]
+    again = _run(tmp_path, kiln=True, TRITON_PTXAS_PATH=str(ptxas))
+    assert _values(again) == _values(first) and again["spawned"] == []
+
+    _fake_ptxas(ptxas, "13.1")  # same size, rewritten in place
+    changed = _run(tmp_path, kiln=True, TRITON_PTXAS_PATH=str(ptxas))
+    assert changed["ptxas_release"] == "13.1" and "release 13.1," in changed["ptxas_version"]
+    assert changed["backend_hash"] != first["backend_hash"]
+
+
+def _tree(root):
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "pkg" / "module.py").write_text("x = 1\n")
+    (root / "lib.so").write_bytes(b"\0" * 64)
+
+
+def test_the_install_fingerprint_follows_every_file_and_directory_but_bytecode(tmp_path):
+    _tree(tmp_path)
+    fingerprint = _triton_memos.tree_fingerprint(str(tmp_path))
+    assert _triton_memos.tree_fingerprint(str(tmp_path)) == fingerprint
+
+    (tmp_path / "pkg" / "__pycache__" / "module.cpython-311.pyc").write_bytes(b"bytecode")
+    assert _triton_memos.tree_fingerprint(str(tmp_path)) == fingerprint, "bytecode written on import counted"
+
+    module = tmp_path / "pkg" / "module.py"
+    before = module.stat()
+    time.sleep(0.05)  # file times tick with the kernel's clock (up to 10 ms): a later edit, not the same instant
+    module.write_text("x = 2\n")  # same size
+    os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))  # even with its old time back
+    changed = _triton_memos.tree_fingerprint(str(tmp_path))
+    assert changed != fingerprint
+
+    (tmp_path / "pkg" / "new.py").write_text("")
+    assert _triton_memos.tree_fingerprint(str(tmp_path)) != changed
+    assert _triton_memos.tree_fingerprint(str(tmp_path / "missing")) is None
+
+
+def test_a_memo_is_used_only_for_its_own_fingerprint(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_FILES_DIR", str(tmp_path / "files"))
+    computed = []
+
+    def compute(value):
+        computed.append(value)
+        return value
+
+    assert _triton_memos.remembered("name", "fp1", lambda: compute("a")) == "a"
+    assert _triton_memos.remembered("name", "fp1", lambda: compute("b")) == "a"
+    assert _triton_memos.remembered("name", "fp2", lambda: compute("c")) == "c"
+    assert _triton_memos.remembered("other", "fp2", lambda: compute("d")) == "d"
+    assert _triton_memos.remembered("failing", "fp", lambda: compute(None)) is None
+    assert _triton_memos.remembered("failing", "fp", lambda: compute("e")) == "e"  # a failure is not kept
+    assert computed == ["a", "c", "d", None, "e"]
+
+    # A memo file cut short (a crash mid-write, a full disk) is a miss, not an error.
+    for memo in (tmp_path / "files" / "memos").rglob("*.json"):
+        memo.write_bytes(memo.read_bytes()[:7])
+    assert _triton_memos.remembered("name", "fp2", lambda: compute("f")) == "f"
