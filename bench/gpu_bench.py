@@ -35,6 +35,7 @@ ORDERS = (("stock", "absent", "present"), ("absent", "stock", "present"), ("abse
 
 
 _called_kilnd = []  # warm runs that made a call to kilnd (imported gRPC), by kind
+_triton_key_ms = {}  # kind of run -> [ms of each run's triton_key()]
 
 
 def launch(env, *flags, cpu=None):
@@ -44,8 +45,9 @@ def launch(env, *flags, cpu=None):
                             text=True, env=env, preexec_fn=pin)
 
 
-def collect(process, env, kind=None):
-    """The kernel times of a process launch() started; `kind` for a warm run."""
+def collect(process, env, kind=None, key_label=None):
+    """The kernel times of a process launch() started; `kind` for a warm run,
+    `key_label` where its triton_key() time is shown."""
     stdout, stderr = process.communicate()
     if process.returncode != 0:
         sys.exit(stderr[-3000:])
@@ -57,12 +59,15 @@ def collect(process, env, kind=None):
                  f"wheel installed for {sys.executable}?")
     if kind and report["grpc_imported"]:
         _called_kilnd.append(kind)
+    if key_label:
+        _triton_key_ms.setdefault(key_label, []).append(report["triton_key_ms"])
     return report["kernels"]
 
 
-def run(env, *flags, kind=None):
-    """Times one process; `kind` for a warm run."""
-    return collect(launch(env, *flags), env, kind)
+def run(env, *flags, kind=None, label=None):
+    """Times one process; `kind` for a warm run, `label` for another whose
+    triton_key() is shown (not where flags wrap Triton's steps in timers)."""
+    return collect(launch(env, *flags), env, kind, key_label=None if flags else kind or label)
 
 
 def simultaneous_round(envs, round_):
@@ -73,7 +78,7 @@ def simultaneous_round(envs, round_):
     kinds = list(envs)
     processes = {kind: launch(envs[kind], cpu=cpus[(index + round_) % len(cpus)])
                  for index, kind in enumerate(kinds)}
-    return {kind: collect(processes[kind], envs[kind], kind) for kind in kinds}
+    return {kind: collect(processes[kind], envs[kind], kind, key_label=kind) for kind in kinds}
 
 
 def paired_ratios(warm_runs, kind):
@@ -152,14 +157,15 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-bench-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
-    stock_cold = run(stock_env)
+    stock_cold = run(stock_env, label="stock cold")
     first = next(iter(stock_cold))
 
     kilnd, kiln_env = start_kilnd(bundle, base, work / "data", work / "s")
     warm_runs = {"stock": [], "absent": [], "present": []}
     phase_runs = {"stock": [], "absent": [], "present": []}
     try:
-        kiln_cold = run(dict(kiln_env, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")))
+        kiln_cold = run(dict(kiln_env, TRITON_CACHE_DIR=str(work / "k1"), KILN_FILES_DIR=str(work / "f1")),
+                        label="kiln cold")
         if args.simultaneous:
             present_env = dict(kiln_env, TRITON_CACHE_DIR=str(work / "kp"), KILN_FILES_DIR=str(work / "fp"))
             run(present_env)  # its files present from now on
@@ -221,6 +227,14 @@ def main():
                            for run, stock in zip(warm_runs[kind], warm_runs["stock"])]
             print(f"after the first kernel, {kind}: median ratio {statistics.median(after_first):.3f}, "
                   f"{sum(r <= 1.0 for r in after_first)}/{args.rounds} rounds at most as slow as stock")
+    print("\nonce per process, before its first kernel: triton_key(), the hash of Triton's install (median ms; "
+          "Kiln remembers it with its files, so it is computed again where they are absent)")
+    for kind, stock_kind in (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None),
+                             ("absent", "stock"), ("present", "stock")):
+        if kind in _triton_key_ms:
+            ms = statistics.median(_triton_key_ms[kind])
+            ratio = f"  ratio {ms / statistics.median(_triton_key_ms[stock_kind]):.2f}x" if stock_kind else ""
+            print(f"{kind:28} {ms:10.1f}{ratio}")
     kiln_calls = [kind for kind in _called_kilnd if kind != "stock"]
     print(f"warm kiln runs that called kilnd (imported gRPC): {len(kiln_calls)} of "
           f"{2 * args.rounds * (2 if args.phases else 1)}")

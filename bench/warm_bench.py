@@ -18,6 +18,7 @@ processes, with the files dir: absent, it is computed as in stock).
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def one_round(build_dir, base):
     finally:
         kilnd.terminate()
         kilnd.wait()
+        shutil.rmtree(work, ignore_errors=True)
     return phases
 
 
