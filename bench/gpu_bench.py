@@ -36,6 +36,7 @@ ORDERS = (("stock", "absent", "present"), ("absent", "stock", "present"), ("abse
 
 _called_kilnd = []  # warm runs that made a call to kilnd (imported gRPC), by kind
 _triton_key_ms = {}  # kind of run -> [ms of each run's triton_key()]
+_collector_ms = {}  # kind of run -> [{kernel: ms the garbage collector ran in it} of each run]
 
 
 def launch(env, *flags, cpu=None):
@@ -61,6 +62,7 @@ def collect(process, env, kind=None, key_label=None):
         _called_kilnd.append(kind)
     if key_label:
         _triton_key_ms.setdefault(key_label, []).append(report["triton_key_ms"])
+        _collector_ms.setdefault(key_label, []).append(report["collector_ms"])
     return report["kernels"]
 
 
@@ -89,6 +91,13 @@ def paired_ratios(warm_runs, kind):
         per_round = [run[name] / stock[name] for run, stock in zip(warm_runs[kind], warm_runs["stock"])]
         ratios[name] = (statistics.median(per_round), sum(r <= 1.0 for r in per_round))
     return ratios
+
+
+def without_collector(warm_runs):
+    """The warm runs' kernel times less the garbage collector's pauses in each."""
+    return {kind: [{name: ms - collected[name] for name, ms in run.items()}
+                   for run, collected in zip(runs, _collector_ms[kind])]
+            for kind, runs in warm_runs.items()}
 
 
 def total_ms(kernels, skip=None):
@@ -216,17 +225,26 @@ def main():
               f"{totals[4] / totals[2]:6.2f}")
 
     if args.simultaneous:
-        absent, present = paired_ratios(warm_runs, "absent"), paired_ratios(warm_runs, "present")
+        bare = without_collector(warm_runs)
+        ratios = {(kind, runs is bare): paired_ratios(runs, kind) for kind in ("absent", "present")
+                  for runs in (warm_runs, bare)}
         print(f"\nwarm, paired by round (runs at once): median of the {args.rounds} rounds' ratios to stock, "
-              f"and the rounds at most as slow as stock")
-        for name in absent:
-            print(f"{name:28} absent {absent[name][0]:5.2f} ({absent[name][1]:2}/{args.rounds})   "
-                  f"present {present[name][0]:5.2f} ({present[name][1]:2}/{args.rounds})")
+              f"and the rounds at most as slow as stock; then the same without the garbage collector's pauses")
+        for name in stock_cold:
+            print(f"{name:28}" + "".join(
+                f" {kind} {ratios[kind, bare_][name][0]:5.2f} ({ratios[kind, bare_][name][1]:2}/{args.rounds})"
+                for bare_ in (False, True) for kind in ("absent", "present")))
         for kind in ("absent", "present"):
-            after_first = [total_ms(run, first) / total_ms(stock, first)
-                           for run, stock in zip(warm_runs[kind], warm_runs["stock"])]
-            print(f"after the first kernel, {kind}: median ratio {statistics.median(after_first):.3f}, "
-                  f"{sum(r <= 1.0 for r in after_first)}/{args.rounds} rounds at most as slow as stock")
+            for label, runs in (("", warm_runs), (", without the collector", bare)):
+                after_first = [total_ms(run, first) / total_ms(stock, first)
+                               for run, stock in zip(runs[kind], runs["stock"])]
+                print(f"after the first kernel, {kind}{label}: median ratio {statistics.median(after_first):.3f}, "
+                      f"{sum(r <= 1.0 for r in after_first)}/{args.rounds} rounds at most as slow as stock")
+        for kind in ("stock", "absent", "present"):
+            paused = [total_ms(collected, first) for collected in _collector_ms[kind]]
+            print(f"garbage collector after the first kernel, {kind}: median {statistics.median(paused):.2f} ms "
+                  f"a run; pauses on {statistics.median(sum(ms > 0 for ms in run.values()) for run in _collector_ms[kind]):.0f} "
+                  f"kernels")
     print("\nonce per process, before its first kernel: triton_key(), the hash of Triton's install (median ms; "
           "Kiln remembers it with its files, so it is computed again where they are absent)")
     for kind, stock_kind in (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None),

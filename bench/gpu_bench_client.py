@@ -1,9 +1,10 @@
 """One process of bench/gpu_bench.py: for each suite kernel at this GPU's own
 target, the time from asking Triton for it to having it loaded and launchable
 (triton.compile, then loading the cubin and the launcher module). Prints JSON:
-{"kernels": {kernel name: milliseconds}, "triton_key_ms": the process's one
-triton_key() (before its first kernel), "grpc_imported": whether it called
-kilnd, "kiln_used": whether Kiln's client served Triton's cache}.
+{"kernels": {kernel name: milliseconds}, "collector_ms": {kernel name: the part
+of its milliseconds that Python's garbage collector ran}, "triton_key_ms": the
+process's one triton_key() (before its first kernel), "grpc_imported": whether
+it called kilnd, "kiln_used": whether Kiln's client served Triton's cache}.
 
 With --phases, each kernel's time is split into the steps of a warm hit, with
 --cold-phases into those of a cold compile (each of Triton's stages, where
@@ -13,6 +14,7 @@ a little, the same for both. "kilnd ..." phases are what kilnd reported its
 worker spent in a stage: they lie inside the client's stage times, so they are
 not part of the sum that "other" completes."""
 
+import gc
 import json
 import sys
 import time
@@ -57,6 +59,19 @@ class _TimedManager:
 
 
 _inside = {}  # what kilnd reported of its own stages (ms), inside the client's phases
+
+# Python's cyclic garbage collector runs when enough objects have been made,
+# wherever that is: its pauses (0.1-0.3 ms) land on one kernel or another as
+# the objects made since the process started add up, so they are shown apart.
+_collector = {"ms": 0.0, "started": None}
+
+
+def _time_collector(phase, info):
+    if phase == "start":
+        _collector["started"] = time.perf_counter()
+    elif _collector["started"] is not None:
+        _collector["ms"] += (time.perf_counter() - _collector["started"]) * 1e3
+        _collector["started"] = None
 
 
 def _report_kilnd_stages():
@@ -125,14 +140,17 @@ def main():
     start = time.perf_counter()
     triton_key()  # once per process, before its first kernel: timed on its own
     triton_key_ms = (time.perf_counter() - start) * 1e3
-    times = {}
+    times, collector_ms = {}, {}
+    gc.callbacks.append(_time_collector)
     for case in kernel_suite.SUITE:
         _spent.clear()
         _inside.clear()
+        collected_before = _collector["ms"]
         start = time.perf_counter()
         kernel = triton.compile(ASTSource(case.fn, case.signature, case.constexprs), options=case.options)
         kernel._init_handles()
         total = (time.perf_counter() - start) * 1e3
+        collector_ms[case.name] = _collector["ms"] - collected_before
         if phases:
             times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total, **_inside)
         else:
@@ -140,8 +158,8 @@ def main():
     # Triton took its cache manager from Kiln (a warm hit never imports kiln._triton).
     triton_side = sys.modules.get("kiln._triton")
     kiln_used = "kiln._cache" in sys.modules and (triton_side is None or triton_side._installed is not False)
-    print(json.dumps({"kernels": times, "triton_key_ms": triton_key_ms, "grpc_imported": "grpc" in sys.modules,
-                      "kiln_used": kiln_used}))
+    print(json.dumps({"kernels": times, "collector_ms": collector_ms, "triton_key_ms": triton_key_ms,
+                      "grpc_imported": "grpc" in sys.modules, "kiln_used": kiln_used}))
 
 
 if __name__ == "__main__":
