@@ -1,4 +1,5 @@
-"""What stock Triton works out in every process (triton_key(), `ptxas --version`),
+"""What stock Triton works out in every process (triton_key(), `ptxas --version`,
+the launchers' platform key),
 remembered across processes by the client (kiln/_triton_memos.py): the real
 triton package, in real processes with and without Kiln."""
 
@@ -26,9 +27,10 @@ sys.addaudithook(audit)
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend, get_ptxas_version
+from triton.runtime.build import platform_key
 from triton.runtime.cache import triton_key
 key = triton_key()
-print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(80),
+print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(80), "platform_key": platform_key(),
                   "ptxas_release": knobs.nvidia.ptxas.version,
                   "backend_hash": CUDABackend(GPUTarget("cuda", 90, 32)).hash(),
                   "read_libtriton": bool(opened), "spawned": spawned}))
@@ -49,12 +51,13 @@ def _run(tmp_path, kiln, **env):
 
 
 def _values(run):
-    return {name: run[name] for name in ("triton_key", "ptxas_version", "ptxas_release", "backend_hash")}
+    return {name: run[name] for name in ("triton_key", "ptxas_version", "ptxas_release", "backend_hash",
+                                         "platform_key")}
 
 
-def test_a_second_process_takes_triton_key_and_the_ptxas_version_from_the_memos(tmp_path):
+def test_a_second_process_takes_triton_key_the_ptxas_version_and_the_platform_key_from_the_memos(tmp_path):
     stock = _run(tmp_path, kiln=False)
-    assert stock["read_libtriton"] and "ptxas" in stock["spawned"]
+    assert stock["read_libtriton"] and {"ptxas", "file"} <= set(stock["spawned"])
 
     first = _run(tmp_path, kiln=True)
     assert _values(first) == _values(stock)
@@ -63,7 +66,7 @@ def test_a_second_process_takes_triton_key_and_the_ptxas_version_from_the_memos(
     second = _run(tmp_path, kiln=True)
     assert _values(second) == _values(stock)
     assert not second["read_libtriton"], "triton_key() hashed libtriton again"
-    assert second["spawned"] == [], "ptxas --version ran again"
+    assert second["spawned"] == [], "ptxas --version or file ran again"
 
     # Stock Triton's test knob still wins over a memo.
     mocked = _run(tmp_path, kiln=True, TRITON_MOCK_PTX_VERSION="12.3.0")

@@ -5,7 +5,10 @@ user's processes, as a compiler cache remembers a compiler's identity:
   the 400 MB libtriton): about 0.3 s of CPU in every process that compiles or
   loads a kernel, inductor's compile workers included;
 - `ptxas --version` (and the release of each CUDA tool Triton finds): a
-  subprocess for each, two or three in every process.
+  subprocess for each, two or three in every process;
+- the platform key of launcher modules, for which Python's
+  platform.architecture() runs `file` on the interpreter (POSIX): about 8 ms
+  at the first kernel a process loads.
 
 A memo holds the value and a fingerprint of the files it came from: the stat
 (size, modification and change times, inode, device) of the tool, or of every
@@ -26,6 +29,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import sys
 import sysconfig
 import uuid
 
@@ -186,5 +191,28 @@ def install_ptxas_version(nvidia_compiler):
     nvidia_compiler.get_ptxas_version = get_ptxas_version
 
 
+def install_platform_key(build_module):
+    """triton.runtime.build.platform_key, remembered for this interpreter
+    binary, this `file` command and this machine (Windows runs no `file`)."""
+    original = getattr(build_module, "platform_key", None)
+    if original is None or getattr(original, "_kiln_memo", False) or sys.platform == "win32":
+        return
+    run_key = getattr(original, "__wrapped__", original)
+
+    @functools.lru_cache()
+    def platform_key():
+        interpreter = file_fingerprint(os.path.realpath(sys.executable))
+        if interpreter is None:
+            return run_key()
+        file_command = shutil.which("file")
+        file_tool = file_fingerprint(file_command) if file_command else None
+        machine = os.uname()
+        fingerprint = "\n".join((interpreter, file_tool or "no file command", machine.sysname, machine.machine))
+        return remembered(f"platform_key\0{sys.executable}", fingerprint, run_key)
+
+    platform_key._kiln_memo = True
+    build_module.platform_key = platform_key
+
+
 INSTALLERS = {"triton.runtime.cache": install_triton_key, "triton.knobs": install_tool_versions,
-              "triton.backends.nvidia.compiler": install_ptxas_version}
+              "triton.backends.nvidia.compiler": install_ptxas_version, "triton.runtime.build": install_platform_key}
