@@ -1,9 +1,9 @@
 """A process that uses Triton the way an application does, for the client tests.
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
-usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|spawn-child|
+usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|spawn-child|
                        frontend-error|device-dependent|
-                       where-warning|override FILE [--enable] [--as-inductor] [--note-grpc-import FILE]
+                       where-warning|override FILE [--enable | --disable] [--as-inductor] [--note-grpc-import FILE]
 Prints one JSON object on stdout."""
 
 import contextlib
@@ -79,6 +79,30 @@ def launcher(libcuda_dir):
     module = compile_module_from_src(src=source, name="__triton_launcher", library_dirs=[libcuda_dir],
                                      include_dirs=driver.include_dirs, libraries=driver.libraries)
     return {"launch": callable(module.launch), "path": module.__file__, "grpc_imported": "grpc" in sys.modules}
+
+
+def launchers():
+    """Makes the launchers of three kernels with the same argument types (one
+    launcher source), as Triton does when it loads each: how many times a
+    module file was imported, and whether they launch through one function."""
+    from triton.backends.nvidia import driver
+    from triton.runtime import build
+
+    imports = []
+    load = build._load_module_from_path
+
+    def counted(name, path):
+        imports.append(path)
+        return load(name, path)
+
+    build._load_module_from_path = counted
+    launch_functions = []
+    for case in kernel_suite.SUITE[:3]:
+        source = triton_compiler.ASTSource(case.fn, case.signature, case.constexprs)
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=case.options)
+        launch_functions.append(driver.CudaLauncher(source, kernel.metadata).launch)
+    return {"imports": len(imports), "one_launch_function": all(f is launch_functions[0] for f in launch_functions),
+            "callable": all(callable(f) for f in launch_functions)}
 
 
 def device_dependent():
@@ -195,9 +219,13 @@ def main():
         import kiln
 
         kiln.enable()
+    if "--disable" in sys.argv:
+        import kiln
+
+        kiln.disable()
     mode = sys.argv[1]
     result = {"suite": suite, "ptxas-error": ptxas_error, "spawn-child": spawn_child,
-              "launcher": lambda: launcher(sys.argv[2]),
+              "launcher": lambda: launcher(sys.argv[2]), "launchers": launchers,
               "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
               "first-sm80": lambda: suite(kernel_suite.SUITE[:1], (80,)),
               "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),

@@ -185,6 +185,19 @@ def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # n
     assert after.launcher_builds + after.launcher_cache_hits > before.launcher_builds + before.launcher_cache_hits
 
 
+def test_kernels_of_one_launcher_source_share_the_module_loaded_first(base_env, kiln_env, libcuda_dir):  # noqa: F811
+    libcuda = {"LD_LIBRARY_PATH": str(libcuda_dir), "TRITON_LIBCUDA_PATH": str(libcuda_dir)}
+    stock = probe_json(run_probe(dict(base_env, **libcuda), "launchers"))
+    # Stock imports the module file again for each kernel, and gets the same
+    # function each time (Python keeps a single-phase module's first state).
+    assert stock["imports"] == 3 and stock["one_launch_function"] and stock["callable"]
+    through_kilnd = probe_json(run_probe(dict(kiln_env, **libcuda), "launchers"))
+    assert through_kilnd["imports"] == 1, "the later kernels imported their launcher again"
+    assert through_kilnd["one_launch_function"] and through_kilnd["callable"]
+    disabled = probe_json(run_probe(dict(kiln_env, **libcuda), "launchers", "--disable"))
+    assert disabled["imports"] == 3, "kiln.disable() left launchers reused"
+
+
 def test_a_new_process_finds_a_launcher_module_by_kilnds_link_without_a_call(kilnd, kiln_env, libcuda_dir,
                                                                               tmp_path):
     env = dict(kiln_env, LD_LIBRARY_PATH=str(libcuda_dir))

@@ -48,9 +48,10 @@ def activate_lazily():
     if "kiln._cache" in sys.modules:  # enabled again after disable()
         sys.modules["kiln._cache"].claim_knob()
     os.environ.setdefault("KILN", "1")
-    from . import _after_import, _triton_memos
+    from . import _after_import, _loaded_launchers, _triton_memos
 
     _after_import.patch(_triton_memos.INSTALLERS)
+    _after_import.patch(_loaded_launchers.INSTALLERS)
     if os.environ.get("KILN_INDUCTOR", "1") != "0":
         from . import _inductor
 
