@@ -116,6 +116,9 @@ def main():
                   f"mlp {median['mlp']:6.3f} s; ratio to stock "
                   f"{median['transformer'] / medians['stock']['transformer']:.2f}x / "
                   f"{median['mlp'] / medians['stock']['mlp']:.2f}x; called kilnd in {called}")
+            print(f"  each run, transformer / mlp (s): "
+                  + ", ".join(f"{r['transformer']['first_call_s']:.2f}/{r['mlp']['first_call_s']:.2f}"
+                              for r in repeats[kind]))
     correct = all(r[m]["allclose"] for r in (a, b, wider, stopped) for m in ("transformer", "mlp"))
     print("PASS" if correct and ratio <= 1.5 and len(warnings) == 1 else "FAIL")
 
