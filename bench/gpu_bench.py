@@ -116,11 +116,13 @@ def median_phases(runs, skip):
                        for name in runs[0] if name != skip) for phase in phases}
 
 
-def start_kilnd(bundle, base, data_dir, socket):
-    """A kilnd of the bundle with an empty cache, and the environment of its clients."""
+def start_kilnd(bundle, base, data_dir, socket, log=None):
+    """A kilnd of the bundle with an empty cache, and the environment of its clients;
+    with `log` (a file), it logs there from the info level up."""
     lib_env = dict(base, LD_LIBRARY_PATH=str(bundle / "lib"))
     kilnd = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={data_dir}", f"--local-socket={socket}",
-                              f"--toolchain={sys.executable}", "--log-level=warn"], env=lib_env)
+                              f"--toolchain={sys.executable}", f"--log-level={'info' if log else 'warn'}"],
+                             env=lib_env, stdout=log, stderr=subprocess.STDOUT if log else None)
     subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "health", "--wait", "60"],
                    env=lib_env, check=True, stdout=subprocess.DEVNULL)
     return kilnd, dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}")

@@ -14,7 +14,6 @@ a little, the same for both. "kilnd ..." phases are what kilnd reported its
 worker spent in a stage: they lie inside the client's stage times, so they are
 not part of the sum that "other" completes."""
 
-import gc
 import json
 import sys
 import time
@@ -26,6 +25,7 @@ import triton  # noqa: E402
 from triton.compiler.compiler import ASTSource  # noqa: E402
 
 import kernel_suite  # noqa: E402
+from collector_pauses import CollectorPauses  # noqa: E402  (beside this file)
 
 # Where a warm hit spends its time (ms by phase): the cache manager finding the
 # kernel's group, CompiledKernel reading it, the launcher module's lookup and
@@ -60,18 +60,6 @@ class _TimedManager:
 
 _inside = {}  # what kilnd reported of its own stages (ms), inside the client's phases
 
-# Python's cyclic garbage collector runs when enough objects have been made,
-# wherever that is: its pauses (0.1-0.3 ms) land on one kernel or another as
-# the objects made since the process started add up, so they are shown apart.
-_collector = {"ms": 0.0, "started": None}
-
-
-def _time_collector(phase, info):
-    if phase == "start":
-        _collector["started"] = time.perf_counter()
-    elif _collector["started"] is not None:
-        _collector["ms"] += (time.perf_counter() - _collector["started"]) * 1e3
-        _collector["started"] = None
 
 
 def _report_kilnd_stages():
@@ -141,16 +129,16 @@ def main():
     triton_key()  # once per process, before its first kernel: timed on its own
     triton_key_ms = (time.perf_counter() - start) * 1e3
     times, collector_ms = {}, {}
-    gc.callbacks.append(_time_collector)
+    collector = CollectorPauses().start()
     for case in kernel_suite.SUITE:
         _spent.clear()
         _inside.clear()
-        collected_before = _collector["ms"]
+        collected_before = collector.ms
         start = time.perf_counter()
         kernel = triton.compile(ASTSource(case.fn, case.signature, case.constexprs), options=case.options)
         kernel._init_handles()
         total = (time.perf_counter() - start) * 1e3
-        collector_ms[case.name] = _collector["ms"] - collected_before
+        collector_ms[case.name] = collector.ms - collected_before
         if phases:
             times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total, **_inside)
         else:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 
+from gpu_bench import start_kilnd  # noqa: E402  (beside this file)
 from gpu_bundle import install_client  # noqa: E402
 
 PROGRAM = r"""
@@ -66,18 +67,11 @@ def main():
     install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-launch-bench-"))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
-    lib_env = dict(base, LD_LIBRARY_PATH=str(bundle / "lib"))
-    socket = work / "kilnd.sock"
     log = open(work / "kilnd.log", "w")
-    kilnd = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={work / 'data'}", f"--local-socket={socket}",
-                              f"--toolchain={sys.executable}", "--log-level=info"], env=lib_env, stdout=log,
-                             stderr=subprocess.STDOUT)
+    kilnd, kiln_env = start_kilnd(bundle, base, work / "data", work / "kilnd.sock", log=log)
     try:
-        subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "health", "--wait", "60"],
-                       env=lib_env, check=True, stdout=subprocess.DEVNULL)
         envs = {"stock": dict(base, TRITON_CACHE_DIR=str(work / "stock")),
-                "kiln": dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}",
-                             TRITON_CACHE_DIR=str(work / "kiln"), KILN_FILES_DIR=str(work / "files"))}
+                "kiln": dict(kiln_env, TRITON_CACHE_DIR=str(work / "kiln"), KILN_FILES_DIR=str(work / "files"))}
         for env in envs.values():
             run(env, 10)  # builds the kernel and its launcher: every timed run is warm
         times = {kind: [] for kind in envs}

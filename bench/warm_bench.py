@@ -28,8 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CLIENT = r"""
-import gc, json, sys, time
-sys.path.insert(0, sys.argv[1])
+import json, sys, time
+sys.path[:0] = sys.argv[1:3]
+from collector_pauses import CollectorPauses
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
@@ -38,36 +39,28 @@ import kernel_suite
 start = time.perf_counter()
 triton_key()  # once per process, before its first kernel: timed on its own
 key_ms = (time.perf_counter() - start) * 1e3
-collector = {"ms": 0.0, "started": None}
-def time_collector(phase, info):
-    if phase == "start":
-        collector["started"] = time.perf_counter()
-    elif collector["started"] is not None:
-        collector["ms"] += (time.perf_counter() - collector["started"]) * 1e3
-gc.callbacks.append(time_collector)
+collector = CollectorPauses().start()
 times, collected = {}, {}
 for case in kernel_suite.SUITE:
     for arch in (80, 90):
-        collected_before = collector["ms"]
+        collected_before = collector.ms
         start = time.perf_counter()
         triton.compile(ASTSource(case.fn, case.signature, case.constexprs), target=GPUTarget("cuda", arch, 32),
                        options=case.options)
         times[f"{case.name}-sm{arch}"] = (time.perf_counter() - start) * 1e3
-        collected[f"{case.name}-sm{arch}"] = collector["ms"] - collected_before
+        collected[f"{case.name}-sm{arch}"] = collector.ms - collected_before
 print(json.dumps({"triton_key": key_ms, "kernels": times, "collector": collected}))
 """
 
 
 _triton_key_ms = {}  # phase -> [ms of triton_key() in each round]
-# Python's garbage collector runs when enough objects have been made since it
-# last did, wherever that is: its pauses land on one kernel or another as a
-# process's objects add up, so they are shown apart.
+# The garbage collector's pauses, shown apart (collector_pauses.py says why).
 _collector_ms = {}  # phase -> [{kernel: ms the collector ran in it} in each round]
 
 
 def run(env, phase):
-    result = subprocess.run([sys.executable, "-c", CLIENT, str(ROOT / "tests" / "python")], capture_output=True,
-                            text=True, env=env)
+    result = subprocess.run([sys.executable, "-c", CLIENT, str(ROOT / "tests" / "python"), str(ROOT / "bench")],
+                            capture_output=True, text=True, env=env)
     if result.returncode != 0:
         sys.exit(result.stderr[-3000:])
     measured = json.loads(result.stdout.splitlines()[-1])

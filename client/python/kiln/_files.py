@@ -100,6 +100,21 @@ def read(path):
     return Path(path).read_bytes()
 
 
+def write_text(path, text):
+    """Writes `text` to `path` whole or not at all: under a unique temporary
+    name beside it, then renamed over it, so a reader never sees part of it.
+    Raises OSError, leaving no temporary file behind."""
+    temp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with open(temp, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 def link(source, target):
     """Makes `target` a hard link to (or, across file systems, a copy of) `source`.
     False when `target` was there already."""

@@ -125,10 +125,7 @@ def record(namespace, key, files):
         entry = {"files": {file_name: [path, os.stat(path).st_size] for file_name, path in files.items()}}
         target = _entry_path(_paths.files_dir(), namespace, key)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        temp = f"{target}.{uuid.uuid4().hex[:12]}.tmp"
-        with open(temp, "w", encoding="utf-8") as out:
-            out.write(json.dumps(entry))
-        os.replace(temp, target)
+        _files.write_text(target, json.dumps(entry))
     except OSError as error:
         log.debug("no local index entry for %s/%s: %s", namespace, key, error)
 
@@ -153,19 +150,12 @@ def _write_journal(root, hits):
     (a kilnd older than the journal, a key a line cannot hold)."""
     if any("\t" in key or "\n" in key or "\t" in namespace or "\n" in namespace for namespace, key in hits):
         return False
-    name = uuid.uuid4().hex
     directory = f"{root}{os.sep}hits"
-    temp = f"{directory}{os.sep}.{name}.tmp"
     try:
-        with open(temp, "w", encoding="utf-8", newline="\n") as out:
-            out.write("".join(f"{namespace}\t{key}\n" for namespace, key in hits))
-        os.replace(temp, f"{directory}{os.sep}{name}.hits")
+        _files.write_text(f"{directory}{os.sep}{uuid.uuid4().hex}.hits",
+                          "".join(f"{namespace}\t{key}\n" for namespace, key in hits))
     except OSError as error:
         log.debug("hits not journaled in %s: %s", directory, error)
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
         return False
     return True
 

@@ -32,9 +32,8 @@ import os
 import shutil
 import sys
 import sysconfig
-import uuid
 
-from . import _paths
+from . import _files, _paths
 
 log = logging.getLogger("kiln")
 
@@ -63,18 +62,11 @@ def remembered(name, fingerprint, compute):
 
 
 def _write(path, memo):
-    temp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(temp, "w", encoding="utf-8") as out:
-            out.write(json.dumps(memo))
-        os.replace(temp, path)
+        _files.write_text(path, json.dumps(memo))
     except OSError as error:
         log.debug("memo %s not written: %s", path, error)
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
 
 
 def _stat_line(path, stat):
