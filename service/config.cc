@@ -142,7 +142,7 @@ const std::vector<Setting>& Settings() {
       {"worker_idle_seconds",
        "idle workers but the last of each toolchain exit after this long (600)",
        Integer(&Config::worker_idle_seconds, 1, 86400)},
-      {"launcher_cc", "C compiler for launcher modules (default: $CC, gcc, clang, tcc)",
+      {"launcher_cc", "C compiler for launcher modules (default: $CC, then tcc, gcc, clang)",
        Text(&Config::launcher_cc)},
       {"worker_script", "path of kiln_worker.py (default: beside kilnd)",
        [](absl::string_view value, Config& config) {
