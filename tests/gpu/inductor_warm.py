@@ -1,6 +1,6 @@
 """torch.compile warm starts through kilnd, on the GPU machine:
 
-  python3 tests/gpu/inductor_warm.py gpu_bundle [--repeat N]
+  python3 tests/gpu/inductor_warm.py gpu_bundle [--repeat N [--simultaneous]]
 
 Runs, each in a fresh process: stock cold and stock fully warm (the same local
 inductor and Triton caches again); process A through kilnd with empty local
@@ -8,7 +8,9 @@ caches; process B through kilnd with fresh empty local caches (warm only in
 kilnd); a wider model through kilnd (must miss and be correct); and with kilnd
 stopped (stock behaviour, one warning). With --repeat, the warm runs (stock
 fully warm, B with fresh empty local caches, B again with its local caches
-present) are repeated N times, interleaved, and their medians compared."""
+present) are repeated N times, interleaved, and their medians compared; with
+--simultaneous, the three run at once in each of N rounds, each on a third of
+the CPUs, and are also compared round by round."""
 
 import argparse
 import statistics
@@ -27,12 +29,34 @@ ORDERS = (("stock", "kiln", "kiln, local files present"), ("kiln", "stock", "kil
           ("kiln", "kiln, local files present", "stock"))
 
 
+def launch(env, *args, cpus=None):
+    """Starts inductor_program.py, on the CPUs `cpus` alone if given."""
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    return subprocess.Popen([sys.executable, str(HERE / "inductor_program.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=pin)
+
+
+def collect(process):
+    stdout, stderr = process.communicate()
+    if process.returncode != 0:
+        sys.exit(stderr[-4000:])
+    return json.loads(stdout.splitlines()[-1]), stderr
+
+
 def run(env, *args):
-    result = subprocess.run([sys.executable, str(HERE / "inductor_program.py"), *args], capture_output=True,
-                            text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(result.stderr[-4000:])
-    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+    return collect(launch(env, *args))
+
+
+def simultaneous_round(envs, round_):
+    """One run of each kind at once, each on a third of the CPUs (the kinds take
+    turns on them): runs in the same moments share the machine's state, which
+    moved single runs by 30% between moments."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // len(envs)
+    sets = [set(cpus[index * share:(index + 1) * share]) for index in range(len(envs))]
+    processes = {kind: launch(env, cpus=sets[(index + round_) % len(sets)])
+                 for index, (kind, env) in enumerate(envs.items())}
+    return {kind: collect(process)[0] for kind, process in processes.items()}
 
 
 def fresh(env, work, name):
@@ -44,6 +68,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--simultaneous", action="store_true",
+                        help="run each repeat's three warm runs at once, a third of the CPUs each, and compare "
+                             "them round by round")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="also profile the first calls of one more stock fully warm run and B run, "
                              "into DIR/{stock,kiln}.<model>.txt")
@@ -72,7 +99,16 @@ def main():
                                  env=lib_env, capture_output=True, text=True).stdout
         wider, _ = run(fresh(kiln_env, work, "wider"), "--wider")
         repeats = {"stock": [stock_warm], "kiln": [b], "kiln, local files present": []}
-        for i in range(args.repeat - 1):
+        if args.simultaneous:
+            repeats = {kind: [] for kind in repeats}
+            present_env = fresh(kiln_env, work, "present")
+            run(present_env)  # its local caches present from now on
+        for i in range(args.repeat if args.simultaneous else 0):
+            envs = {"stock": stock_env, "kiln": fresh(kiln_env, work, f"b{i}"),
+                    "kiln, local files present": present_env}
+            for kind, result in simultaneous_round(envs, i).items():
+                repeats[kind].append(result)
+        for i in range(0 if args.simultaneous else args.repeat - 1):
             # Each kind takes each place in turn (fresh local caches always before
             # present): a fixed order lets one kind always follow another.
             envs = {"stock": stock_env, "kiln": fresh(kiln_env, work, f"b{i}")}
@@ -119,6 +155,17 @@ def main():
             print(f"  each run, transformer / mlp (s): "
                   + ", ".join(f"{r['transformer']['first_call_s']:.2f}/{r['mlp']['first_call_s']:.2f}"
                               for r in repeats[kind]))
+    if args.simultaneous:
+        print(f"paired by round (runs at once): median of the {args.repeat} rounds' ratios to stock, and the "
+              f"rounds at most as slow as stock")
+        for kind in ("kiln", "kiln, local files present"):
+            line = f"  {kind:26}"
+            for model in ("transformer", "mlp"):
+                ratios = [r[model]["first_call_s"] / stock_run[model]["first_call_s"]
+                          for r, stock_run in zip(repeats[kind], repeats["stock"])]
+                line += (f" {model} {statistics.median(ratios):.2f}x "
+                         f"({sum(ratio <= 1.0 for ratio in ratios)}/{len(ratios)})")
+            print(line)
     correct = all(r[m]["allclose"] for r in (a, b, wider, stopped) for m in ("transformer", "mlp"))
     print("PASS" if correct and ratio <= 1.5 and len(warnings) == 1 else "FAIL")
 
