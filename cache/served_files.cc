@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <utility>
 
@@ -220,6 +221,15 @@ void ServedFiles::Remove(absl::string_view digest) {
 
 void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored) {
   std::error_code error;
+  // This kilnd's own writes run while the sweep does: their temporary files are
+  // newer than it. Only older ones (with a margin for file times' coarse clock)
+  // were left by a kilnd killed mid-write; removing a newer one failed the write.
+  const fs::file_time_type older_than = fs::file_time_type::clock::now() - std::chrono::seconds(2);
+  const auto left_by_an_earlier_kilnd = [&](const fs::path& temp) {
+    std::error_code time_error;
+    const fs::file_time_type written = fs::last_write_time(temp, time_error);
+    return !time_error && written < older_than;
+  };
   const fs::path index_dir = dir_ / kIndexDir;
   const fs::path links_dir = dir_ / kLinksDir;
   for (auto it = fs::recursive_directory_iterator(dir_, error);
@@ -232,7 +242,7 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
     if (!file.is_regular_file(error)) continue;
     const std::string name = file.path().filename().string();
     if (absl::EndsWith(name, kTempSuffix)) {
-      fs::remove(file.path(), error);  // left by a kilnd killed mid-write
+      if (left_by_an_earlier_kilnd(file.path())) fs::remove(file.path(), error);
       continue;
     }
     const std::string hex = name.substr(0, 2 * kSha256Size);
@@ -244,8 +254,12 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
   }
   for (const fs::directory_entry& entry : fs::recursive_directory_iterator(index_dir, error)) {
     if (!entry.is_regular_file(error)) continue;
+    if (absl::EndsWith(entry.path().filename().string(), kTempSuffix)) {
+      if (left_by_an_earlier_kilnd(entry.path())) fs::remove(entry.path(), error);
+      continue;
+    }
     absl::StatusOr<std::string> json = platform::ReadWholeFile(entry.path());
-    bool stale = !json.ok() || absl::EndsWith(entry.path().filename().string(), kTempSuffix);
+    bool stale = !json.ok();
     if (!stale) {
       const std::vector<fs::path> paths = IndexedPaths(*json);
       stale = std::any_of(paths.begin(), paths.end(),
@@ -254,12 +268,10 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
     if (stale) fs::remove(entry.path(), error);
   }
   for (const fs::directory_entry& link : fs::recursive_directory_iterator(links_dir, error)) {
-    // exists() follows the link: false for one whose file is gone.
-    if (link.is_symlink(error) &&
-        (!fs::exists(link.path(), error) ||
-         absl::EndsWith(link.path().filename().string(), kTempSuffix))) {
-      fs::remove(link.path(), error);
-    }
+    // exists() follows the link: false for one whose file is gone. A temporary
+    // link is left alone while its file is there: the link's own time cannot be
+    // read portably, so one being made now cannot be told from one left behind.
+    if (link.is_symlink(error) && !fs::exists(link.path(), error)) fs::remove(link.path(), error);
   }
 }
 

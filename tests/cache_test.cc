@@ -543,7 +543,12 @@ TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
   const std::string gone = DigestHex(DigestBytes(Sha256("gone")));
   fs::create_directories(served_dir / gone.substr(0, 2));
   std::ofstream(served_dir / gone.substr(0, 2) / (gone + ".cubin")) << "gone";
-  std::ofstream(served_dir / gone.substr(0, 2) / ".7.tmp") << "half";
+  const fs::path half_written = served_dir / gone.substr(0, 2) / ".7.tmp";
+  std::ofstream(half_written) << "half";
+  fs::last_write_time(half_written, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  // A write of the new kilnd in progress while its sweep runs: it stays.
+  const fs::path being_written = served_dir / gone.substr(0, 2) / ".8.tmp";
+  std::ofstream(being_written) << "being written";
   const fs::path stale_index = ServedIndexPath(dir_.path() / "data", "ns", "gone");
   fs::create_directories(stale_index.parent_path());
   std::ofstream(stale_index) << "{\"files\": {\"k.cubin\": [\""
@@ -553,6 +558,8 @@ TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
   for (int i = 0; i < 100 && fs::exists(stale_index); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the sweep runs in the background
   }
+  EXPECT_FALSE(fs::exists(half_written));
+  EXPECT_TRUE(fs::remove(being_written)) << "the sweep removed a write in progress";
   EXPECT_EQ(FilesUnder(served_dir).size(), 3 + 1);  // b's files and index entry
   EXPECT_TRUE(fs::exists(ServedIndexPath(dir_.path() / "data", "ns", "b")));
   EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
