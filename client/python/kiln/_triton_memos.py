@@ -44,9 +44,9 @@ def _memo_path(name):
 
 
 def remembered(name, fingerprint, compute):
-    """compute()'s value, or the one remembered under `name` for this
-    `fingerprint`. A value of None (a failure) is not remembered; neither is
-    one that a memo this process cannot write would hold."""
+    """The value remembered under `name` for this `fingerprint`, else
+    compute()'s, remembered from now on unless it is None (a failure). A memo
+    that cannot be read or written is a miss, never an error."""
     path = _memo_path(name)
     try:
         with open(path, "rb") as memo_file:
@@ -114,9 +114,11 @@ def install_triton_key(cache_module):
         return
     triton_dir = os.path.dirname(os.path.dirname(os.path.abspath(cache_module.__file__)))
 
+    cache_info = getattr(original, "cache_info", None)
+
     @functools.lru_cache()
     def triton_key():
-        if original.cache_info().currsize:  # computed in this process already
+        if cache_info is not None and cache_info().currsize:  # computed in this process already
             return original()
         fingerprint = tree_fingerprint(triton_dir)
         if fingerprint is None:
