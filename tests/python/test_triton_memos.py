@@ -9,6 +9,9 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from kiln import _triton_memos
 
@@ -30,22 +33,26 @@ from triton.backends.nvidia.compiler import CUDABackend, get_ptxas_version
 from triton.runtime.build import platform_key
 from triton.runtime.cache import triton_key
 key = triton_key()
-print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(80), "platform_key": platform_key(),
+print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(), "platform_key": platform_key(),
                   "ptxas_release": knobs.nvidia.ptxas.version,
                   "backend_hash": CUDABackend(GPUTarget("cuda", 90, 32)).hash(),
                   "read_libtriton": bool(opened), "spawned": spawned}))
 """
 
 
-def _run(tmp_path, kiln, **env):
+TRITON35 = Path(__file__).resolve().parents[2] / ".venv-triton35" / "bin" / "python"
+# Triton 3.6 (this interpreter's) and 3.5, whose ptxas functions take no arch.
+PYTHONS = [sys.executable] + ([str(TRITON35)] if TRITON35.exists() else [])
+
+
+def _run(tmp_path, kiln, python=sys.executable, **env):
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     environment.update(env, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     if kiln:
         # Nothing here needs kilnd: an endpoint where none listens.
         environment.update(KILN="1", KILN_FILES_DIR=str(tmp_path / "files"),
                            KILN_ENDPOINT=f"unix:{tmp_path / 'no-kilnd.sock'}")
-    result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=environment,
-                            timeout=300)
+    result = subprocess.run([python, "-c", PROGRAM], capture_output=True, text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -55,21 +62,22 @@ def _values(run):
                                          "platform_key")}
 
 
-def test_a_second_process_takes_triton_key_the_ptxas_version_and_the_platform_key_from_the_memos(tmp_path):
-    stock = _run(tmp_path, kiln=False)
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_second_process_takes_triton_key_the_ptxas_version_and_the_platform_key_from_the_memos(tmp_path, python):
+    stock = _run(tmp_path, kiln=False, python=python)
     assert stock["read_libtriton"] and {"ptxas", "file"} <= set(stock["spawned"])
 
-    first = _run(tmp_path, kiln=True)
+    first = _run(tmp_path, kiln=True, python=python)
     assert _values(first) == _values(stock)
     assert first["read_libtriton"] and "ptxas" in first["spawned"]  # nothing remembered yet
 
-    second = _run(tmp_path, kiln=True)
+    second = _run(tmp_path, kiln=True, python=python)
     assert _values(second) == _values(stock)
     assert not second["read_libtriton"], "triton_key() hashed libtriton again"
     assert second["spawned"] == [], "ptxas --version or file ran again"
 
     # Stock Triton's test knob still wins over a memo.
-    mocked = _run(tmp_path, kiln=True, TRITON_MOCK_PTX_VERSION="12.3.0")
+    mocked = _run(tmp_path, kiln=True, python=python, TRITON_MOCK_PTX_VERSION="12.3.0")
     assert mocked["ptxas_version"] == "12.3.0"
 
 

@@ -26,6 +26,7 @@ value is the one stock computes, so disable() leaves them in place.
 
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -169,17 +170,23 @@ def install_ptxas_version(nvidia_compiler):
     from triton import knobs
 
     run_ptxas = getattr(original, "__wrapped__", original)
+    # Triton 3.6 picks ptxas by arch (get_ptxas_version(arch=80), get_ptxas(arch));
+    # 3.5 has one ptxas and neither takes an argument.
+    version_signature = inspect.signature(run_ptxas)
+    ptxas_takes_arch = bool(inspect.signature(nvidia_compiler.get_ptxas).parameters)
 
     @functools.lru_cache()
-    def get_ptxas_version(arch=80):
-        if knobs.nvidia.mock_ptx_version is not None:
-            return run_ptxas(arch)
-        path = nvidia_compiler.get_ptxas(arch).path
-        fingerprint = file_fingerprint(path)
+    def get_ptxas_version(*args, **kwargs):
+        if getattr(knobs.nvidia, "mock_ptx_version", None) is not None:
+            return run_ptxas(*args, **kwargs)
+        bound = version_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        tool = nvidia_compiler.get_ptxas(*bound.args) if ptxas_takes_arch else nvidia_compiler.get_ptxas()
+        fingerprint = file_fingerprint(tool.path)
         if fingerprint is None:
-            return run_ptxas(arch)
+            return run_ptxas(*args, **kwargs)
         # The output depends on the binary alone: one memo serves every arch it compiles for.
-        return remembered(f"ptxas --version\0{path}", fingerprint, lambda: run_ptxas(arch))
+        return remembered(f"ptxas --version\0{tool.path}", fingerprint, lambda: run_ptxas(*args, **kwargs))
 
     get_ptxas_version._kiln_memo = True
     nvidia_compiler.get_ptxas_version = get_ptxas_version
