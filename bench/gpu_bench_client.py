@@ -61,7 +61,6 @@ class _TimedManager:
 _inside = {}  # what kilnd reported of its own stages (ms), inside the client's phases
 
 
-
 def _report_kilnd_stages():
     """Records the stage times kilnd reports with each Compile (once Kiln's hook is in)."""
     triton_side = sys.modules.get("kiln._triton")
