@@ -1,21 +1,22 @@
 """Kiln's changes to a module of Triton or torch, made right after the module
 executes, however and whenever it is imported (or at once, if it already was).
 A meta-path finder, so that an interpreter under KILN=1 imports none of them
-before the program does."""
+before the program does, nor the installer's own module."""
 
-import logging
 import sys
 
-log = logging.getLogger("kiln")
-
-_installers = {}  # module name -> [installer(module)]
+_installers = {}  # module name -> ["kiln module:function" of each installer(module)]
 
 
 def _run(name, installer, module):
     try:
-        installer(module)
+        installer_module, function = installer.split(":")
+        __import__(installer_module)
+        getattr(sys.modules[installer_module], function)(module)
     except Exception as error:  # never break the program's import
-        log.debug("%s not changed for kilnd: %s", name, error)
+        import logging  # not at interpreter start: only to say what went wrong
+
+        logging.getLogger("kiln").debug("%s not changed for kilnd by %s: %s", name, installer, error)
 
 
 class _PatchAfterImport:
@@ -40,9 +41,9 @@ class _PatchAfterImport:
 
 
 def patch(table):
-    """Runs each installer of {module name: installer} on its module once it
-    is imported; registering one again does nothing."""
-    for name, installer in table.items():
+    """Runs each installer of ((module name, "kiln module:function"), ...) on
+    its module once it is imported; registering one again does nothing."""
+    for name, installer in table:
         installers = _installers.setdefault(name, [])
         if installer in installers:
             continue

@@ -17,24 +17,18 @@ graphs all come from the cache starts no compile workers (_inductor_pool).
 
 import functools
 import logging
-import os
-import sys
 import time
 
-from . import _after_import, _files, _index, _inductor_claims, _inductor_pool
+from . import _files, _index, _inductor_claims
 
 log = logging.getLogger("kiln")
 
-# Inductor's switches for its remote caches (torch 2.6 through 2.11).
-REMOTE_CACHE_SWITCHES = ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
-                         "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE")
 _CACHE_CLASSES = ("RemoteFxGraphCache", "RemoteAOTAutogradCache", "RemoteAutotuneCache",
                   "RemoteBundledAutotuneCache")
 # A miss of these inside a claim scope of their kind claims its key (_inductor_claims).
 _SINGLE_FLIGHT_KINDS = {"RemoteFxGraphCache": _inductor_claims.GRAPHS,
                         "RemoteAOTAutogradCache": _inductor_claims.GRAPHS,
                         "RemoteAutotuneCache": _inductor_claims.AUTOTUNING}
-_MODULE = "torch._inductor.remote_cache"
 NAMESPACE = "inductor"
 VALUE_BLOB = "value"  # an entry's one blob
 _unreachable = False
@@ -145,39 +139,3 @@ def install(remote_cache_module):
         cls.backend_override_cls = _make_backend_class(_SINGLE_FLIGHT_KINDS.get(name))
     log.debug("inductor's remote caches go to kilnd")
     return True
-
-
-def install_autotune_cache(module):
-    """Inductor's bundled autotune cache asserts it has a GPU backend's hash,
-    which a CPU-only compile has not: with the switch Kiln turns on (in this
-    process and, through the environment, its children), that would break
-    every torch.compile on a machine without a GPU. There it stays off, as
-    stock leaves it."""
-    bundler = getattr(module, "_AutotuneCacheBundlerImpl", None)
-    should_use = getattr(bundler, "_should_use_bundled_autotune_remote_cache", None)
-    if should_use is None:
-        return
-
-    def only_with_backend_hash(cls, inductor_meta):
-        return inductor_meta.get("backend_hash") is not None and should_use(inductor_meta)
-
-    bundler._should_use_bundled_autotune_remote_cache = classmethod(only_with_backend_hash)
-
-
-# What Kiln changes in torch's modules, right after each is imported.
-_INSTALLERS = ({_MODULE: install, "torch._inductor.runtime.autotune_cache": install_autotune_cache},
-               _inductor_claims.INSTALLERS, _inductor_pool.INSTALLERS)
-
-
-def activate():
-    """Turns inductor's remote caches on (unless the user set them) and
-    arranges for them to use kilnd. Cheap: imports nothing from torch."""
-    for switch in REMOTE_CACHE_SWITCHES:
-        os.environ.setdefault(switch, "1")
-    if sys.platform == "win32":
-        # Inductor's default under %TEMP% makes paths that pass MAX_PATH.
-        from . import _paths
-
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
-    for table in _INSTALLERS:
-        _after_import.patch(table)

@@ -201,13 +201,3 @@ def install_triton_heuristics(module):
         log.debug("CachingAutotuner.autotune_to_one_config not found: autotuning is not single flight")
         return
     autotuner.autotune_to_one_config = _single_flight_benchmark(benchmark)
-
-
-# Modules whose functions get a claim scope, each right after it is imported.
-INSTALLERS = {
-    "torch._inductor.runtime.triton_heuristics": install_triton_heuristics,
-    "torch._inductor.compile_fx": install_compile_fx,
-    "torch._functorch.aot_autograd": install_aot_module_simplified,
-    # It imports aot_module_simplified by name: its copy needs the scope too.
-    "torch._dynamo.backends.common": install_aot_module_simplified,
-}

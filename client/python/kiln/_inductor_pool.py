@@ -86,10 +86,3 @@ def install_compile_fx(module):
 
     compile_with_pool._kiln_pool_gate = True
     module.fx_codegen_and_compile = compile_with_pool
-
-
-# Modules whose functions Kiln changes, each right after it is imported.
-INSTALLERS = {
-    "torch._inductor.async_compile": install_async_compile,
-    "torch._inductor.compile_fx": install_compile_fx,
-}

@@ -44,6 +44,3 @@ def install(nvidia_driver):
 
     compile_module_from_src._kiln_reuses = True
     nvidia_driver.compile_module_from_src = compile_module_from_src
-
-
-INSTALLERS = {"triton.backends.nvidia.driver": install}

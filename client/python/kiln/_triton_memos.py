@@ -20,18 +20,20 @@ computed: a file that changes meanwhile leaves a memo that never matches.
 
     <files dir>/memos/<hh>/<62 hex>.json   {"name": ..., "fingerprint": ..., "value": ...}
 
-Installed on the modules of Triton as they are imported (_after_import); this
-module is imported at every interpreter start under KILN=1, so what only the
-installers need is imported in them. Each value is the one stock computes, so
-disable() leaves them in place.
+Installed on the modules of Triton as they are imported (_after_import, which
+imports this module then: every module it imports, Triton imports too). Each
+value is the one stock computes, so disable() leaves them in place.
 """
 
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import os
+import shutil
 import sys
+import sysconfig
 
 from . import _files, _paths
 
@@ -112,8 +114,6 @@ def install_triton_key(cache_module):
     original = cache_module.triton_key
     if getattr(original, "_kiln_memo", False):
         return
-    import sysconfig  # here, not at interpreter start: Triton has imported it by now
-
     triton_dir = os.path.dirname(os.path.dirname(os.path.abspath(cache_module.__file__)))
 
     cache_info = getattr(original, "cache_info", None)
@@ -168,8 +168,6 @@ def install_ptxas_version(nvidia_compiler):
     original = getattr(nvidia_compiler, "get_ptxas_version", None)
     if original is None or getattr(original, "_kiln_memo", False):
         return
-    import inspect  # here, not at interpreter start: Triton has imported it by now
-
     from triton import knobs
 
     run_ptxas = getattr(original, "__wrapped__", original)
@@ -201,8 +199,6 @@ def install_platform_key(build_module):
     original = getattr(build_module, "platform_key", None)
     if original is None or getattr(original, "_kiln_memo", False) or sys.platform == "win32":
         return
-    import shutil  # here, not at interpreter start: Triton has imported it by now
-
     run_key = getattr(original, "__wrapped__", original)
 
     @functools.lru_cache()
@@ -218,7 +214,3 @@ def install_platform_key(build_module):
 
     platform_key._kiln_memo = True
     build_module.platform_key = platform_key
-
-
-INSTALLERS = {"triton.runtime.cache": install_triton_key, "triton.knobs": install_tool_versions,
-              "triton.backends.nvidia.compiler": install_ptxas_version, "triton.runtime.build": install_platform_key}

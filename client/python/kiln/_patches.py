@@ -1,0 +1,28 @@
+"""Every change Kiln makes to a module of Triton or torch: (the module, the
+installer that changes it, as "kiln module:function"). An installer's module
+is imported only once the module it changes is (_after_import), so an
+interpreter under KILN=1 imports nothing of Kiln's at start but this table."""
+
+TRITON = (
+    # What stock works out again in every process, remembered across processes.
+    ("triton.runtime.cache", "kiln._triton_memos:install_triton_key"),
+    ("triton.knobs", "kiln._triton_memos:install_tool_versions"),
+    ("triton.backends.nvidia.compiler", "kiln._triton_memos:install_ptxas_version"),
+    ("triton.runtime.build", "kiln._triton_memos:install_platform_key"),
+    # Kernels of one launcher source share the module loaded first.
+    ("triton.backends.nvidia.driver", "kiln._loaded_launchers:install"),
+)
+
+INDUCTOR = (
+    # kilnd as the store behind inductor's remote caches.
+    ("torch._inductor.remote_cache", "kiln._inductor:install"),
+    # Misses compiled once across processes: a claim scope around each compile.
+    ("torch._inductor.runtime.triton_heuristics", "kiln._inductor_claims:install_triton_heuristics"),
+    ("torch._inductor.compile_fx", "kiln._inductor_claims:install_compile_fx"),
+    ("torch._functorch.aot_autograd", "kiln._inductor_claims:install_aot_module_simplified"),
+    # It imports aot_module_simplified by name: its copy needs the scope too.
+    ("torch._dynamo.backends.common", "kiln._inductor_claims:install_aot_module_simplified"),
+    # No compile workers for a process whose graphs all come from the cache.
+    ("torch._inductor.async_compile", "kiln._inductor_pool:install_async_compile"),
+    ("torch._inductor.compile_fx", "kiln._inductor_pool:install_compile_fx"),
+)
