@@ -72,8 +72,8 @@ def main():
                         help="run each repeat's three warm runs at once, a third of the CPUs each, and compare "
                              "them round by round")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="also profile the first calls of one more stock fully warm run and B run, "
-                             "into DIR/{stock,kiln}.<model>.txt")
+                        help="also profile the first calls of one more stock fully warm run, B run and B "
+                             "run again (its local files present), into DIR/{stock,kiln,kiln-present}.<model>.txt")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
     install_client(bundle)
@@ -119,6 +119,7 @@ def main():
             args.profile.mkdir(parents=True, exist_ok=True)
             run(stock_env, "--profile", str(args.profile / "stock"))
             run(fresh(kiln_env, work, "profiled"), "--profile", str(args.profile / "kiln"))
+            run(fresh(kiln_env, work, "profiled"), "--profile", str(args.profile / "kiln-present"))
     finally:
         kilnd.terminate()
         kilnd.wait()
