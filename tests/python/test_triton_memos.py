@@ -148,6 +148,9 @@ def test_a_memo_is_used_only_for_its_own_fingerprint(tmp_path, monkeypatch):
     assert computed == ["a", "c", "d", None, "e"]
 
     # A memo file cut short (a crash mid-write, a full disk) is a miss, not an error.
-    for memo in (tmp_path / "files" / "memos").rglob("*.json"):
+    _triton_memos.wait_for_writes()
+    memos = list((tmp_path / "files" / "memos").rglob("*.json"))
+    assert len(memos) == 3  # name, other, failing: the last value of each
+    for memo in memos:
         memo.write_bytes(memo.read_bytes()[:7])
     assert _triton_memos.remembered("name", "fp2", lambda: compute("f")) == "f"

@@ -35,13 +35,6 @@ import warnings
 # This process, for kilnd's claims: asking again for a key it holds takes the
 # claim over instead of waiting on itself.
 CLAIMANT = uuid.uuid4().hex
-# The name under which what a kernel's frontend showed is stored with it; never
-# part of the group of files Triton sees.
-OUTPUT_BLOB = "kiln.frontend-output.json"
-# The name under which the inputs of a kernel's key are stored with it
-# (kiln.v1.KeyInputs as JSON: what `kiln prewarm` needs to compile it for other
-# targets); never part of the group either.
-KEY_INPUTS_BLOB = "kiln.key-inputs.json"
 
 _current = threading.local()
 # catch_warnings swaps process-wide state: frontends that record run one at a

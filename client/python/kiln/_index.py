@@ -39,6 +39,14 @@ import uuid
 
 from . import _files, _paths
 
+# Blobs Kiln stores with a Triton kernel's entry besides Triton's own files, so
+# the indexes list them, never part of the group Triton gets (_cache): what the
+# kernel's frontend showed (_frontend), and the inputs of its key
+# (kiln.v1.KeyInputs as JSON: what `kiln prewarm` needs to compile it for
+# other targets). Here, not with the frontend: a hit imports only this.
+OUTPUT_BLOB = "kiln.frontend-output.json"
+KEY_INPUTS_BLOB = "kiln.key-inputs.json"
+
 log = logging.getLogger("kiln")
 
 _FLUSH_DELAY = 2.0  # seconds after the first unrecorded hit: off the program's startup

@@ -5,8 +5,8 @@ Triton's nvidia driver's make_launcher arguments, or its cuda_utils source.
 Triton generates a launcher's source and builds it in one call
 (CudaLauncher.__init__: make_launcher, then compile_module_from_src), on one
 thread: follow() wraps make_launcher to keep, per thread, the last source and
-its arguments, which the build that follows sends. It is set up on Triton's
-first cache access (_cache), which comes before any launcher is made.
+its arguments, which the build that follows sends. It is set up as the
+driver module is imported (_patches), before any launcher is made.
 """
 
 import ast
@@ -16,12 +16,8 @@ import threading
 _generated = threading.local()
 
 
-def follow():
+def follow(driver):
     """Wraps the nvidia driver's make_launcher, once; costs a kernel load two attribute stores."""
-    try:
-        from triton.backends.nvidia import driver
-    except ImportError:  # a Triton without the nvidia backend: nothing Kiln builds
-        return
     make_launcher = getattr(driver, "make_launcher", None)
     if make_launcher is None or getattr(make_launcher, "_kiln_follows", False):
         return

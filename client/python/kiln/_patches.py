@@ -11,6 +11,8 @@ TRITON = (
     ("triton.runtime.build", "kiln._triton_memos:install_platform_key"),
     # Kernels of one launcher source share the module loaded first.
     ("triton.backends.nvidia.driver", "kiln._loaded_launchers:install"),
+    # What generated a launcher's source, which kilnd builds it from.
+    ("triton.backends.nvidia.driver", "kiln._launcher_origin:follow"),
 )
 
 INDUCTOR = (

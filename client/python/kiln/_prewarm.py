@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import _api, _frontend, _service
+from . import _api, _index, _service
 
 _MAGIC = b"KILNBUNDLE 1\n"
 _TRAILER = b"END "
@@ -63,7 +63,7 @@ def recorded_kernels(entries):
     kernels = []
     for entry in entries:
         recorded = [blob for blob in entry.blobs
-                    if blob.name.endswith(".source") or blob.name == _frontend.KEY_INPUTS_BLOB]
+                    if blob.name.endswith(".source") or blob.name == _index.KEY_INPUTS_BLOB]
         source = next((blob.name for blob in recorded if blob.name.endswith(".source")), None)
         if source is not None:  # launchers and inductor's graphs have no frontend output
             kernels.append((source[:-len(".source")], _api.PrewarmRequest(namespace=entry.namespace,

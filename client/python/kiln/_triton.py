@@ -243,7 +243,7 @@ def _lookup(namespace, key):
 
 
 def _output_blob(output):
-    return _api.blob(_frontend.OUTPUT_BLOB, _frontend.encode(output))
+    return _api.blob(_index.OUTPUT_BLOB, _frontend.encode(output))
 
 
 # --- the stages hook ---------------------------------------------------------
@@ -328,7 +328,7 @@ class _RemoteCompile:
             self.group.hex, triton_key, {"backend": target.backend, "arch": str(target.arch), "warp_size": target.warp_size},
             options_json, env, self.group.frontend_read_device)
         if key_inputs is not None:
-            blobs.append(_api.blob(_frontend.KEY_INPUTS_BLOB, key_inputs))
+            blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, key_inputs))
         return blobs
 
     def _compile(self, input_ext, module, metadata):

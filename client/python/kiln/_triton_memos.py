@@ -25,6 +25,7 @@ imports this module then: every module it imports, Triton imports too). Each
 value is the one stock computes, so disable() leaves them in place.
 """
 
+import atexit
 import functools
 import hashlib
 import inspect
@@ -34,6 +35,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import threading
 
 from . import _files, _paths
 
@@ -51,16 +53,49 @@ def remembered(name, fingerprint, compute):
     that cannot be read or written is a miss, never an error."""
     path = _memo_path(name)
     try:
-        with open(path, "rb") as memo_file:
-            memo = json.loads(memo_file.read())
+        memo = _unwritten.get(path)
+        if memo is None:
+            with open(path, "rb") as memo_file:
+                memo = json.loads(memo_file.read())
         if memo["name"] == name and memo["fingerprint"] == fingerprint:
             return memo["value"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     value = compute()
     if value is not None:
-        _write(path, {"name": name, "fingerprint": fingerprint, "value": value})
+        _write_later(path, {"name": name, "fingerprint": fingerprint, "value": value})
     return value
+
+
+# Memos computed here, until a thread of their own has written them: a file's
+# creation (and its directories', the first time) costs about 0.5 ms, which a
+# process whose memos are absent would otherwise pay on its first kernel.
+_unwritten = {}  # path -> memo
+_unwritten_lock = threading.Lock()
+_writer = None  # the thread writing them, while any are left
+
+
+def _write_later(path, memo):
+    global _writer
+    with _unwritten_lock:
+        _unwritten[path] = memo
+        if _writer is None:
+            _writer = threading.Thread(target=_write_unwritten, name="kiln memo writer", daemon=True)
+            _writer.start()
+
+
+def _write_unwritten():
+    global _writer
+    while True:
+        with _unwritten_lock:
+            if not _unwritten:
+                _writer = None
+                return
+            path, memo = next(iter(_unwritten.items()))
+        _write(path, memo)
+        with _unwritten_lock:
+            if _unwritten.get(path) is memo:  # not replaced meanwhile
+                del _unwritten[path]
 
 
 def _write(path, memo):
@@ -69,6 +104,28 @@ def _write(path, memo):
         _files.write_text(path, json.dumps(memo))
     except OSError as error:
         log.debug("memo %s not written: %s", path, error)
+
+
+@atexit.register
+def wait_for_writes(timeout=5.0):
+    """Returns once this process's memos are on disk (or after `timeout`
+    seconds): at exit, so that the next process finds them."""
+    with _unwritten_lock:
+        writer = _writer
+    if writer is not None:
+        writer.join(timeout)
+
+
+def _forget_writer():
+    # A child forked while the writer held the lock would wait on it forever;
+    # the parent writes what was pending.
+    global _unwritten_lock, _writer
+    _unwritten_lock, _writer = threading.Lock(), None
+    _unwritten.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_writer)
 
 
 def _stat_line(path, stat):
