@@ -289,13 +289,14 @@ def test_cubins_are_also_where_inductors_static_launcher_looks(kiln_env, tmp_pat
     run_probe(kiln_env, "suite")  # compiled, or hits if another test compiled the suite already
     run_probe(kiln_env, "suite")  # hits
     cubins = lambda: list((tmp_path / "triton-cache").glob("*/*.cubin"))
-    # Like stock's file cache, a hit writes nothing, unless inductor (whose
-    # static launcher reads <cache dir>/<key>/<kernel>.cubin) is loaded.
-    written_by_compiles = len(cubins())
+    # Kiln writes no cubin in Triton's cache dir, compiling or hitting, unless
+    # inductor (whose static launcher reads <cache dir>/<key>/<kernel>.cubin)
+    # is loaded.
+    assert not cubins()
     run_probe(dict(kiln_env, TRITON_CACHE_DIR=str(tmp_path / "other-cache")), "suite")
     assert not list((tmp_path / "other-cache").glob("*/*.cubin"))
     run_probe(kiln_env, "suite", "--as-inductor")
-    assert len(cubins()) == len(stock_suite) >= written_by_compiles
+    assert len(cubins()) == len(stock_suite)
 
 
 TRITON35 = REPO / ".venv-triton35" / "bin" / "python"

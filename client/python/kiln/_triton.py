@@ -188,7 +188,8 @@ class RemoteCacheManager(CacheManager):
         digest = hashlib.sha256(data).digest()
         path = _files.materialize(filename, data, digest)
         self._files[filename] = path
-        _files.mirror_cubin(path, self.key, filename)
+        if "torch._inductor" in sys.modules:  # its static launcher reads the cubin from Triton's cache dir
+            _files.mirror_cubin(path, self.key, filename)
         if self._group is not None:
             # A compile's file: it reaches kilnd with the compile, or with put_group.
             self._group.made[filename] = data
