@@ -79,9 +79,15 @@ def _write_later(path, memo):
     global _writer
     with _unwritten_lock:
         _unwritten[path] = memo
-        if _writer is None:
-            _writer = threading.Thread(target=_write_unwritten, name="kiln memo writer", daemon=True)
+        if _writer is not None:
+            return
+        _writer = threading.Thread(target=_write_unwritten, name="kiln memo writer", daemon=True)
+        try:
             _writer.start()
+            return
+        except RuntimeError:  # no new threads at interpreter shutdown: written here
+            _writer = None
+    _write_unwritten()
 
 
 def _write_unwritten():
