@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 
 from gpu_bundle import install_client  # noqa: E402
+from simultaneous_runs import cpu_shares, start_on  # noqa: E402
 
 CLIENT = Path(__file__).resolve().parent / "gpu_bench_client.py"
 
@@ -39,11 +40,9 @@ _triton_key_ms = {}  # kind of run -> [ms of each run's triton_key()]
 _collector_ms = {}  # kind of run -> [{kernel: ms the garbage collector ran in it} of each run]
 
 
-def launch(env, *flags, cpu=None):
-    """Starts one timed process, on CPU `cpu` alone if given."""
-    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
-    return subprocess.Popen([sys.executable, str(CLIENT), *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, preexec_fn=pin)
+def launch(env, *flags, cpus=None):
+    """Starts one timed process, on the CPUs `cpus` alone if given."""
+    return start_on(cpus, [sys.executable, str(CLIENT), *flags], env)
 
 
 def collect(process, env, kind=None, key_label=None):
@@ -76,11 +75,9 @@ def simultaneous_round(envs, round_):
     """One warm run of each kind, all at once, each on a CPU of its own (the
     kinds take turns on the CPUs): runs in the same moments share the machine's
     state, which moved whole runs by 10-20% between moments."""
-    cpus = sorted(os.sched_getaffinity(0))[:len(envs)]
-    kinds = list(envs)
-    processes = {kind: launch(envs[kind], cpu=cpus[(index + round_) % len(cpus)])
-                 for index, kind in enumerate(kinds)}
-    return {kind: collect(processes[kind], envs[kind], kind, key_label=kind) for kind in kinds}
+    shares = cpu_shares(list(envs), round_, per_kind=1)
+    processes = {kind: launch(env, cpus=shares[kind]) for kind, env in envs.items()}
+    return {kind: collect(process, envs[kind], kind, key_label=kind) for kind, process in processes.items()}
 
 
 def paired_ratios(warm_runs, kind):

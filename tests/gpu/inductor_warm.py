@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from gpu_bundle import install_client
+from simultaneous_runs import cpu_shares, start_on
 
 HERE = Path(__file__).resolve().parent
 ORDERS = (("stock", "kiln", "kiln, local files present"), ("kiln", "stock", "kiln, local files present"),
@@ -31,9 +32,7 @@ ORDERS = (("stock", "kiln", "kiln, local files present"), ("kiln", "stock", "kil
 
 def launch(env, *args, cpus=None):
     """Starts inductor_program.py, on the CPUs `cpus` alone if given."""
-    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-    return subprocess.Popen([sys.executable, str(HERE / "inductor_program.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=pin)
+    return start_on(cpus, [sys.executable, str(HERE / "inductor_program.py"), *args], env)
 
 
 def collect(process):
@@ -51,11 +50,8 @@ def simultaneous_round(envs, round_):
     """One run of each kind at once, each on a third of the CPUs (the kinds take
     turns on them): runs in the same moments share the machine's state, which
     moved single runs by 30% between moments."""
-    cpus = sorted(os.sched_getaffinity(0))
-    share = len(cpus) // len(envs)
-    sets = [set(cpus[index * share:(index + 1) * share]) for index in range(len(envs))]
-    processes = {kind: launch(env, cpus=sets[(index + round_) % len(sets)])
-                 for index, (kind, env) in enumerate(envs.items())}
+    shares = cpu_shares(list(envs), round_)
+    processes = {kind: launch(env, cpus=shares[kind]) for kind, env in envs.items()}
     return {kind: collect(process)[0] for kind, process in processes.items()}
 
 
