@@ -2,11 +2,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -193,6 +196,17 @@ absl::Status CreateFileSymlink(const fs::path& target, const fs::path& link) {
 }
 
 bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) != 0; }
+
+void LowerCurrentThreadPriority() {
+#ifdef __linux__
+  // Linux gives each thread its own nice value (POSIX says it is the process's).
+  // Lowering it back needs privileges: hence "for the rest of its life".
+  const auto thread = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int nice = getpriority(PRIO_PROCESS, thread);
+  if (errno == 0) (void)setpriority(PRIO_PROCESS, thread, std::min(nice + 10, 19));
+#endif
+}
 
 absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
   FileDescriptor fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));

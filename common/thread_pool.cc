@@ -2,10 +2,12 @@
 
 #include <utility>
 
+#include "common/platform.h"
+
 namespace kiln {
 
-ThreadPool::ThreadPool(int threads) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { WorkLoop(); });
+ThreadPool::ThreadPool(int threads, CpuPriority cpu) {
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this, cpu] { WorkLoop(cpu); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -25,7 +27,8 @@ void ThreadPool::Schedule(std::function<void()> task, Priority priority) {
   wakeup_.notify_one();
 }
 
-void ThreadPool::WorkLoop() {
+void ThreadPool::WorkLoop(CpuPriority cpu) {
+  if (cpu == kLoweredCpu) platform::LowerCurrentThreadPriority();
   while (true) {
     std::function<void()> task;
     {

@@ -15,7 +15,10 @@ namespace kiln {
 // so no accepted work is dropped at shutdown.
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);
+  // kLoweredCpu: the threads run at a lowered CPU priority (platform::LowerCurrentThreadPriority).
+  enum CpuPriority { kNormalCpu, kLoweredCpu };
+
+  explicit ThreadPool(int threads, CpuPriority cpu = kNormalCpu);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -25,7 +28,7 @@ class ThreadPool {
   void Schedule(std::function<void()> task, Priority priority = kInteractive);
 
  private:
-  void WorkLoop();
+  void WorkLoop(CpuPriority cpu);
 
   std::mutex mutex_;
   std::condition_variable wakeup_;

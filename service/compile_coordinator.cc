@@ -1,5 +1,7 @@
 #include "service/compile_coordinator.h"
 
+#include <future>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -235,6 +237,17 @@ absl::StatusOr<cache::CacheEntry> CompileCoordinator::StoreShared(absl::string_v
   return entry;
 }
 
+absl::StatusOr<cache::CacheEntry> CompileCoordinator::StoreSharedAtLoweredCpu(
+    absl::string_view shared_ns, const std::string& shared_key, compiler::Parts artifacts) {
+  auto stored = std::make_shared<std::promise<absl::StatusOr<cache::CacheEntry>>>();
+  std::future<absl::StatusOr<cache::CacheEntry>> result = stored->get_future();
+  storing_.Schedule(
+      [this, stored, shared_ns, &shared_key, artifacts = std::move(artifacts)]() mutable {
+        stored->set_value(StoreShared(shared_ns, shared_key, std::move(artifacts)));
+      });
+  return result.get();
+}
+
 cache::CacheEntry CompileCoordinator::UnstoredEntry(const compiler::Parts& artifacts,
                                                     const absl::flat_hash_set<std::string>& have) {
   cache::CacheEntry entry;
@@ -363,7 +376,7 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     answer(CompileOutcome{UnstoredEntry(output.artifacts, have), false, produced.ptxas_log,
                           produced.stage_seconds});
     absl::StatusOr<cache::CacheEntry> stored =
-        StoreShared(kCompileNamespace, shared_key, std::move(output.artifacts));
+        StoreSharedAtLoweredCpu(kCompileNamespace, shared_key, std::move(output.artifacts));
     if (!stored.ok() && shared_tier_ != nullptr) {
       shared_tier_->Release(kCompileNamespace, shared_key);  // StoreShared never offered it
     }

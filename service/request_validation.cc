@@ -5,10 +5,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "common/json_syntax.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace kiln::service {
 namespace {
@@ -161,8 +160,7 @@ absl::Status ValidateCompile(const v1::CompileRequest& request) {
   RETURN_IF_ERROR(ValidateTarget(request.target()));
   if (!request.namespace_().empty()) RETURN_IF_ERROR(ValidateNamespace(request.namespace_()));
   if (!request.cache_key().empty()) RETURN_IF_ERROR(ValidateKey(request.cache_key()));
-  google::protobuf::Struct options;
-  if (!google::protobuf::util::JsonStringToMessage(request.options_json(), &options).ok()) {
+  if (!IsJsonObject(request.options_json())) {
     return absl::InvalidArgumentError(
         "options_json is not a JSON object; send the backend options (CUDAOptions.__dict__) "
         "as JSON");
@@ -176,8 +174,7 @@ absl::Status ValidateCompile(const v1::CompileRequest& request) {
   for (const std::string& digest : request.have_sha256()) {
     RETURN_IF_ERROR(ValidateDigest(digest, "have_sha256"));
   }
-  if (!request.metadata_json().empty() &&
-      !google::protobuf::util::JsonStringToMessage(request.metadata_json(), &options).ok()) {
+  if (!request.metadata_json().empty() && !IsJsonObject(request.metadata_json())) {
     return absl::InvalidArgumentError(
         "metadata_json is not a JSON object; send Triton's metadata dict as triton.compile "
         "writes it, or leave it empty");

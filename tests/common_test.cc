@@ -1,13 +1,20 @@
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <thread>
 
 #include "common/byte_size.h"
+#include "common/json_syntax.h"
 #include "common/latency_histogram.h"
 #include "common/platform.h"
 #include "common/sha256.h"
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "tests/test_dir.h"
 
@@ -31,6 +38,68 @@ TEST(Sha256Test, MatchesTheKnownDigestOfAbc) {
   EXPECT_EQ(DigestHex(DigestBytes(Sha256("abc"))),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
+
+TEST(JsonSyntaxTest, AcceptsObjectsAsTritonWritesThem) {
+  // Triton's metadata, as json.dumps writes it (abridged).
+  EXPECT_TRUE(IsJsonObject(
+      R"({"hash": "9f2c", "target": {"backend": "cuda", "arch": 90, "warp_size": 32}, )"
+      R"("num_warps": 4, "cluster_dims": [1, 1, 1], "debug": false, "sanitize_overflow": true, )"
+      R"("extern_libs": [["libdevice", "/x/libdevice.10.bc"]], "shared": 0, "tmem_size": null, )"
+      R"("name": "add_kernel", "allowed_dot_input_precisions": ["tf32", "tf32x3", "ieee"]})"));
+  EXPECT_TRUE(IsJsonObject("{}"));
+  EXPECT_TRUE(IsJsonObject(" \n\t{ } \r\n"));
+  EXPECT_TRUE(IsJsonObject(R"({"a": -0.5e-3, "b": 10E+2, "c": 0, "d": -12.25})"));
+  EXPECT_TRUE(IsJsonObject(R"({"escapes \" \\ \/ \b \f \n \r \t \u00e9 \uD83D": "\u0041", "": [[], {}]})"));
+  EXPECT_TRUE(IsJsonObject("{\"utf-8\": \"\xc3\xa9\"}"));
+}
+
+TEST(JsonSyntaxTest, RefusesWhatIsNotOneJsonObject) {
+  for (const char* text : {
+           "", "   ", "[1, 2]", "\"text\"", "42", "null",          // not an object
+           "{", "{\"a\": 1", "{\"a\": [1, 2}", "{\"a\" 1}",      // unterminated, unbalanced
+           "{\"a\": 1,}", "{,}", "{\"a\": [1,]}", "{\"a\": 1 \"b\": 2}",
+           "{a: 1}", "{'a': 1}", "{\"a\": 'b'}", "{1: 2}",        // keys and quotes
+           "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}", "{\"a\": 1e}", "{\"a\": +1}",
+           "{\"a\": -}", "{\"a\": NaN}", "{\"a\": Infinity}", "{\"a\": 0x10}",
+           "{\"a\": tru}", "{\"a\": True}", "{\"a\": nul}",
+           "{\"a\": \"\\x41\"}", "{\"a\": \"\\u12G4\"}", "{\"a\": \"\\u12\"}", "{\"a\": \"tab\there\"}",
+           "{\"a\": \"unterminated}", "{\"a\": \"ends in a backslash\\",
+           "{} {}", "{}x", "{\"a\": 1}]"}) {
+    EXPECT_FALSE(IsJsonObject(text)) << text;
+  }
+  EXPECT_FALSE(IsJsonObject(absl::string_view("{\"a\": 1}\0", 9))) << "a NUL after the object";
+}
+
+TEST(JsonSyntaxTest, NestingIsLimitedSoNoInputExhaustsTheStack) {
+  auto nested = [](int depth) {
+    std::string text;
+    for (int i = 0; i < depth; ++i) text += i == 0 ? "{\"a\": " : "[";
+    text += "0";
+    for (int i = depth - 1; i >= 0; --i) text += i == 0 ? "}" : "]";
+    return text;
+  };
+  EXPECT_TRUE(IsJsonObject(nested(kMaxJsonDepth)));
+  EXPECT_FALSE(IsJsonObject(nested(kMaxJsonDepth + 1)));
+  EXPECT_FALSE(IsJsonObject(nested(1000000)));
+}
+
+#ifdef __linux__
+int NiceOfThisThread() { return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))); }
+
+int NiceOfAPoolThread(ThreadPool::CpuPriority cpu) {
+  ThreadPool pool(1, cpu);
+  std::promise<int> nice;
+  pool.Schedule([&] { nice.set_value(NiceOfThisThread()); });
+  return nice.get_future().get();
+}
+
+TEST(ThreadPoolTest, LoweredCpuThreadsRunTenNiceStepsBelowTheirCreator) {
+  const int creator = NiceOfThisThread();
+  EXPECT_EQ(NiceOfAPoolThread(ThreadPool::kNormalCpu), creator);
+  EXPECT_EQ(NiceOfAPoolThread(ThreadPool::kLoweredCpu), std::min(creator + 10, 19));
+  EXPECT_EQ(NiceOfThisThread(), creator) << "only the pool's own threads are lowered";
+}
+#endif
 
 TEST(LatencyHistogramTest, PercentilesAreWithinOneBucket) {
   LatencyHistogram histogram;

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "common/platform.h"
 #include "common/subprocess.h"
@@ -178,6 +179,17 @@ TEST(WindowsAccountsTest, BuiltInServiceAccountsResolveWhateverTheSystemLanguage
   absl::Status unknown = AccountSid("NOSUCHDOMAIN\\nobody").status();
   EXPECT_TRUE(absl::IsInvalidArgument(unknown)) << unknown;
   EXPECT_NE(unknown.message().find("NOSUCHDOMAIN\\nobody"), absl::string_view::npos);
+}
+
+TEST(WindowsThreadsTest, LoweringAThreadsPriorityLeavesTheOthersAlone) {
+  int lowered = THREAD_PRIORITY_ERROR_RETURN;
+  std::thread worker([&] {
+    platform::LowerCurrentThreadPriority();
+    lowered = GetThreadPriority(GetCurrentThread());
+  });
+  worker.join();
+  EXPECT_EQ(lowered, THREAD_PRIORITY_BELOW_NORMAL);
+  EXPECT_EQ(GetThreadPriority(GetCurrentThread()), THREAD_PRIORITY_NORMAL);
 }
 
 TEST(WindowsFilesTest, StampsChangeWithTheContentEvenWhenTheWriteTimeIsPutBack) {
