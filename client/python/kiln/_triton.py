@@ -26,7 +26,7 @@ import threading
 
 import grpc
 
-from . import _api, _cache, _files, _frontend, _index, _key_inputs, _launcher_origin, _service
+from . import _api, _cache, _files, _frontend, _index, _key_inputs, _launcher_origin, _paths, _service
 
 log = logging.getLogger("kiln")
 
@@ -127,10 +127,13 @@ class RemoteCacheManager(CacheManager):
     def _lookup_or_claim(self):
         """kilnd's answer for this key; on a miss this process may get the claim
         (it compiles, others wait), held for as long as the call stays open. A
-        plain lookup first: a hit, the common case, costs half a streaming call."""
-        response = _lookup("triton", self._hex)
-        if response.found:
-            return response
+        plain lookup first, where a hit is the common case: it costs half a
+        streaming call. Where kilnd serves this process files, its index has
+        already missed here, and kilnd rarely has the kernel: one call, not two."""
+        if _paths.served_files_dir() is None or not _files.wanted_as_served_files():
+            response = _lookup("triton", self._hex)
+            if response.found:
+                return response
         call = _stub().LookupOrClaim(_api.LookupRequest(
             namespace="triton", key=self._hex, claimant=_frontend.CLAIMANT,
             as_files=_files.wanted_as_served_files(),
