@@ -16,6 +16,8 @@ TRITON = (
 )
 
 INDUCTOR = (
+    # What stock works out again in every process, remembered across processes.
+    ("torch._inductor.codecache", "kiln._torch_memos:install_torch_key"),
     # kilnd as the store behind inductor's remote caches.
     ("torch._inductor.remote_cache", "kiln._inductor:install"),
     # Misses compiled once across processes: a claim scope around each compile.

@@ -36,6 +36,7 @@ import shutil
 import sys
 import sysconfig
 import threading
+import time
 
 from . import _files, _paths
 
@@ -47,24 +48,73 @@ def _memo_path(name):
     return os.path.join(_paths.files_dir(), "memos", digest[:2], digest[2:] + ".json")
 
 
-def remembered(name, fingerprint, compute):
+def _read_memo(path):
+    """The memo at `path` (one still queued for writing included); None when
+    there is none or it cannot be read."""
+    memo = _unwritten.get(path)
+    if memo is not None:
+        return memo
+    try:
+        with open(path, "rb") as memo_file:
+            memo = json.loads(memo_file.read())
+    except (OSError, ValueError):
+        return None
+    return memo if isinstance(memo, dict) else None
+
+
+def remembered(name, fingerprint, compute, memo=None):
     """The value remembered under `name` for this `fingerprint`, else
     compute()'s, remembered from now on unless it is None (a failure). A memo
-    that cannot be read or written is a miss, never an error."""
+    that cannot be read or written is a miss, never an error. `memo`: the one
+    already read from its file."""
     path = _memo_path(name)
+    memo = memo if memo is not None else _read_memo(path)
     try:
-        memo = _unwritten.get(path)
-        if memo is None:
-            with open(path, "rb") as memo_file:
-                memo = json.loads(memo_file.read())
-        if memo["name"] == name and memo["fingerprint"] == fingerprint:
+        if memo is not None and memo["name"] == name and memo["fingerprint"] == fingerprint:
             return memo["value"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         pass
     value = compute()
     if value is not None:
         _write_later(path, {"name": name, "fingerprint": fingerprint, "value": value})
     return value
+
+
+def remembered_fingerprinting_at_exit(name, fingerprint_of, compute):
+    """remembered(), for a fingerprint that costs a tenth of the value or more:
+    where a memo exists, fingerprint_of() is taken at once and compared; where
+    none does yet, there is nothing to compare, so the value is computed at
+    once and the fingerprint taken at this process's exit, off its work.
+    fingerprint_of() returns (fingerprint, newest change in ns of the files it
+    covers) or None. The memo is written only if no file changed since a
+    second before the value was computed: otherwise what the value was
+    computed from is not known to be what the fingerprint shows."""
+    memo = _read_memo(_memo_path(name))
+    if memo is not None:
+        taken = fingerprint_of()
+        return compute() if taken is None else remembered(name, taken[0], compute, memo)
+    started_ns = time.time_ns()
+    value = compute()
+    if value is not None:
+        with _unwritten_lock:
+            _fingerprinted_at_exit.append((name, fingerprint_of, started_ns, value))
+    return value
+
+
+# Changes within this long before a value was computed may fall in the same
+# tick of the file system's clock as the computation's start.
+_CLOCK_TICK_NS = 1_000_000_000
+_fingerprinted_at_exit = []  # (name, fingerprint_of, started_ns, value): written by wait_for_writes
+
+
+def _fingerprint_deferred():
+    with _unwritten_lock:
+        deferred = list(_fingerprinted_at_exit)
+        _fingerprinted_at_exit.clear()
+    for name, fingerprint_of, started_ns, value in deferred:
+        taken = fingerprint_of()
+        if taken is not None and taken[1] < started_ns - _CLOCK_TICK_NS:
+            _write(_memo_path(name), {"name": name, "fingerprint": taken[0], "value": value})
 
 
 # Memos computed here, until a thread of their own has written them: a file's
@@ -116,6 +166,7 @@ def _write(path, memo):
 def wait_for_writes(timeout=5.0):
     """Returns once this process's memos are on disk (or after `timeout`
     seconds): at exit, so that the next process finds them."""
+    _fingerprint_deferred()
     with _unwritten_lock:
         writer = _writer
     if writer is not None:
@@ -128,6 +179,7 @@ def _forget_writer():
     global _unwritten_lock, _writer
     _unwritten_lock, _writer = threading.Lock(), None
     _unwritten.clear()
+    _fingerprinted_at_exit.clear()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
