@@ -200,7 +200,7 @@ bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) != 0; }
 void LowerCurrentThreadPriority() {
 #ifdef __linux__
   // Linux gives each thread its own nice value (POSIX says it is the process's).
-  // Lowering it back needs privileges: hence "for the rest of its life".
+  // Taking the priority back needs privileges: hence "for the rest of its life".
   const auto thread = static_cast<id_t>(syscall(SYS_gettid));
   errno = 0;
   const int nice = getpriority(PRIO_PROCESS, thread);
