@@ -150,7 +150,8 @@ def test_a_kernel_whose_frontend_fails_never_makes_anyone_wait(kilnd, kiln_env):
 
 
 def test_what_the_frontend_showed_is_shown_where_stock_would_have_compiled(kilnd, base_env, kiln_env, tmp_path):
-    stock = probe_json(run_probe(base_env, "where-warning"))
+    # Stock in a cache dir of its own: Kiln's dir must not get the kernel from it.
+    stock = probe_json(run_probe(dict(base_env, TRITON_CACHE_DIR=str(tmp_path / "stock")), "where-warning"))
     assert any("UserWarning" in warning for warning in stock["warnings"]), stock
     assert "compiling where_warning_kernel" in stock["printed"]
     compiled = probe_json(run_probe(kiln_env, "where-warning"))

@@ -214,6 +214,11 @@ class RemoteCacheManager(CacheManager):
                 output_blob = _output_blob(compile_group.output)
                 indexed[output_blob.name] = _files.materialize(output_blob.name, output_blob.data,
                                                                output_blob.sha256)
+                # A hit shows the output again only where Triton's cache dir lacks
+                # the kernel (_cache.hand_over), as stock compiles only there: this
+                # one has it now.
+                for name, path in group.items():
+                    _files.mirror_cubin(path, self.key, name)
             if compile_group is None or not compile_group.recorded_by_kilnd:
                 # Triton compiled in this process (a flow Kiln leaves stock): share it.
                 made = compile_group.made if compile_group is not None else {}
