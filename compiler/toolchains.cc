@@ -45,8 +45,9 @@ WorkerPool::WorkerPool(ToolchainInfo info, PoolOptions options)
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     stopping_ = true;
+    changed_.wait(lock, [this] { return starting_ == 0; });  // their threads use this pool
   }
   changed_.notify_all();
   retirer_.join();
@@ -65,33 +66,68 @@ void WorkerPool::Adopt(std::unique_ptr<WorkerProcess> worker) {
 
 absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority priority) {
   const int max_workers = options_.max_workers > 0 ? options_.max_workers : DefaultWorkers();
-  {
-    std::unique_lock lock(mutex_);
-    const bool interactive = priority == Priority::kInteractive;
-    if (interactive) ++interactive_waiting_;
+  std::unique_lock lock(mutex_);
+  const bool interactive = priority == Priority::kInteractive;
+  if (interactive) ++interactive_waiting_;
+  const uint64_t failures_before = start_failures_;
+  bool grew = false;
+  while (true) {
     // Background jobs take a worker only while no interactive job waits for one.
-    changed_.wait(lock, [&] {
-      return (!idle_.empty() || live_ < max_workers) && (interactive || interactive_waiting_ == 0);
-    });
-    if (interactive) --interactive_waiting_;
-    changed_.notify_all();
-    if (!idle_.empty()) {
-      std::unique_ptr<WorkerProcess> worker = std::move(idle_.back());
-      idle_.pop_back();
-      return worker;
+    const bool turn = interactive || interactive_waiting_ == 0;
+    if (turn && !idle_.empty()) break;
+    // A job that finds no idle worker grows the pool by one, but takes whichever
+    // worker is ready first: a busy one usually finishes its job long before a
+    // new one has imported triton (seconds, on a machine busy compiling).
+    if (turn && !grew && live_ < max_workers) {
+      StartWorkerLocked();
+      grew = true;
     }
-    ++live_;  // reserve the slot before starting outside the lock
+    if (live_ == 0 && start_failures_ != failures_before) {  // nothing left to wait for
+      if (interactive) --interactive_waiting_;
+      changed_.notify_all();
+      return last_start_failure_;
+    }
+    changed_.wait(lock);
   }
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> started =
-      WorkerProcess::Start(info_.python_executable, options_.worker_script);
-  std::lock_guard lock(mutex_);
-  if (!started.ok()) {
-    --live_;
-    changed_.notify_all();
-    return started.status();
+  if (interactive) --interactive_waiting_;
+  changed_.notify_all();
+  std::unique_ptr<WorkerProcess> worker = std::move(idle_.back());
+  idle_.pop_back();
+  return worker;
+}
+
+void WorkerPool::StartWorkerLocked() {
+  ++live_;
+  ++starting_;
+  std::thread([this] {
+    absl::StatusOr<std::unique_ptr<WorkerProcess>> started = StartReadyWorker();
+    std::lock_guard lock(mutex_);
+    --starting_;
+    if (started.ok()) {
+      ++stats_.workers_started;
+      idle_.push_back(*std::move(started));
+    } else {
+      --live_;
+      ++start_failures_;
+      last_start_failure_ = started.status();
+    }
+    changed_.notify_all();  // last use of the pool: its destructor waits for this
+  }).detach();
+}
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::StartReadyWorker() {
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker,
+                   WorkerProcess::Start(info_.python_executable, options_.worker_script));
+  // It answers once its imports are done.
+  worker::Request ping;
+  ping.set_op("ping");
+  absl::StatusOr<WorkerReply> reply = worker->Call(ping, {}, kHelloTimeout);
+  if (!reply.ok() || !reply->header.ok()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "a new compile worker of %s did not start: %s", info_.python_executable,
+        reply.ok() ? reply->header.message() : reply.status().message()));
   }
-  ++stats_.workers_started;
-  return started;
+  return worker;
 }
 
 void WorkerPool::Release(std::unique_ptr<WorkerProcess> worker) {

@@ -158,13 +158,20 @@ class WorkerPool {
   absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire(Priority priority);
   void Release(std::unique_ptr<WorkerProcess> worker);
   void RetireIdleLoop();
+  // Starts one more worker on a thread of its own; it joins idle_ once it has
+  // imported triton. Called with mutex_ held.
+  void StartWorkerLocked();
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> StartReadyWorker();
 
   const ToolchainInfo info_;
   const PoolOptions options_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<std::unique_ptr<WorkerProcess>> idle_;  // guarded by mutex_
-  int live_ = 0;                                      // guarded by mutex_
+  int live_ = 0;                                      // guarded by mutex_ (starting ones too)
+  int starting_ = 0;                                  // guarded by mutex_
+  uint64_t start_failures_ = 0;                       // guarded by mutex_
+  absl::Status last_start_failure_;                   // guarded by mutex_
   int interactive_waiting_ = 0;                       // guarded by mutex_
   bool stopping_ = false;                             // guarded by mutex_
   PoolStats stats_;                                   // guarded by mutex_

@@ -514,7 +514,13 @@ def restore_loop_names(text):
     return "\n".join(out)
 
 
-JOBS = {"hello": hello, "compile": compile_job, "launcher_source": launcher_source, "retarget": retarget}
+def ping(_header, _parts):
+    """A new worker's first answer, which says its imports are done."""
+    return {"ok": True}, {}
+
+
+JOBS = {"hello": hello, "ping": ping, "compile": compile_job, "launcher_source": launcher_source,
+        "retarget": retarget}
 
 
 def main():

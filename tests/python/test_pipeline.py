@@ -211,13 +211,17 @@ def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
 
 def test_idle_workers_retire_but_the_last_one_stays_ready(fresh_kilnd):
     server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2", "--worker-idle-seconds=1")
-    # Two compiles at once: registration's worker takes one, a second worker starts for the other.
+    # Two compiles at once: registration's worker takes one, a second worker
+    # starts for the other (which takes whichever worker is ready first).
     frontends = [triton_frontend.run_frontend(case, TARGETS[0]) for case in kernel_suite.SUITE[:2]]
     threads = [threading.Thread(target=server.stub.Compile, args=(compile_request(f),)) for f in frontends]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    deadline = time.time() + 30
+    while server.stats().workers_started < 2 and time.time() < deadline:
+        time.sleep(0.1)
     assert server.stats().workers_started == 2
     deadline = time.time() + 30
     while server.stats().live_workers > 1 and time.time() < deadline:

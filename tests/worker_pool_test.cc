@@ -1,0 +1,129 @@
+// The compile worker pool's scheduling, with real worker processes: a
+// stand-in for kiln_worker.py that speaks its protocol (what the pool decides
+// is tested here, not Triton), run by the system's python3.
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+#include <variant>
+
+#include "compiler/toolchains.h"
+#include "gtest/gtest.h"
+#include "tests/test_dir.h"
+
+namespace kiln::compiler {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Answers hello, ping and compile. A worker started while <dir>/slow exists
+// does not answer before <dir>/go does: it stands for one still importing
+// triton; one started while <dir>/broken exists exits at once. A compile takes
+// 0.3 s and returns the worker's pid, or kills the worker while <dir>/crash exists.
+constexpr char kStandInWorker[] = R"(
+import json, os, struct, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+if os.path.exists(os.path.join(here, "broken")):
+    sys.exit("cannot import triton")
+if os.path.exists(os.path.join(here, "slow")):
+    while not os.path.exists(os.path.join(here, "go")):
+        time.sleep(0.01)
+def read_exact(size):
+    data = b""
+    while len(data) < size:
+        chunk = sys.stdin.buffer.read(size - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+def write(header, parts):
+    header = dict(header, parts=list(parts))
+    out = [json.dumps(header).encode()] + list(parts.values())
+    sys.stdout.buffer.write(b"".join(struct.pack("<I", len(chunk)) + chunk for chunk in out))
+    sys.stdout.buffer.flush()
+while True:
+    header = json.loads(read_exact(struct.unpack("<I", read_exact(4))[0]))
+    for _ in header.get("parts", []):
+        read_exact(struct.unpack("<I", read_exact(4))[0])
+    if header["op"] == "hello":
+        write({"ok": True, "triton_key": "stand-in", "triton_version": "0", "python_executable": sys.executable,
+               "python_version": "3", "backends": ["nvidia"], "triton_dir": here}, {})
+    elif header["op"] == "compile":
+        if os.path.exists(os.path.join(here, "crash")):
+            os._exit(1)
+        time.sleep(0.3)
+        write({"ok": True}, {"pid": str(os.getpid()).encode()})
+    else:
+        write({"ok": True}, {})
+)";
+
+std::string PidOf(const absl::StatusOr<CompileResult>& result) {
+  if (!result.ok()) return "error: " + std::string(result.status().message());
+  const auto* output = std::get_if<CompileOutput>(&*result);
+  return output != nullptr && !output->artifacts.empty() ? output->artifacts.front().second : "failed";
+}
+
+TEST(WorkerPoolTest, AJobTakesABusyWorkerThatFreesUpRatherThanWaitForANewOneToStart) {
+  const fs::path python = "/usr/bin/python3";
+  if (!fs::exists(python)) GTEST_SKIP() << "needs /usr/bin/python3";
+  testing::TestDir dir;
+  std::ofstream(dir.path() / "worker.py") << kStandInWorker;
+  PoolOptions options;
+  options.worker_script = dir.path() / "worker.py";
+  options.max_workers = 2;
+  auto registry = std::make_unique<ToolchainRegistry>(options);
+  ASSERT_TRUE(registry->Register(python).ok());  // one worker, ready
+  absl::StatusOr<WorkerPool*> pool = registry->Find("stand-in");
+  ASSERT_TRUE(pool.ok());
+
+  std::ofstream(dir.path() / "slow") << "";  // workers started from now on hang in their imports
+  auto compile = [&] { return (*pool)->Compile(CompileJob{}); };
+  std::future<absl::StatusOr<CompileResult>> first = std::async(std::launch::async, compile);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the first has the worker
+  std::future<absl::StatusOr<CompileResult>> second = std::async(std::launch::async, compile);
+
+  const bool served = second.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  std::ofstream(dir.path() / "go") << "";  // lets the new worker finish starting in any case
+  ASSERT_TRUE(served) << "the second job waited for the worker still starting";
+  const std::string first_pid = PidOf(first.get());
+  EXPECT_EQ(PidOf(second.get()), first_pid) << "both ran on the worker that was ready";
+
+  registry.reset();  // waits for the worker it started meanwhile
+}
+
+TEST(WorkerPoolTest, AJobGetsTheStartFailureOnceNoWorkerIsLeftToServeIt) {
+  const fs::path python = "/usr/bin/python3";
+  if (!fs::exists(python)) GTEST_SKIP() << "needs /usr/bin/python3";
+  testing::TestDir dir;
+  std::ofstream(dir.path() / "worker.py") << kStandInWorker;
+  PoolOptions options;
+  options.worker_script = dir.path() / "worker.py";
+  options.max_workers = 2;
+  ToolchainRegistry registry(options);
+  ASSERT_TRUE(registry.Register(python).ok());
+  absl::StatusOr<WorkerPool*> pool = registry.Find("stand-in");
+  ASSERT_TRUE(pool.ok());
+
+  std::ofstream(dir.path() / "crash") << "";
+  std::ofstream(dir.path() / "broken") << "";
+  absl::StatusOr<CompileResult> crashed = (*pool)->Compile(CompileJob{});
+  ASSERT_TRUE(crashed.ok());
+  ASSERT_TRUE(std::holds_alternative<CompileFailure>(*crashed));
+  EXPECT_EQ(std::get<CompileFailure>(*crashed).kind, CompileFailure::Kind::kWorkerCrashed);
+
+  // No worker left, and none can start: the job hears why instead of waiting.
+  std::future<absl::StatusOr<CompileResult>> next =
+      std::async(std::launch::async, [&] { return (*pool)->Compile(CompileJob{}); });
+  ASSERT_EQ(next.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const absl::StatusOr<CompileResult> result = next.get();
+  ASSERT_FALSE(result.ok() && std::holds_alternative<CompileOutput>(*result));
+  const std::string said = result.ok() ? std::get<CompileFailure>(*result).message
+                                       : std::string(result.status().message());
+  EXPECT_NE(said.find("cannot import triton"), std::string::npos) << said;
+}
+
+}  // namespace
+}  // namespace kiln::compiler
