@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <variant>
@@ -66,57 +67,55 @@ std::string PidOf(const absl::StatusOr<CompileResult>& result) {
   return output != nullptr && !output->artifacts.empty() ? output->artifacts.front().second : "failed";
 }
 
-TEST(WorkerPoolTest, AJobTakesABusyWorkerThatFreesUpRatherThanWaitForANewOneToStart) {
-  const fs::path python = "/usr/bin/python3";
-  if (!fs::exists(python)) GTEST_SKIP() << "needs /usr/bin/python3";
-  testing::TestDir dir;
-  std::ofstream(dir.path() / "worker.py") << kStandInWorker;
-  PoolOptions options;
-  options.worker_script = dir.path() / "worker.py";
-  options.max_workers = 2;
-  auto registry = std::make_unique<ToolchainRegistry>(options);
-  ASSERT_TRUE(registry->Register(python).ok());  // one worker, ready
-  absl::StatusOr<WorkerPool*> pool = registry->Find("stand-in");
-  ASSERT_TRUE(pool.ok());
+// A pool of at most two stand-in workers, one of them started and ready.
+class WorkerPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path python = "/usr/bin/python3";
+    if (!fs::exists(python)) GTEST_SKIP() << "needs /usr/bin/python3";
+    std::ofstream(dir.path() / "worker.py") << kStandInWorker;
+    PoolOptions options;
+    options.worker_script = dir.path() / "worker.py";
+    options.max_workers = 2;
+    registry = std::make_unique<ToolchainRegistry>(options);
+    ASSERT_TRUE(registry->Register(python).ok());
+    absl::StatusOr<WorkerPool*> found = registry->Find("stand-in");
+    ASSERT_TRUE(found.ok());
+    pool = *found;
+  }
 
-  std::ofstream(dir.path() / "slow") << "";  // workers started from now on hang in their imports
-  auto compile = [&] { return (*pool)->Compile(CompileJob{}); };
+  void Create(const char* name) { std::ofstream(dir.path() / name) << ""; }
+
+  testing::TestDir dir;
+  std::unique_ptr<ToolchainRegistry> registry;
+  WorkerPool* pool = nullptr;
+};
+
+TEST_F(WorkerPoolTest, AJobTakesABusyWorkerThatFreesUpRatherThanWaitForANewOneToStart) {
+  Create("slow");  // workers started from now on hang in their imports
+  auto compile = [&] { return pool->Compile(CompileJob{}); };
   std::future<absl::StatusOr<CompileResult>> first = std::async(std::launch::async, compile);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the first has the worker
   std::future<absl::StatusOr<CompileResult>> second = std::async(std::launch::async, compile);
 
   const bool served = second.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
-  std::ofstream(dir.path() / "go") << "";  // lets the new worker finish starting in any case
+  Create("go");  // lets the new worker finish starting in any case
   ASSERT_TRUE(served) << "the second job waited for the worker still starting";
   const std::string first_pid = PidOf(first.get());
   EXPECT_EQ(PidOf(second.get()), first_pid) << "both ran on the worker that was ready";
-
-  registry.reset();  // waits for the worker it started meanwhile
 }
 
-TEST(WorkerPoolTest, AJobGetsTheStartFailureOnceNoWorkerIsLeftToServeIt) {
-  const fs::path python = "/usr/bin/python3";
-  if (!fs::exists(python)) GTEST_SKIP() << "needs /usr/bin/python3";
-  testing::TestDir dir;
-  std::ofstream(dir.path() / "worker.py") << kStandInWorker;
-  PoolOptions options;
-  options.worker_script = dir.path() / "worker.py";
-  options.max_workers = 2;
-  ToolchainRegistry registry(options);
-  ASSERT_TRUE(registry.Register(python).ok());
-  absl::StatusOr<WorkerPool*> pool = registry.Find("stand-in");
-  ASSERT_TRUE(pool.ok());
-
-  std::ofstream(dir.path() / "crash") << "";
-  std::ofstream(dir.path() / "broken") << "";
-  absl::StatusOr<CompileResult> crashed = (*pool)->Compile(CompileJob{});
+TEST_F(WorkerPoolTest, AJobGetsTheStartFailureOnceNoWorkerIsLeftToServeIt) {
+  Create("crash");
+  Create("broken");
+  absl::StatusOr<CompileResult> crashed = pool->Compile(CompileJob{});
   ASSERT_TRUE(crashed.ok());
   ASSERT_TRUE(std::holds_alternative<CompileFailure>(*crashed));
   EXPECT_EQ(std::get<CompileFailure>(*crashed).kind, CompileFailure::Kind::kWorkerCrashed);
 
   // No worker left, and none can start: the job hears why instead of waiting.
   std::future<absl::StatusOr<CompileResult>> next =
-      std::async(std::launch::async, [&] { return (*pool)->Compile(CompileJob{}); });
+      std::async(std::launch::async, [&] { return pool->Compile(CompileJob{}); });
   ASSERT_EQ(next.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   const absl::StatusOr<CompileResult> result = next.get();
   ASSERT_FALSE(result.ok() && std::holds_alternative<CompileOutput>(*result));
