@@ -100,7 +100,11 @@ def test_the_package_fingerprint_follows_what_torch_key_hashes(tmp_path):
     assert added != changed
 
     extra.write_text("now present")
-    assert fingerprint() != added
+    present = fingerprint()
+    assert present != added
+
+    (root / "sub" / "loop").symlink_to(root)  # a cycle: each directory is walked once
+    assert fingerprint() != present
 
 
 def test_a_value_first_computed_is_fingerprinted_at_exit_and_then_used(tmp_path, monkeypatch):

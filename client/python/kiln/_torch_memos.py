@@ -33,7 +33,7 @@ def package_fingerprint(root, extra_files=()):
     directory under `root` (a directory with an __init__ module, as pkgutil
     walks them; bytecode caches aside) and of `extra_files`, present or not;
     None when a directory cannot be read."""
-    lines, newest, pending = [], 0, [root]
+    lines, newest, pending, seen = [], 0, [root], set()
     try:
         while pending:
             directory = pending.pop()
@@ -45,7 +45,8 @@ def package_fingerprint(root, extra_files=()):
                 stat = entry.stat()
                 lines.append(_triton_memos._stat_line(entry.path, stat))
                 newest = max(newest, stat.st_mtime_ns, stat.st_ctime_ns)
-                if entry.is_dir():
+                if entry.is_dir() and (stat.st_dev, stat.st_ino) not in seen:  # links followed, each directory once
+                    seen.add((stat.st_dev, stat.st_ino))
                     pending.append(entry.path)
         stat = os.stat(root)
         lines.append(_triton_memos._stat_line(root, stat))
