@@ -143,9 +143,10 @@ absl::StatusOr<TcpAddresses> ResolveTcpAddresses(const std::string& host, uint16
 // True when standard output is an interactive terminal (a console on Windows).
 bool StdoutIsTerminal();
 
-// Lowers the calling thread's CPU priority for the rest of its life (nice 10
-// steps more, at most 19, on Linux; below normal on Windows): for threads doing work that nobody is
-// waiting for right now, so it yields to those serving requests. Best effort.
+// Lowers the calling thread's CPU priority for the rest of its life (its nice
+// value 10 higher, at most 19, on Linux; below normal on Windows): for threads
+// doing work nobody waits for right now, so they yield to those serving
+// requests. Best effort.
 void LowerCurrentThreadPriority();
 
 // An exclusive advisory lock held for the object's lifetime; released by the

@@ -49,7 +49,8 @@ TEST(JsonSyntaxTest, AcceptsObjectsAsTritonWritesThem) {
   EXPECT_TRUE(IsJsonObject("{}"));
   EXPECT_TRUE(IsJsonObject(" \n\t{ } \r\n"));
   EXPECT_TRUE(IsJsonObject(R"({"a": -0.5e-3, "b": 10E+2, "c": 0, "d": -12.25})"));
-  EXPECT_TRUE(IsJsonObject(R"({"escapes \" \\ \/ \b \f \n \r \t \u00e9 \uD83D": "\u0041", "": [[], {}]})"));
+  EXPECT_TRUE(
+      IsJsonObject(R"({"escapes \" \\ \/ \b \f \n \r \t \u00e9 \uD83D": "\u0041", "": [[], {}]})"));
   EXPECT_TRUE(IsJsonObject("{\"utf-8\": \"\xc3\xa9\"}"));
 }
 
@@ -62,7 +63,8 @@ TEST(JsonSyntaxTest, RefusesWhatIsNotOneJsonObject) {
            "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}", "{\"a\": 1e}", "{\"a\": +1}",
            "{\"a\": -}", "{\"a\": NaN}", "{\"a\": Infinity}", "{\"a\": 0x10}",
            "{\"a\": tru}", "{\"a\": True}", "{\"a\": nul}",
-           "{\"a\": \"\\x41\"}", "{\"a\": \"\\u12G4\"}", "{\"a\": \"\\u12\"}", "{\"a\": \"tab\there\"}",
+           "{\"a\": \"\\x41\"}", "{\"a\": \"\\u12G4\"}", "{\"a\": \"\\u12\"}",
+           "{\"a\": \"tab\there\"}",
            "{\"a\": \"unterminated}", "{\"a\": \"ends in a backslash\\",
            "{} {}", "{}x", "{\"a\": 1}]"}) {
     EXPECT_FALSE(IsJsonObject(text)) << text;

@@ -50,8 +50,9 @@ while True:
     for _ in header.get("parts", []):
         read_exact(struct.unpack("<I", read_exact(4))[0])
     if header["op"] == "hello":
-        write({"ok": True, "triton_key": "stand-in", "triton_version": "0", "python_executable": sys.executable,
-               "python_version": "3", "backends": ["nvidia"], "triton_dir": here}, {})
+        write({"ok": True, "triton_key": "stand-in", "triton_version": "0",
+               "python_executable": sys.executable, "python_version": "3", "backends": ["nvidia"],
+               "triton_dir": here}, {})
     elif header["op"] == "compile":
         if os.path.exists(os.path.join(here, "crash")):
             os._exit(1)
@@ -64,7 +65,8 @@ while True:
 std::string PidOf(const absl::StatusOr<CompileResult>& result) {
   if (!result.ok()) return "error: " + std::string(result.status().message());
   const auto* output = std::get_if<CompileOutput>(&*result);
-  return output != nullptr && !output->artifacts.empty() ? output->artifacts.front().second : "failed";
+  if (output == nullptr || output->artifacts.empty()) return "failed";
+  return output->artifacts.front().second;
 }
 
 // A pool of at most two stand-in workers, one of them started and ready.
