@@ -77,6 +77,7 @@ CompileCoordinator::CompileCoordinator(cache::ArtifactStore& store,
       toolchains_(toolchains),
       launcher_builder_(std::move(launcher_builder)),
       launcher_unavailable_(std::move(launcher_unavailable)),
+      storing_(threads, ThreadPool::kLoweredCpu),
       threads_(threads) {}
 
 void CompileCoordinator::Compile(v1::CompileRequest request, Caller caller, Done done,

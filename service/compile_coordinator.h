@@ -196,8 +196,9 @@ class CompileCoordinator {
   // Stores what a compile produced after its first caller was answered, at a
   // lowered CPU priority while a coordinator thread waits: the answer is still
   // on its way, and hashing, compressing and syncing would take the CPU that
-  // needs (on 2 cores, 0.5 ms more per cold compile).
-  ThreadPool storing_{2, ThreadPool::kLoweredCpu};
+  // needs (on 2 cores, 0.5 ms more per cold compile). As many threads as the
+  // coordinator's, so stores waiting on fsync never queue behind each other.
+  ThreadPool storing_;
   ThreadPool threads_;  // last: drains before the members its tasks use go
 };
 
