@@ -1,5 +1,7 @@
 #include "common/json_syntax.h"
 
+#include "absl/strings/ascii.h"
+
 namespace kiln {
 namespace {
 
@@ -67,7 +69,7 @@ class JsonSyntax {
       const char escaped = *at_++;
       if (escaped == 'u') {
         for (int i = 0; i < 4; ++i) {
-          if (at_ == end_ || !IsHexDigit(*at_++)) return false;
+          if (at_ == end_ || !absl::ascii_isxdigit(static_cast<unsigned char>(*at_++))) return false;
         }
       } else if (absl::string_view("\"\\/bfnrt").find(escaped) == absl::string_view::npos) {
         return false;
@@ -79,13 +81,8 @@ class JsonSyntax {
   // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
   bool Number() {
     Take('-');
-    if (Take('0')) {
-      // no leading zeros
-    } else if (at_ != end_ && *at_ >= '1' && *at_ <= '9') {
-      SkipDigits();
-    } else {
-      return false;
-    }
+    // A lone 0, or digits that cannot start with one (the 0 was not there).
+    if (!Take('0') && SkipDigits() == 0) return false;
     if (Take('.') && SkipDigits() == 0) return false;
     if (Take('e') || Take('E')) {
       if (!Take('+')) Take('-');
@@ -108,16 +105,12 @@ class JsonSyntax {
 
   int SkipDigits() {
     int digits = 0;
-    while (at_ != end_ && *at_ >= '0' && *at_ <= '9') ++at_, ++digits;
+    while (at_ != end_ && absl::ascii_isdigit(static_cast<unsigned char>(*at_))) ++at_, ++digits;
     return digits;
   }
 
   void SkipSpace() {
     while (at_ != end_ && (*at_ == ' ' || *at_ == '\t' || *at_ == '\n' || *at_ == '\r')) ++at_;
-  }
-
-  static bool IsHexDigit(char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
   }
 
   const char* at_;

@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority prio
   if (interactive) ++interactive_waiting_;
   const uint64_t failures_before = start_failures_;
   bool grew = false;
+  absl::Status unservable;
   while (true) {
     // Background jobs take a worker only while no interactive job waits for one.
     const bool turn = interactive || interactive_waiting_ == 0;
@@ -83,14 +84,14 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority prio
       grew = true;
     }
     if (live_ == 0 && start_failures_ != failures_before) {  // nothing left to wait for
-      if (interactive) --interactive_waiting_;
-      changed_.notify_all();
-      return last_start_failure_;
+      unservable = last_start_failure_;
+      break;
     }
     changed_.wait(lock);
   }
   if (interactive) --interactive_waiting_;
   changed_.notify_all();
+  if (!unservable.ok()) return unservable;
   std::unique_ptr<WorkerProcess> worker = std::move(idle_.back());
   idle_.pop_back();
   return worker;

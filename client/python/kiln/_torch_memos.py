@@ -17,7 +17,6 @@ other module binds the name. Compile workers get the value from their parent
 (torch_key.set), which the replacement passes on.
 """
 
-import hashlib
 import os
 import sysconfig
 import threading
@@ -34,6 +33,12 @@ def package_fingerprint(root, extra_files=()):
     walks them; bytecode caches aside) and of `extra_files`, present or not;
     None when a directory cannot be read."""
     lines, newest, pending, seen = [], 0, [root], set()
+
+    def add(path, stat):
+        nonlocal newest
+        lines.append(_triton_memos._stat_line(path, stat))
+        newest = max(newest, stat.st_mtime_ns, stat.st_ctime_ns)
+
     try:
         while pending:
             directory = pending.pop()
@@ -43,27 +48,19 @@ def package_fingerprint(root, extra_files=()):
                 continue  # not a package: its own stat is in its parent's lines
             for entry in entries:
                 stat = entry.stat()
-                lines.append(_triton_memos._stat_line(entry.path, stat))
-                newest = max(newest, stat.st_mtime_ns, stat.st_ctime_ns)
+                add(entry.path, stat)
                 if entry.is_dir() and (stat.st_dev, stat.st_ino) not in seen:  # links followed, each directory once
                     seen.add((stat.st_dev, stat.st_ino))
                     pending.append(entry.path)
-        stat = os.stat(root)
-        lines.append(_triton_memos._stat_line(root, stat))
-        newest = max(newest, stat.st_mtime_ns, stat.st_ctime_ns)
+        add(root, os.stat(root))
     except OSError:
         return None
     for path in extra_files:
         try:
-            stat = os.stat(path)
+            add(path, os.stat(path))
         except OSError:
             lines.append(f"{path}\0absent")
-            continue
-        lines.append(_triton_memos._stat_line(path, stat))
-        newest = max(newest, stat.st_mtime_ns, stat.st_ctime_ns)
-    lines.sort()
-    digest = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
-    return digest, newest
+    return _triton_memos.digest_of(lines), newest
 
 
 def install_torch_key(codecache):

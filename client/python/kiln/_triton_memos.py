@@ -220,8 +220,12 @@ def tree_fingerprint(root):
                         lines.append(_stat_line(entry.path, entry.stat()))
     except OSError:
         return None
-    lines.sort()
-    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+    return digest_of(lines)
+
+
+def digest_of(stat_lines):
+    """The fingerprint of a set of _stat_line()s, in any order."""
+    return hashlib.sha256("\n".join(sorted(stat_lines)).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def install_triton_key(cache_module):
