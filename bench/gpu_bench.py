@@ -12,7 +12,9 @@ Run on the GPU machine (see README):
 Kiln cold run against a fresh kilnd (medians). --simultaneous runs each round's
 three warm runs at once, one CPU each, and also compares them round by round:
 the machine's speed moves whole runs by 10-20% from one moment to the next,
-more than the difference measured.
+more than the difference measured. The runs of a round start with the same
+number of extra objects, different in each round, so the garbage collector's
+pauses fall on different kernels from round to round (collector_pauses.py).
 """
 
 import argparse
@@ -29,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from gpu_bundle import install_client  # noqa: E402
 from simultaneous_runs import cpu_shares, start_on  # noqa: E402
 
+from collector_pauses import round_shift  # noqa: E402  (beside this file)
+
 CLIENT = Path(__file__).resolve().parent / "gpu_bench_client.py"
 
 
@@ -40,9 +44,11 @@ _triton_key_ms = {}  # kind of run -> [ms of each run's triton_key()]
 _collector_ms = {}  # kind of run -> [{kernel: ms the garbage collector ran in it} of each run]
 
 
-def launch(env, *flags, cpus=None):
-    """Starts one timed process, on the CPUs `cpus` alone if given."""
-    return start_on(cpus, [sys.executable, str(CLIENT), *flags], env)
+def launch(env, *flags, cpus=None, round_=0):
+    """Starts one timed process, on the CPUs `cpus` alone if given, with the
+    collector's pauses placed as in the other runs of round `round_`."""
+    phase = ["--collector-phase", str(round_shift(round_))]
+    return start_on(cpus, [sys.executable, str(CLIENT), *flags, *phase], env)
 
 
 def collect(process, env, kind=None, key_label=None):
@@ -65,10 +71,10 @@ def collect(process, env, kind=None, key_label=None):
     return report["kernels"]
 
 
-def run(env, *flags, kind=None, label=None):
+def run(env, *flags, kind=None, label=None, round_=0):
     """Times one process; `kind` for a warm run, `label` for another whose
     triton_key() is shown (not where flags wrap Triton's steps in timers)."""
-    return collect(launch(env, *flags), env, kind, key_label=None if flags else kind or label)
+    return collect(launch(env, *flags, round_=round_), env, kind, key_label=None if flags else kind or label)
 
 
 def simultaneous_round(envs, round_):
@@ -76,7 +82,7 @@ def simultaneous_round(envs, round_):
     kinds take turns on the CPUs): runs in the same moments share the machine's
     state, which moved whole runs by 10-20% between moments."""
     shares = cpu_shares(list(envs), round_, per_kind=1)
-    processes = {kind: launch(env, cpus=shares[kind]) for kind, env in envs.items()}
+    processes = {kind: launch(env, cpus=shares[kind], round_=round_) for kind, env in envs.items()}
     return {kind: collect(process, envs[kind], kind, key_label=kind) for kind, process in processes.items()}
 
 
@@ -130,11 +136,13 @@ def cold_phases(bundle, base, work, rounds, skip):
     for every Kiln run): summed over the kernels after the first, and of the first."""
     runs = {"stock": [], "kiln": []}
     for round_ in range(rounds):
-        runs["stock"].append(run(dict(base, TRITON_CACHE_DIR=str(work / f"cs-{round_}")), "--cold-phases"))
+        runs["stock"].append(run(dict(base, TRITON_CACHE_DIR=str(work / f"cs-{round_}")), "--cold-phases",
+                                 round_=round_))
         kilnd, kiln_env = start_kilnd(bundle, base, work / f"cd-{round_}", work / f"cs{round_}")
         try:
             runs["kiln"].append(run(dict(kiln_env, TRITON_CACHE_DIR=str(work / f"ck-{round_}"),
-                                         KILN_FILES_DIR=str(work / f"cf-{round_}")), "--cold-phases"))
+                                         KILN_FILES_DIR=str(work / f"cf-{round_}")), "--cold-phases",
+                                     round_=round_))
         finally:
             kilnd.terminate()
             kilnd.wait()
@@ -195,13 +203,13 @@ def main():
             # 0.6 ms per kernel, and stock's by as much between places.
             order = ORDERS[round_ % len(ORDERS)]
             for kind in order:
-                warm_runs[kind].append(run(envs[kind], kind=kind))
+                warm_runs[kind].append(run(envs[kind], kind=kind, round_=round_))
             if args.phases:  # apart from the timed runs, which the wrappers slow
                 envs["absent"] = dict(envs["absent"], TRITON_CACHE_DIR=str(work / f"k3-{round_}"),
                                       KILN_FILES_DIR=str(work / f"f3-{round_}"))
                 envs["present"] = envs["absent"]
                 for kind in order:
-                    phase_runs[kind].append(run(envs[kind], "--phases", kind=kind))
+                    phase_runs[kind].append(run(envs[kind], "--phases", kind=kind, round_=round_))
     finally:
         kilnd.terminate()
         kilnd.wait()

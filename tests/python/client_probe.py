@@ -1,7 +1,7 @@
 """A process that uses Triton the way an application does, for the client tests.
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
-usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|spawn-child|
+usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
                        frontend-error|device-dependent|
                        where-warning|override FILE [--enable | --disable] [--as-inductor] [--note-grpc-import FILE]
 Prints one JSON object on stdout."""
@@ -103,6 +103,48 @@ def launchers():
         launch_functions.append(driver.CudaLauncher(source, kernel.metadata).launch)
     return {"imports": len(imports), "one_launch_function": all(f is launch_functions[0] for f in launch_functions),
             "callable": all(callable(f) for f in launch_functions)}
+
+
+def early_launcher():
+    """A kernel compiled for this machine's GPU, then loaded as Triton loads
+    it, and one compiled for another GPU first: how many launchers kilnd served
+    while the kernels compiled, before Triton asked for any, and in all."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.driver import driver
+
+    from kiln import _api, _service
+
+    class ThisMachinesGpu(nvidia.CudaDriver):
+        """There is no GPU here: this stands in for the driver of an sm90, which
+        compile() asks for the target of a kernel it is to run."""
+
+        def __init__(self):
+            pass
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    driver.set_active(ThisMachinesGpu())
+    stub = _service.connect().stub
+
+    def launchers_served():
+        stats = stub.GetStats(_api.GetStatsRequest())
+        return stats.launcher_builds + stats.launcher_cache_hits
+
+    before = launchers_served()
+    # Kernels of other argument lists (a launcher's source follows from those alone).
+    other, case = next(c for c in kernel_suite.SUITE if c.name.startswith("gelu")), kernel_suite.SUITE[0]
+    triton.compile(triton_compiler.ASTSource(other.fn, other.signature, other.constexprs),
+                   target=GPUTarget("cuda", 80, 32), options=other.options)
+    source = triton_compiler.ASTSource(case.fn, case.signature, case.constexprs)
+    kernel = triton.compile(source, options=case.options)  # for the target the driver names, as @triton.jit does
+    deadline = time.monotonic() + 60
+    while launchers_served() == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while_compiling = launchers_served() - before
+    launcher = nvidia.CudaLauncher(source, kernel.metadata)
+    return {"while_compiling": while_compiling, "in_all": launchers_served() - before,
+            "callable": callable(launcher.launch), "target": list(kernel.metadata.target.__dict__.values())}
 
 
 def device_dependent():
@@ -229,7 +271,7 @@ def main():
               "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
               "first-sm80": lambda: suite(kernel_suite.SUITE[:1], (80,)),
               "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),
-              "device-dependent": device_dependent,
+              "device-dependent": device_dependent, "early-launcher": early_launcher,
               "frontend-error": frontend_error, "where-warning": where_warning,
               "override": lambda: override(sys.argv[2]),
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3])}[mode]()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Kilnd
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
 PROBE = Path(__file__).parent / "client_probe.py"
@@ -200,6 +201,25 @@ def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # n
     assert after.launcher_builds + after.launcher_cache_hits > before.launcher_builds + before.launcher_cache_hits
 
 
+def test_a_kernel_missed_for_this_machines_gpu_has_its_launcher_built_while_it_compiles(base_env, libcuda_dir,
+                                                                                        tmp_path):
+    # A kilnd of its own: a kernel another test compiled would be a hit here.
+    server = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
+    try:
+        env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{server.socket}", LD_LIBRARY_PATH=str(libcuda_dir),
+                   TRITON_LIBCUDA_PATH=str(libcuda_dir))
+        result = probe_json(run_probe(env, "early-launcher"))
+    finally:
+        assert server.stop() == 0, (server.root / "kilnd.out").read_text()
+    assert result["target"] == ["cuda", 90, 32]
+    # kilnd built the sm90 kernel's launcher before Triton asked for it (and
+    # none for the kernel of another GPU, asked for first) ...
+    assert result["while_compiling"] == 1
+    # ... and loading the kernel took that build instead of asking again.
+    assert result["in_all"] == 1
+    assert result["callable"] is True
+
+
 def test_kernels_of_one_launcher_source_share_the_module_loaded_first(base_env, kiln_env, libcuda_dir):  # noqa: F811
     libcuda = {"LD_LIBRARY_PATH": str(libcuda_dir), "TRITON_LIBCUDA_PATH": str(libcuda_dir)}
     stock = probe_json(run_probe(dict(base_env, **libcuda), "launchers"))
@@ -367,7 +387,6 @@ def test_endpoint_file_transport_serves_token_holders_only(base_env, tmp_path, s
     client reads it and sends the token; a caller without it is refused."""
     import grpc
 
-    from conftest import Kilnd
     from kiln import _api
 
     endpoint_file = tmp_path / "run" / "kilnd.endpoint"

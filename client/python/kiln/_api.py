@@ -126,3 +126,7 @@ class KilnStub:
             setattr(self, method, channel.unary_stream(f"/kiln.v1.Kiln/{method}",
                                                        request_serializer=request.SerializeToString,
                                                        response_deserializer=response.FromString))
+
+    def start_call(self, method, request):
+        """Starts a unary call without waiting for it: a grpc.Future of its answer."""
+        return getattr(self, method).future(request)

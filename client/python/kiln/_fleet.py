@@ -82,6 +82,11 @@ class FleetStub:
         usable = {id(m): m.usable(now) for m in order}
         return sorted(order, key=lambda m: not usable[id(m)])  # stable: the key's order within each
 
+    def start_call(self, method, request):
+        """Starts a unary call on the request's first usable kilnd, without
+        waiting for it and without moving on to another if that one is gone."""
+        return self.ranked(affinity_key(request))[0].stub.start_call(method, request)
+
     def __getattr__(self, method):
         def call(request, *args, **kwargs):
             order = self.ranked(affinity_key(request))

@@ -17,7 +17,8 @@ def _short(text):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _compile_frame():
+def compile_frame():
+    """The frame of the triton.compile() call this thread is in, or None."""
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "compile" and frame.f_globals.get("__name__") == "triton.compiler.compiler":
@@ -28,7 +29,7 @@ def _compile_frame():
 
 def of_current_compile(key_hex, api):
     """kiln.v1.KeyComponents of the compile asking for `key_hex`, or None."""
-    frame = _compile_frame()
+    frame = compile_frame()
     if frame is None:
         return None
     inputs = frame.f_locals
@@ -47,7 +48,7 @@ def of_current_compile(key_hex, api):
 
 def recorded_for_prewarm(key_hex, triton_key, target, options_json, env, frontend_read_device):
     """kiln.v1.KeyInputs (JSON bytes) of the compile asking for `key_hex`, or None."""
-    frame = _compile_frame()
+    frame = compile_frame()
     key = frame.f_locals.get("key") if frame is not None else None
     if not isinstance(key, str) or hashlib.sha256(key.encode()).hexdigest() != key_hex:
         return None

@@ -36,11 +36,16 @@ def arguments_of(source):
     thread's last make_launcher made it from plain values; None otherwise."""
     if getattr(_generated, "source", None) != source:
         return None
-    literal = repr(_generated.args)
+    return literal_of(_generated.args)
+
+
+def literal_of(arguments):
+    """make_launcher's `arguments` as a Python literal, or None where they are not plain values."""
+    literal = repr(arguments)
     try:
-        return literal if ast.literal_eval(literal) == _generated.args else None
+        return literal if ast.literal_eval(literal) == arguments else None
     except (ValueError, SyntaxError, TypeError, RecursionError):
-        return None  # arguments that are not plain values
+        return None
 
 
 def is_cuda_utils(name, source):

@@ -17,6 +17,12 @@ import os
 from . import _MANAGER
 
 _loaded = {}  # compile_module_from_src's arguments, lists as tuples -> the module
+_sources = set()  # the C source of each module in _loaded
+
+
+def has_loaded(source):
+    """Whether this process has loaded a launcher module built from `source`."""
+    return source in _sources
 
 
 def _frozen(value):
@@ -40,6 +46,7 @@ def install(nvidia_driver):
             return original(*args, **kwargs)
         if module is None:
             module = _loaded[key] = original(*args, **kwargs)
+            _sources.add(kwargs.get("src", args[0] if args else None))
         return module
 
     compile_module_from_src._kiln_reuses = True

@@ -21,12 +21,11 @@ import json
 import logging
 import os
 import sys
-import sysconfig
 import threading
 
 import grpc
 
-from . import _api, _cache, _files, _frontend, _index, _key_inputs, _launcher_origin, _paths, _service
+from . import _api, _cache, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin, _paths, _service
 
 log = logging.getLogger("kiln")
 
@@ -161,6 +160,8 @@ class RemoteCacheManager(CacheManager):
             self._go_stock(error)
             return self._stock.get_group(filename)
         if not response.found:
+            if getattr(getattr(knobs, "build", None), "impl", None) is build_module:
+                _early_launchers.start(_stub())  # built while the kernel compiles
             return None  # the stages hook sends the compile to kilnd
         files = _hit_files("triton", self._hex, response.entry)
         if filename not in files:
@@ -453,19 +454,10 @@ def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
     """knobs.build.impl: kilnd builds the module (and caches it for every process)."""
     if not _installed:
         return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
-    from triton.runtime.cache import triton_key
-
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
     source = _files.read(src).decode()
-    request = _api.BuildLauncherRequest(
-        module_name=name, c_source=source,
-        python_abi=_api.PythonAbi(version="%d.%d" % sys.version_info[:2], abiflags=getattr(sys, "abiflags", ""),
-                                  ext_suffix=suffix, platform=sysconfig.get_platform(),
-                                  include_dir=sysconfig.get_paths()["include"]),
-        include_dirs=[d for d in include_dirs if d], library_dirs=list(library_dirs), libraries=list(libraries),
-        triton_key=triton_key(), origin=_origin(name, source))
+    request = _early_launchers.request(name, source, library_dirs, include_dirs, libraries, _origin(name, source))
     try:
-        response = _stub().BuildLauncher(request)
+        response = _early_launchers.take(request) or _stub().BuildLauncher(request)
     except grpc.RpcError as error:
         if _service.is_unavailable(error):
             _go_stock(error)
@@ -474,7 +466,7 @@ def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
         return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
     if response.WhichOneof("result") == "error":
         raise RuntimeError(f"building {name} failed: {response.error.message}\n{response.error.log}")
-    path = os.path.join(srcdir, f"{name}{suffix}")
+    path = os.path.join(srcdir, name + request.python_abi.ext_suffix)
     with open(path, "wb") as module:
         module.write(response.module.data)
     return path
