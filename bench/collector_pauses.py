@@ -7,30 +7,37 @@ the same kernel every time, and a program that makes a few objects more or
 fewer moves it to another kernel. That is true of stock Triton and Kiln alike
 (Kiln's first hit imports two modules). Kernel by kernel, a median over runs
 would then compare where the pauses fell, not what each kernel costs. So a
-benchmark makes a different number of objects before its first kernel in each
-round (shift_collector), the same number for every kind of run in that round,
-and each kernel bears the pauses in proportion to the objects it makes.
+benchmark moves the collector's count before its first kernel by a different
+amount in each round (shift_collector), the same for every kind of run in that
+round, and each kernel bears the pauses in proportion to the objects it makes.
 """
 
 import gc
 import time
 
-# Python 3.12's collector runs its youngest generation every 700 objects, the
-# next every 10 of those, and the oldest every 10 of those when enough objects
-# wait: shifts up to 7,000 objects move all three.
-SHIFTS = 7000
+# Python 3.11 and 3.12 collect their youngest generation every 700 objects
+# made, the middle one every 10 of those collections, and the oldest every 10
+# of the middle one's (once enough objects wait for it). A shift places all
+# three: so many extra objects, and so many collections of each older
+# generation made beforehand.
+_YOUNG, _MIDDLE, _OLD = 700, 10, 10
+SHIFTS = _YOUNG * _MIDDLE * _OLD
 
 _kept = []
 
 
-def shift_collector(objects):
-    """Keeps `objects` more objects alive from now on, each tracked by the collector."""
-    _kept.extend([] for _ in range(objects))
+def shift_collector(shift):
+    """Moves the collector's next pauses by `shift` (0 to SHIFTS - 1)."""
+    for _ in range(shift // (_YOUNG * _MIDDLE) % _OLD):
+        gc.collect(1)  # counts towards the oldest generation's next collection
+    for _ in range(shift // _YOUNG % _MIDDLE):
+        gc.collect(0)  # counts towards the middle generation's
+    _kept.extend([] for _ in range(shift % _YOUNG))  # objects count towards the youngest's
 
 
 def round_shift(round_):
     """The shift of a benchmark round: spread over SHIFTS, the same for every kind of run."""
-    return (round_ * 2741) % SHIFTS  # 2741 is prime to 7000: 7000 rounds before a shift repeats
+    return (round_ * 27431) % SHIFTS  # 27431 is prime to SHIFTS: no shift repeats within SHIFTS rounds
 
 
 class CollectorPauses:

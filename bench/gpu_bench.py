@@ -166,7 +166,8 @@ def main():
     parser.add_argument("--simultaneous", action="store_true",
                         help="run each round's warm runs at once, one CPU each, and compare them round by round")
     parser.add_argument("--dump", type=Path, metavar="FILE",
-                        help="also write every run's figures (warm runs and phases, by kind) to FILE as JSON")
+                        help="also write every run's figures (warm runs, their collector pauses and phases, by kind) "
+                             "to FILE as JSON")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
     install_client(bundle)
@@ -216,7 +217,7 @@ def main():
     stock_warm, kiln_warm, kiln_local = (median_run(warm_runs[k]) for k in ("stock", "absent", "present"))
     if args.dump:
         args.dump.write_text(json.dumps({"cold": {"stock": stock_cold, "kiln": kiln_cold}, "warm": warm_runs,
-                                         "phases": phase_runs}))
+                                         "collector": _collector_ms, "phases": phase_runs}))
 
     print(f"warm: median of {args.rounds} rounds")
     print(f"{'kernel':28} {'stock cold':>10} {'kiln cold':>10} {'ratio':>6} | {'stock warm':>10} "
