@@ -41,18 +41,26 @@ def round_shift(round_):
 
 
 class CollectorPauses:
-    """The milliseconds the collector has run in this process since start()."""
+    """The milliseconds the collector has run in this process since start(),
+    and the objects made since then that count towards its next pause."""
 
     def __init__(self):
         self.ms = 0.0
         self._started = None
+        self._counted = 0  # objects counted by the youngest generation until its collections
 
     def start(self):
+        self._counted = -gc.get_count()[0]
         gc.callbacks.append(self._on_collect)
         return self
 
+    def objects(self):
+        """Objects made less objects freed since start(), of those the collector tracks."""
+        return self._counted + gc.get_count()[0]
+
     def _on_collect(self, phase, info):
         if phase == "start":
+            self._counted += gc.get_count()[0]  # any collection starts the count again
             self._started = time.perf_counter()
         elif self._started is not None:
             self.ms += (time.perf_counter() - self._started) * 1e3

@@ -42,6 +42,7 @@ ORDERS = (("stock", "absent", "present"), ("absent", "stock", "present"), ("abse
 _called_kilnd = []  # warm runs that made a call to kilnd (imported gRPC), by kind
 _triton_key_ms = {}  # kind of run -> [ms of each run's triton_key()]
 _collector_ms = {}  # kind of run -> [{kernel: ms the garbage collector ran in it} of each run]
+_objects = {}  # kind of run -> [{kernel: objects it left for the collector to count} of each run]
 
 
 def launch(env, *flags, cpus=None, round_=0):
@@ -68,6 +69,7 @@ def collect(process, env, kind=None, key_label=None):
     if key_label:
         _triton_key_ms.setdefault(key_label, []).append(report["triton_key_ms"])
         _collector_ms.setdefault(key_label, []).append(report["collector_ms"])
+        _objects.setdefault(key_label, []).append(report["objects"])
     return report["kernels"]
 
 
@@ -103,8 +105,8 @@ def without_collector(warm_runs):
             for kind, runs in warm_runs.items()}
 
 
-def total_ms(kernels, skip=None):
-    """The ms of a run's kernels, but `skip` (the first: each process's one-time costs)."""
+def summed(kernels, skip=None):
+    """The sum of a figure over a run's kernels, but `skip` (the first: each process's one-time costs)."""
     return sum(ms for name, ms in kernels.items() if name != skip)
 
 
@@ -217,7 +219,7 @@ def main():
     stock_warm, kiln_warm, kiln_local = (median_run(warm_runs[k]) for k in ("stock", "absent", "present"))
     if args.dump:
         args.dump.write_text(json.dumps({"cold": {"stock": stock_cold, "kiln": kiln_cold}, "warm": warm_runs,
-                                         "collector": _collector_ms, "phases": phase_runs}))
+                                         "collector": _collector_ms, "objects": _objects, "phases": phase_runs}))
 
     print(f"warm: median of {args.rounds} rounds")
     print(f"{'kernel':28} {'stock cold':>10} {'kiln cold':>10} {'ratio':>6} | {'stock warm':>10} "
@@ -227,7 +229,7 @@ def main():
               f"{stock_warm[name]:10.1f} {kiln_warm[name]:11.1f} {kiln_warm[name] / stock_warm[name]:6.2f} "
               f"{kiln_local[name]:12.1f} {kiln_local[name] / stock_warm[name]:6.2f}")
     for label, skip in (("total", None), ("after the first", first)):
-        totals = [total_ms(d, skip) for d in (stock_cold, kiln_cold, stock_warm, kiln_warm, kiln_local)]
+        totals = [summed(d, skip) for d in (stock_cold, kiln_cold, stock_warm, kiln_warm, kiln_local)]
         print(f"{label:28} {totals[0]:10.1f} {totals[1]:10.1f} {totals[1] / totals[0]:6.2f} | "
               f"{totals[2]:10.1f} {totals[3]:11.1f} {totals[3] / totals[2]:6.2f} {totals[4]:12.1f} "
               f"{totals[4] / totals[2]:6.2f}")
@@ -244,15 +246,16 @@ def main():
                 for bare_ in (False, True) for kind in ("absent", "present")))
         for kind in ("absent", "present"):
             for label, runs in (("", warm_runs), (", without the collector", bare)):
-                after_first = [total_ms(run, first) / total_ms(stock, first)
+                after_first = [summed(run, first) / summed(stock, first)
                                for run, stock in zip(runs[kind], runs["stock"])]
                 print(f"after the first kernel, {kind}{label}: median ratio {statistics.median(after_first):.3f}, "
                       f"{sum(r <= 1.0 for r in after_first)}/{args.rounds} rounds at most as slow as stock")
         for kind in ("stock", "absent", "present"):
-            paused = [total_ms(collected, first) for collected in _collector_ms[kind]]
+            paused = [summed(collected, first) for collected in _collector_ms[kind]]
             print(f"garbage collector after the first kernel, {kind}: median {statistics.median(paused):.2f} ms "
                   f"a run; pauses on {statistics.median(sum(ms > 0 for ms in run.values()) for run in _collector_ms[kind]):.0f} "
-                  f"kernels")
+                  f"kernels; objects counted towards its pauses: median "
+                  f"{statistics.median(summed(made, first) for made in _objects[kind]):.0f} a run")
     print("\nonce per process, before its first kernel: triton_key(), the hash of Triton's install (median ms; "
           "Kiln remembers it with its files, so it is computed again where they are absent)")
     for kind, stock_kind in (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None),
