@@ -149,7 +149,7 @@ def cold_phases(bundle, base, work, rounds, skip):
             kilnd.terminate()
             kilnd.wait()
     return ({kind: median_phases(kind_runs, skip) for kind, kind_runs in runs.items()},
-            {kind: first_kernel_phases(kind_runs, skip) for kind, kind_runs in runs.items()})
+            {kind: first_kernel_phases(kind_runs, skip) for kind, kind_runs in runs.items()}, runs)
 
 
 def first_kernel_phases(runs, first):
@@ -169,7 +169,7 @@ def main():
                         help="run each round's warm runs at once, one CPU each, and compare them round by round")
     parser.add_argument("--dump", type=Path, metavar="FILE",
                         help="also write every run's figures (warm runs, their collector pauses and phases, by kind) "
-                             "to FILE as JSON")
+                             "to FILE as JSON, and those of --cold-phases to FILE with the suffix .cold.json")
     args = parser.parse_args()
     bundle = args.bundle.resolve()
     install_client(bundle)
@@ -277,7 +277,9 @@ def main():
 
 
     if args.cold_phases:
-        after_first, of_first = cold_phases(bundle, base, work, args.cold_phases, first)
+        after_first, of_first, cold_runs = cold_phases(bundle, base, work, args.cold_phases, first)
+        if args.dump:
+            args.dump.with_suffix(".cold.json").write_text(json.dumps(cold_runs))
         print(f"\ncold by phase (ms, medians of {args.cold_phases} rounds; after the first kernel: the sum "
               f"of per-kernel medians)")
         print(f"{'phase':28} {'stock first':>11} {'kiln first':>10} | {'stock after':>11} {'kiln after':>10}")

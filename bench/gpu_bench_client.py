@@ -12,8 +12,9 @@ With --collector-phase N, the collector's count is shifted by N after the
 first kernel, so its pauses land on other kernels (collector_pauses.py).
 
 With --phases, each kernel's time is split into the steps of a warm hit, with
---cold-phases into those of a cold compile (each of Triton's stages, where
-Kiln's first remote stage holds its Compile call, and the launcher build):
+--cold-phases into those of a cold compile (the kernel's lookup, each of
+Triton's stages, where Kiln's first remote stage holds its Compile call, and
+the launcher build):
 {phase: ms} for each kernel, the same steps for stock Triton and Kiln. The timing wrappers cost
 a little, the same for both. "kilnd ..." phases are what kilnd reported its
 worker spent in a stage: they lie inside the client's stage times, so they are
@@ -106,6 +107,12 @@ def _time_cold_phases():
 
     nvidia.CUDABackend.add_stages = timed_add_stages
     nvidia_driver.compile_module_from_src = _timed("launcher build", nvidia_driver.compile_module_from_src)
+    # The kernel's own lookup (through Kiln: the first one connects to kilnd),
+    # not the launcher's, which the launcher build holds.
+    from triton.compiler import compiler
+
+    get_cache_manager = compiler.get_cache_manager
+    compiler.get_cache_manager = lambda key: _TimedManager(get_cache_manager(key))
 
 
 def _time_phases():
