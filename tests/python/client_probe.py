@@ -125,11 +125,11 @@ def early_launcher():
             return GPUTarget("cuda", 90, 32)
 
     driver.set_active(ThisMachinesGpu())
-    stub = _service.connect().stub
+    kilnds = [_api.KilnStub(channel) for channel in _service.connect().channels]  # each of a fleet
 
     def launchers_served():
-        stats = stub.GetStats(_api.GetStatsRequest())
-        return stats.launcher_builds + stats.launcher_cache_hits
+        stats = [kilnd.GetStats(_api.GetStatsRequest()) for kilnd in kilnds]
+        return sum(s.launcher_builds + s.launcher_cache_hits for s in stats)
 
     before = launchers_served()
     # Kernels of other argument lists (a launcher's source follows from those alone).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Kilnd
+from conftest import Kilnd, tcp_kilnd
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
 PROBE = Path(__file__).parent / "client_probe.py"
@@ -201,16 +201,25 @@ def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # n
     assert after.launcher_builds + after.launcher_cache_hits > before.launcher_builds + before.launcher_cache_hits
 
 
+@pytest.mark.parametrize("kilnds", ["local", "fleet"])
 def test_a_kernel_missed_for_this_machines_gpu_has_its_launcher_built_while_it_compiles(base_env, libcuda_dir,
-                                                                                        tmp_path):
-    # A kilnd of its own: a kernel another test compiled would be a hit here.
-    server = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
+                                                                                        tmp_path, kilnds):
+    # kilnds of its own: a kernel another test compiled would be a hit here. A
+    # fleet's kilnds take their callers for remote ones, which get launchers
+    # built only from what generated the source.
+    if kilnds == "local":
+        servers = [Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")]
+        endpoint = f"unix:{servers[0].socket}"
+    else:
+        servers = [tcp_kilnd(tmp_path / f"kilnd{i}", f"--toolchain={sys.executable}") for i in range(2)]
+        endpoint = ",".join(server.tcp_address() for server in servers)
     try:
-        env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{server.socket}", LD_LIBRARY_PATH=str(libcuda_dir),
+        env = dict(base_env, KILN="1", KILN_ENDPOINT=endpoint, LD_LIBRARY_PATH=str(libcuda_dir),
                    TRITON_LIBCUDA_PATH=str(libcuda_dir))
         result = probe_json(run_probe(env, "early-launcher"))
     finally:
-        assert server.stop() == 0, (server.root / "kilnd.out").read_text()
+        for server in servers:
+            assert server.stop() == 0, (server.root / "kilnd.out").read_text()
     assert result["target"] == ["cuda", 90, 32]
     # kilnd built the sm90 kernel's launcher before Triton asked for it (and
     # none for the kernel of another GPU, asked for first) ...

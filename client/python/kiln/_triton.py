@@ -457,7 +457,9 @@ def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
     source = _files.read(src).decode()
     request = _early_launchers.request(name, source, library_dirs, include_dirs, libraries, _origin(name, source))
     try:
-        response = _early_launchers.take(request) or _stub().BuildLauncher(request)
+        response = _early_launchers.take(request)
+        if response is None:
+            response = _stub().BuildLauncher(request)
     except grpc.RpcError as error:
         if _service.is_unavailable(error):
             _go_stock(error)
