@@ -21,6 +21,7 @@ and kilnd has built one launcher (cached for later) for nothing.
 import collections
 import os
 import sys
+import sysconfig
 import threading
 
 import grpc
@@ -47,8 +48,6 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 def request(name, source, library_dirs, include_dirs, libraries, origin):
     """The kiln.v1.BuildLauncherRequest for a module Triton builds from `source`."""
-    import sysconfig
-
     from triton.runtime.cache import triton_key
 
     return _api.BuildLauncherRequest(
