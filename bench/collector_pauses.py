@@ -7,9 +7,11 @@ the same kernel every time, and a program that makes a few objects more or
 fewer moves it to another kernel. That is true of stock Triton and Kiln alike
 (Kiln's first hit imports two modules). Kernel by kernel, a median over runs
 would then compare where the pauses fell, not what each kernel costs. So a
-benchmark moves the collector's count before its first kernel by a different
-amount in each round (shift_collector), the same for every kind of run in that
-round, and each kernel bears the pauses in proportion to the objects it makes.
+benchmark moves the collector's count by a different amount in each round
+(shift_collector), the same for every kind of run in that round, and each
+kernel bears the pauses in proportion to the objects it makes. The shift comes
+after the first kernel: its imports end in full collections, which start every
+count again.
 """
 
 import gc

@@ -12,9 +12,10 @@ Run on the GPU machine (see README):
 Kiln cold run against a fresh kilnd (medians). --simultaneous runs each round's
 three warm runs at once, one CPU each, and also compares them round by round:
 the machine's speed moves whole runs by 10-20% from one moment to the next,
-more than the difference measured. The runs of a round start with the same
-number of extra objects, different in each round, so the garbage collector's
-pauses fall on different kernels from round to round (collector_pauses.py).
+more than the difference measured. The runs of a round shift the garbage
+collector's count by the same amount after their first kernel, a different
+amount in each round, so its pauses fall on different kernels from round to
+round (collector_pauses.py).
 """
 
 import argparse
