@@ -2,6 +2,7 @@
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
 usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
+                       deferred-texts|text-gone|
                        frontend-error|device-dependent|
                        where-warning|override FILE [--enable | --disable] [--as-inductor] [--note-grpc-import FILE]
 Prints one JSON object on stdout."""
@@ -51,6 +52,7 @@ def suite(cases=None, arches=(80, 90)):
             metadata["target"] = list(metadata["target"].__dict__.values())
             kernels[f"{case.name}-sm{arch}"] = {
                 "asm": {ext: digest(kernel.asm[ext]) for ext in ("ttir", "ttgir", "llir", "ptx", "cubin")},
+                "asm_keys": list(kernel.asm),
                 "metadata": metadata,
             }
     return {"kernels": kernels}
@@ -145,6 +147,60 @@ def early_launcher():
     launcher = nvidia.CudaLauncher(source, kernel.metadata)
     return {"while_compiling": while_compiling, "in_all": launchers_served() - before,
             "callable": callable(launcher.launch), "target": list(kernel.metadata.target.__dict__.values())}
+
+
+def _first_kernel_sm90():
+    case = kernel_suite.SUITE[0]
+    return triton.compile(triton_compiler.ASTSource(case.fn, case.signature, case.constexprs),
+                          target=GPUTarget("cuda", 90, 32), options=case.options)
+
+
+def _group_file(kernel, extension):
+    return next(path for name, path in kernel.metadata_group.items() if name.endswith(f".{extension}"))
+
+
+def deferred_texts():
+    """The suite's first kernel for sm90, and the files of its group opened (by
+    extension) while it loaded, when its LLVM IR was asked for twice, and when
+    its PTX was asked for after its file went away; its asm then, and pickled."""
+    import os
+    import pickle
+
+    opened = []
+    sys.addaudithook(lambda event, args: opened.append(args[0]) if event == "open" else None)
+
+    def extensions_opened(kernel, since):
+        extension_of = {path: name.rsplit(".", 1)[1] for name, path in kernel.metadata_group.items()}
+        return sorted(extension_of[path] for path in opened[since:] if path in extension_of)
+
+    kernel = _first_kernel_sm90()
+    at_load = extensions_opened(kernel, 0)
+    mark = len(opened)
+    kernel.asm["llir"], kernel.asm.get("llir")
+    on_llir = extensions_opened(kernel, mark)
+    os.unlink(_group_file(kernel, "ptx"))
+    ptx = kernel.asm["ptx"]
+    pickled = pickle.loads(pickle.dumps(kernel.asm))
+    return {"at_load": at_load, "on_llir": on_llir, "ptx": digest(ptx), "asm_keys": list(kernel.asm),
+            "asm": {ext: digest(kernel.asm[ext]) for ext in ("ttir", "ttgir", "llir", "ptx", "cubin")},
+            "pickled_type": type(pickled).__name__,
+            "pickled": {ext: digest(pickled[ext]) for ext in ("ttir", "ttgir", "llir", "ptx", "cubin")}}
+
+
+def text_gone():
+    """The suite's first kernel for sm90, loaded; then, once stdin says kilnd is
+    gone, its TTGIR asked for after its file went away: what that raised."""
+    import os
+
+    kernel = _first_kernel_sm90()
+    print("loaded", flush=True)
+    sys.stdin.readline()
+    os.unlink(_group_file(kernel, "ttgir"))
+    try:
+        kernel.asm["ttgir"]
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "cubin": digest(kernel.asm["cubin"])}
+    return {"error": None}
 
 
 def device_dependent():
@@ -272,6 +328,7 @@ def main():
               "first-sm80": lambda: suite(kernel_suite.SUITE[:1], (80,)),
               "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),
               "device-dependent": device_dependent, "early-launcher": early_launcher,
+              "deferred-texts": deferred_texts, "text-gone": text_gone,
               "frontend-error": frontend_error, "where-warning": where_warning,
               "override": lambda: override(sys.argv[2]),
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3])}[mode]()

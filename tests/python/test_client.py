@@ -192,6 +192,46 @@ def test_ir_override_compiles_exactly_as_stock(kilnd, base_env, kiln_env, tmp_pa
     assert stock["ptx_text"] != plain.asm["ptx"], "the override must change the kernel"
 
 
+def test_a_kernel_from_kilnds_cache_reads_its_ir_texts_only_when_asked(kilnd, kiln_env, stock_suite):
+    run_probe(kiln_env, "first")  # kilnd has the kernel: the probe's load is a hit
+    result = probe_json(run_probe(kiln_env, "deferred-texts"))
+    stock = next(kernel for name, kernel in stock_suite.items() if name.endswith("-sm90"))
+    # Loading it read what a launch needs, and no IR text ...
+    assert result["at_load"] == ["cubin", "json"]
+    # ... a text is read when first asked for, once ...
+    assert result["on_llir"] == ["llir"]
+    # ... and one whose file went away since is served by kilnd again.
+    assert result["ptx"] == stock["asm"]["ptx"]
+    # Its asm is stock's: the same texts under the same keys in the same order,
+    # and it pickles as Triton's own AsmDict (a process without Kiln reads it).
+    assert result["asm"] == stock["asm"]
+    assert result["asm_keys"] == stock["asm_keys"]
+    assert result["pickled_type"] == "AsmDict"
+    assert result["pickled"] == stock["asm"]
+
+
+def test_a_text_asked_for_once_its_file_and_kilnd_are_gone_raises_a_clear_error(base_env, tmp_path):
+    kilnd = Kilnd(tmp_path / "kilnd")
+    env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    probe = None
+    try:
+        run_probe(env, "first")
+        probe = subprocess.Popen([sys.executable, str(PROBE), "text-gone"], env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert probe.stdout.readline().strip() == "loaded"
+    finally:
+        kilnd.stop()
+        if probe is not None and probe.returncode is None and sys.exc_info()[0] is not None:
+            probe.kill()
+    out, err = probe.communicate("kilnd is gone\n", timeout=120)
+    assert probe.returncode == 0, err[-4000:]
+    result = json.loads(out.splitlines()[-1])
+    assert result["error"] == "FileNotFoundError"
+    assert "ttgir" in result["message"] and "no longer in Kiln's cache" in result["message"]
+    assert "Compile the kernel again" in result["message"]
+    assert result["cubin"]  # the kernel itself is whole
+
+
 def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # noqa: F811
     before = kilnd.stats()
     env = dict(kiln_env, LD_LIBRARY_PATH=str(libcuda_dir))

@@ -14,6 +14,7 @@ from triton import knobs
 from triton.runtime.cache import CacheManager
 
 from . import _MANAGER, _files, _index
+from ._deferred_texts import HitGroup
 
 
 # Base32's alphabet as the digits of int(_, 32); the other digits int() would
@@ -42,8 +43,9 @@ def hand_over(key, files):
     frontend output included). Stock Triton would have compiled here if its
     cache dir lacks the kernel: then the frontend's output is shown again, and
     inductor's static launcher (which reads <cache dir>/<key>/<kernel>.cubin)
-    finds the cubin there."""
-    files = dict(files)
+    finds the cubin there. A HitGroup: CompiledKernel reads its IR texts only
+    when asked (_deferred_texts)."""
+    files = HitGroup(files)
     files.pop(_index.KEY_INPUTS_BLOB, None)
     output = files.pop(_index.OUTPUT_BLOB, None)
     if output is not None or "torch._inductor" in sys.modules:

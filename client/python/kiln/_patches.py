@@ -11,6 +11,8 @@ TRITON = (
     ("triton.runtime.build", "kiln._triton_memos:install_platform_key"),
     # Kernels of one launcher source share the module loaded first.
     ("triton.backends.nvidia.driver", "kiln._loaded_launchers:install"),
+    # Kernels from Kiln's cache read their IR texts only when asked.
+    ("triton.compiler.compiler", "kiln._deferred_texts:install"),
     # What generated a launcher's source, which kilnd builds it from.
     ("triton.backends.nvidia.driver", "kiln._launcher_origin:follow"),
 )

@@ -167,7 +167,7 @@ class RemoteCacheManager(CacheManager):
         if filename not in files:
             return None
         self._files = _cache.hand_over(self.key, files)
-        return dict(self._files)
+        return _cache.HitGroup(self._files)
 
     def get_file(self, filename):
         if self._stock:
@@ -250,6 +250,21 @@ def _lookup(namespace, key):
     if response.found and not _files.readable_served(response.entry):
         response = _stub().Lookup(_api.LookupRequest(namespace=namespace, key=key))
     return response
+
+
+def path_in_kilnd(kernel_key, file_name):
+    """The path of `file_name` of the kernel Triton keys `kernel_key`, as kilnd
+    has it now (its served file, or one written here); None when kilnd has no
+    such file or cannot be reached."""
+    hex_key = _cache.hex_key(kernel_key)
+    try:
+        response = _lookup("triton", hex_key)
+    except (grpc.RpcError, _service.KilnUnavailable) as error:
+        log.debug("%s of %s not asked of kilnd again: %s", file_name, hex_key, error)
+        return None
+    if not response.found:
+        return None
+    return _hit_files("triton", hex_key, response.entry).get(file_name)
 
 
 def _output_blob(output):
