@@ -229,18 +229,19 @@ def digest_of(stat_lines):
 
 
 def _leave_the_allocator_as_hashing_does():
-    """Stock triton_key() reads libtriton in 1 MB chunks. Under glibc that
-    leaves the process's allocator changed for good: freeing the first chunk
-    (mmap'd, being over 128 KB) raises the size above which malloc maps fresh
-    pages to 1 MB, and the chunks after it leave a megabyte of the heap
-    free and already paged in. From then on the blocks of 128 KB-1 MB a
-    kernel's load allocates (the CUDA driver's, loading a module; a
-    launcher's dlopen) come from that heap. A process whose key was
-    remembered skips the read, and on the H100 each kernel it loaded then took
-    up to 15% longer than stock (gpu_bench, runs at once: 1.02x stock after
-    the first kernel, where the same kernels with the key hashed took 0.88x).
-    Two blocks of a chunk's size, allocated and freed, leave the allocator as
-    the read does, for about 0.1 ms."""
+    """Stock triton_key() reads libtriton in 1 MB chunks. Under glibc, freeing
+    the first (mmap'd, being over 128 KB) raises the size above which malloc
+    maps fresh pages to about 1 MB, for the rest of the process: blocks of
+    128 KB-1 MB come from the heap from then on (strace: after stock's
+    triton_key() a 600 KB block is one brk, not an mmap and a munmap). The
+    kernel loads that follow allocate such blocks (the CUDA driver's, loading
+    a module; a launcher's dlopen). A process whose key was remembered skips
+    the read, and on the H100 its kernels then loaded slower than stock's:
+    1.02x stock after the first kernel, against 0.88x for the same kernels in
+    a process that hashed (gpu_bench, runs at once); 0.92x with this. Two
+    blocks of a chunk's size, allocated and freed: the first raises the
+    threshold as the read does, the second leaves a megabyte of heap free.
+    About 0.1 ms."""
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION")
     except (AttributeError, OSError, ValueError):  # Windows has no confstr; a libc without the name
@@ -248,7 +249,7 @@ def _leave_the_allocator_as_hashing_does():
     if not (libc or "").startswith("glibc"):
         return
     for _ in range(2):
-        bytes(1 << 20)  # the first mmap'd and freed; the second from the heap, paged in by its zeroing
+        bytes(1 << 20)  # the first mmap'd and freed; the second from the heap, where it stays free
 
 
 def install_triton_key(cache_module):
