@@ -219,10 +219,12 @@ def test_a_text_asked_for_once_its_file_and_kilnd_are_gone_raises_a_clear_error(
         probe = subprocess.Popen([sys.executable, str(PROBE), "text-gone"], env=env, text=True,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert probe.stdout.readline().strip() == "loaded"
+    except BaseException:
+        if probe is not None:
+            probe.kill()
+        raise
     finally:
         kilnd.stop()
-        if probe is not None and probe.returncode is None and sys.exc_info()[0] is not None:
-            probe.kill()
     out, err = probe.communicate("kilnd is gone\n", timeout=120)
     assert probe.returncode == 0, err[-4000:]
     result = json.loads(out.splitlines()[-1])
