@@ -60,7 +60,8 @@ constexpr const char* kUsageText =
     "  misses [--last N] [--json]       the latest compiles and what was new for each\n"
     "  export FILE [--namespace NS] [--since 24h]\n"
     "                                   write this user's entries (all, or one namespace,\n"
-    "                                   or those stored lately) to a bundle file\n"
+    "                                   or those stored lately) to a bundle file; never\n"
+    "                                   the client's memos, which hold for this machine only\n"
     "  import FILE                      store a bundle's entries, every digest checked first\n"
     "  prewarm FILE --target cuda:89 [--target ...]\n"
     "                                   compile a bundle's kernels for other GPUs, stored\n"
@@ -347,6 +348,10 @@ absl::StatusOr<absl::Duration> ParseAge(const std::string& text) {
       absl::StrFormat("--since '%s': write an age such as 90m, 24h or 7d", text));
 }
 
+// The Python client's memos (kiln/_triton_memos.py): values fingerprinted by
+// this machine's files, which no other machine's files ever match.
+constexpr absl::string_view kMachineLocalNamespace = "kiln-memos";
+
 int Export(kiln::Client& client, const std::vector<std::string>& args) {
   kiln::v1::ListEntriesRequest request;
   std::string file;
@@ -372,6 +377,7 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
     absl::StatusOr<kiln::v1::ListEntriesResponse> page = client.ListEntries(request);
     if (!page.ok()) return Fail(page.status());
     for (const kiln::v1::ListedEntry& listed : page->entries()) {
+      if (listed.namespace_() == kMachineLocalNamespace) continue;
       // Each entry is read as a client would: kilnd checks every blob's digest.
       absl::StatusOr<std::optional<kiln::v1::CacheEntry>> entry =
           client.Lookup(listed.namespace_(), listed.key());

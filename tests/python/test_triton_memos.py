@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import _triton_memos
+from conftest import BUILD, Kilnd
+from kiln import _api, _triton_memos
 
 # Computes what the memos stand in for, and says what it read and ran to get it
 # (Python's audit events: every open() and every subprocess).
@@ -36,7 +37,7 @@ key = triton_key()
 print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(), "platform_key": platform_key(),
                   "ptxas_release": knobs.nvidia.ptxas.version,
                   "backend_hash": CUDABackend(GPUTarget("cuda", 90, 32)).hash(),
-                  "read_libtriton": bool(opened), "spawned": spawned}))
+                  "read_libtriton": bool(opened), "spawned": spawned, "grpc_imported": "grpc" in sys.modules}))
 """
 
 
@@ -45,13 +46,13 @@ TRITON35 = Path(__file__).resolve().parents[2] / ".venv-triton35" / "bin" / "pyt
 PYTHONS = [sys.executable] + ([str(TRITON35)] if TRITON35.exists() else [])
 
 
-def _run(tmp_path, kiln, python=sys.executable, **env):
+def _run(tmp_path, kiln, python=sys.executable, kilnd=None, files="files", **env):
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     environment.update(env, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     if kiln:
-        # Nothing here needs kilnd: an endpoint where none listens.
-        environment.update(KILN="1", KILN_FILES_DIR=str(tmp_path / "files"),
-                           KILN_ENDPOINT=f"unix:{tmp_path / 'no-kilnd.sock'}")
+        # Unless a kilnd is given, nothing here needs one: an endpoint where none listens.
+        environment.update(KILN="1", KILN_FILES_DIR=str(tmp_path / files),
+                           KILN_ENDPOINT=f"unix:{kilnd.socket if kilnd else tmp_path / 'no-kilnd.sock'}")
     result = subprocess.run([python, "-c", PROGRAM], capture_output=True, text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
@@ -79,6 +80,47 @@ def test_a_second_process_takes_triton_key_the_ptxas_version_and_the_platform_ke
     # Stock Triton's test knob still wins over a memo.
     mocked = _run(tmp_path, kiln=True, python=python, TRITON_MOCK_PTX_VERSION="12.3.0")
     assert mocked["ptxas_version"] == "12.3.0"
+
+
+def _serve_kilnds_memos_now(kilnd):
+    """kilnd serves a stored entry as files moments after the Put that stored
+    it; a Lookup asking for files serves it at once, so that the next process
+    started at once finds it."""
+    listed = kilnd.stub.ListEntries(_api.ListEntriesRequest(namespace=_triton_memos.KILND_NAMESPACE)).entries
+    for entry in listed:
+        assert kilnd.stub.Lookup(_api.LookupRequest(namespace=entry.namespace, key=entry.key, as_files=True)).found
+    return len(listed)
+
+
+def test_a_process_whose_files_dir_is_fresh_takes_the_memos_from_the_local_kilnd(tmp_path):
+    kilnd = Kilnd(tmp_path / "kilnd")
+    try:
+        first = _run(tmp_path, kiln=True, kilnd=kilnd, files="first")
+        assert first["read_libtriton"] and "ptxas" in first["spawned"]
+        assert _serve_kilnds_memos_now(kilnd) >= 3  # triton_key, ptxas --version, platform_key (tool releases)
+
+        fresh = _run(tmp_path, kiln=True, kilnd=kilnd, files="fresh")
+        assert _values(fresh) == _values(first)
+        assert not fresh["read_libtriton"], "triton_key() hashed libtriton though kilnd had its memo"
+        assert fresh["spawned"] == [], "ptxas --version or file ran though kilnd had their memos"
+        assert not fresh["grpc_imported"], "kilnd's memos were not read as its files"
+
+        # A memo kilnd keeps is used only for its own fingerprint too.
+        ptxas = tmp_path / "bin" / "ptxas"
+        ptxas.parent.mkdir()
+        _fake_ptxas(ptxas, "12.8")
+        _run(tmp_path, kiln=True, kilnd=kilnd, files="fake-12.8", TRITON_PTXAS_PATH=str(ptxas))
+        _serve_kilnds_memos_now(kilnd)
+        _fake_ptxas(ptxas, "13.1")
+        changed = _run(tmp_path, kiln=True, kilnd=kilnd, files="fake-13.1", TRITON_PTXAS_PATH=str(ptxas))
+        assert changed["ptxas_release"] == "13.1" and "ptxas" in changed["spawned"]
+
+        # They hold for this machine's files only: a bundle never carries them.
+        exported = subprocess.run([str(BUILD / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{kilnd.socket}",
+                                   "export", str(tmp_path / "cache.kilnbundle")], capture_output=True, text=True)
+        assert exported.returncode == 0 and "exported 0 entries" in exported.stdout, exported
+    finally:
+        kilnd.stop()
 
 
 def _fake_ptxas(path, release):

@@ -20,6 +20,14 @@ computed: a file that changes meanwhile leaves a memo that never matches.
 
     <files dir>/memos/<hh>/<62 hex>.json   {"name": ..., "fingerprint": ..., "value": ...}
 
+A memo this process computes is also offered, at its exit, to the local kilnd
+that serves this account files (namespace "kiln-memos", the same 64 hex as
+key). kilnd serves it back as a file, so a process whose files dir has none
+(a fresh KILN_FILES_DIR: a container, a CI job, a cleaned cache) reads it
+from there with no call, and starts as warm as one whose files dir has it.
+Only to such a kilnd: a fingerprint names this machine's files (inodes,
+devices), so a memo means nothing anywhere else.
+
 Installed on the modules of Triton as they are imported (_after_import, which
 imports this module then: every module it imports, Triton imports too). Each
 value is the one stock computes, so disable() leaves them in place.
@@ -38,22 +46,26 @@ import sysconfig
 import threading
 import time
 
-from . import _files, _paths
+from . import _files, _index, _paths
 
 log = logging.getLogger("kiln")
 
 
+KILND_NAMESPACE = "kiln-memos"
+_KILND_BLOB = "memo.json"
+
+
+def _digest(name):
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
 def _memo_path(name):
-    digest = hashlib.sha256(name.encode()).hexdigest()
+    digest = _digest(name)
     return os.path.join(_paths.files_dir(), "memos", digest[:2], digest[2:] + ".json")
 
 
-def _read_memo(path):
-    """The memo at `path` (one still queued for writing included); None when
-    there is none or it cannot be read."""
-    memo = _unwritten.get(path)
-    if memo is not None:
-        return memo
+def _read_memo_file(path):
+    """The memo in the file at `path`; None when there is none or it cannot be read."""
     try:
         with open(path, "rb") as memo_file:
             memo = json.loads(memo_file.read())
@@ -62,21 +74,52 @@ def _read_memo(path):
     return memo if isinstance(memo, dict) else None
 
 
-def remembered(name, fingerprint, compute, memo=None):
-    """The value remembered under `name` for this `fingerprint`, else
-    compute()'s, remembered from now on unless it is None (a failure). A memo
-    that cannot be read or written is a miss, never an error. `memo`: the one
-    already read from its file."""
-    path = _memo_path(name)
-    memo = memo if memo is not None else _read_memo(path)
+def _kilnds_memo(name):
+    """The memo of `name` that kilnd serves this account as a file; None when it serves none."""
+    if _paths.served_files_dir() is None:
+        return None
+    served = _index.lookup_file(KILND_NAMESPACE, _digest(name), _KILND_BLOB)
+    if served is None:
+        return None
+    memo = _read_memo_file(served)
+    if memo is not None:
+        _kilnds_copies[name] = memo
+    return memo
+
+
+def _memos_of(name):
+    """The memos of `name` there are, read as they are asked for: this
+    client's own (one still queued for writing included), then kilnd's."""
+    memo = _unwritten.get(_memo_path(name)) or _read_memo_file(_memo_path(name))
+    if memo is not None:
+        yield memo
+    memo = _kilnds_memo(name)
+    if memo is not None:
+        yield memo
+
+
+def _value_for(memo, name, fingerprint):
+    """(True, value) when `memo` is the memo of `name` for `fingerprint`, else (False, None)."""
     try:
-        if memo is not None and memo["name"] == name and memo["fingerprint"] == fingerprint:
-            return memo["value"]
+        if memo["name"] == name and memo["fingerprint"] == fingerprint:
+            return True, memo["value"]
     except (KeyError, TypeError):
         pass
+    return False, None
+
+
+def remembered(name, fingerprint, compute, memos=None):
+    """The value remembered under `name` for this `fingerprint`, else
+    compute()'s, remembered from now on unless it is None (a failure). A memo
+    that cannot be read or written is a miss, never an error. `memos`: those
+    already read."""
+    for memo in _memos_of(name) if memos is None else memos:
+        found, value = _value_for(memo, name, fingerprint)
+        if found:
+            return value
     value = compute()
     if value is not None:
-        _write_later(path, {"name": name, "fingerprint": fingerprint, "value": value})
+        _write_later(_memo_path(name), {"name": name, "fingerprint": fingerprint, "value": value})
     return value
 
 
@@ -89,10 +132,10 @@ def remembered_fingerprinting_at_exit(name, fingerprint_of, compute):
     covers) or None. The memo is written only if no file changed since a
     second before the value was computed: otherwise what the value was
     computed from is not known to be what the fingerprint shows."""
-    memo = _read_memo(_memo_path(name))
-    if memo is not None:
+    memos = list(_memos_of(name))
+    if memos:
         taken = fingerprint_of()
-        return compute() if taken is None else remembered(name, taken[0], compute, memo)
+        return compute() if taken is None else remembered(name, taken[0], compute, memos)
     started_ns = time.time_ns()
     value = compute()
     if value is not None:
@@ -115,6 +158,7 @@ def _fingerprint_deferred():
         taken = fingerprint_of()
         if taken is not None and taken[1] < started_ns - _CLOCK_TICK_NS:
             _write(_memo_path(name), {"name": name, "fingerprint": taken[0], "value": value})
+            _offer_to_kilnd({"name": name, "fingerprint": taken[0], "value": value})
 
 
 # Memos computed here, until a thread of their own has written them: a file's
@@ -149,6 +193,7 @@ def _write_unwritten():
                 return
             path, memo = next(iter(_unwritten.items()))
         _write(path, memo)
+        _offer_to_kilnd(memo)
         with _unwritten_lock:
             if _unwritten.get(path) is memo:  # not replaced meanwhile
                 del _unwritten[path]
@@ -162,15 +207,47 @@ def _write(path, memo):
         log.debug("memo %s not written: %s", path, error)
 
 
+_kilnds_copies = {}  # name -> the memo kilnd served this process
+_for_kilnd = {}  # name -> a memo computed here that kilnd did not serve: offered at exit
+
+
+def _offer_to_kilnd(memo):
+    with _unwritten_lock:
+        if _kilnds_copies.get(memo["name"]) != memo:
+            _for_kilnd[memo["name"]] = memo
+
+
+def _send_offers(timeout):
+    """Puts the memos computed here into the kilnd that serves this account
+    files. At exit: the gRPC import and the call cost about 0.1 s, once for
+    each memo computed on this machine, none in a process that computed none.
+    Best effort: a memo kilnd lacks is only computed again."""
+    with _unwritten_lock:
+        offers = list(_for_kilnd.values())
+        _for_kilnd.clear()
+    if not offers or _paths.served_files_dir() is None:
+        return
+    try:
+        from . import _api, _service
+
+        stub = _service.connect(autostart=False).stub
+        for memo in offers:
+            stub.Put(_api.PutRequest(namespace=KILND_NAMESPACE, key=_digest(memo["name"]), blobs=[
+                _api.blob(_KILND_BLOB, json.dumps(memo).encode())]), timeout=timeout)
+    except Exception as error:  # never the program's problem
+        log.debug("memos not offered to kilnd: %s", error)
+
+
 @atexit.register
 def wait_for_writes(timeout=5.0):
-    """Returns once this process's memos are on disk (or after `timeout`
-    seconds): at exit, so that the next process finds them."""
+    """Returns once this process's memos are on disk and offered to kilnd (or
+    after about `timeout` seconds): at exit, so that the next process finds them."""
     _fingerprint_deferred()
     with _unwritten_lock:
         writer = _writer
     if writer is not None:
         writer.join(timeout)
+    _send_offers(timeout=1.0)
 
 
 def _forget_writer():
@@ -180,6 +257,7 @@ def _forget_writer():
     _unwritten_lock, _writer = threading.Lock(), None
     _unwritten.clear()
     _fingerprinted_at_exit.clear()
+    _for_kilnd.clear()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
