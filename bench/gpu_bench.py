@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
@@ -42,6 +43,7 @@ ORDERS = (("stock", "absent", "present"), ("absent", "stock", "present"), ("abse
 
 _called_kilnd = []  # warm runs that made a call to kilnd (imported gRPC), by kind
 _triton_key_ms = {}  # kind of run -> [ms of each run's triton_key()]
+_to_first_kernel_ms = {}  # kind of run -> [ms from each run's launch to its first kernel launchable]
 _collector_ms = {}  # kind of run -> [{kernel: ms the garbage collector ran in it} of each run]
 _objects = {}  # kind of run -> [{kernel: objects it left for the collector to count} of each run]
 
@@ -50,6 +52,8 @@ def launch(env, *flags, cpus=None, round_=0):
     """Starts one timed process, on the CPUs `cpus` alone if given, with the
     collector's pauses placed as in the other runs of round `round_`."""
     phase = ["--collector-phase", str(round_shift(round_))]
+    # CLOCK_MONOTONIC is the system's: the process reads the same clock.
+    env = dict(env, GPU_BENCH_LAUNCHED_NS=str(time.monotonic_ns()))
     return start_on(cpus, [sys.executable, str(CLIENT), *flags, *phase], env)
 
 
@@ -69,6 +73,7 @@ def collect(process, env, kind=None, key_label=None):
         _called_kilnd.append(kind)
     if key_label:
         _triton_key_ms.setdefault(key_label, []).append(report["triton_key_ms"])
+        _to_first_kernel_ms.setdefault(key_label, []).append(report["to_first_kernel_ms"])
         _collector_ms.setdefault(key_label, []).append(report["collector_ms"])
         _objects.setdefault(key_label, []).append(report["objects"])
     return report["kernels"]
@@ -258,13 +263,28 @@ def main():
                   f"kernels; objects counted towards its pauses: median "
                   f"{statistics.median(summed(made, first) for made in _objects[kind]):.0f} a run")
     print("\nonce per process, before its first kernel: triton_key(), the hash of Triton's install (median ms; "
-          "Kiln remembers it with its files, so it is computed again where they are absent)")
+          "Kiln remembers it with its files and in the local kilnd, so it is computed again only where neither "
+          "has it)")
     for kind, stock_kind in (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None),
                              ("absent", "stock"), ("present", "stock")):
         if kind in _triton_key_ms:
             ms = statistics.median(_triton_key_ms[kind])
             ratio = f"  ratio {ms / statistics.median(_triton_key_ms[stock_kind]):.2f}x" if stock_kind else ""
             print(f"{kind:28} {ms:10.1f}{ratio}")
+    print("\nfrom a process's launch to its first kernel launchable (interpreter, imports, triton_key(), the first "
+          "kernel: what a program waits for; median ms)" + ("; paired by round: the median of the rounds' ratios "
+                                                              "to stock, and the rounds at most as slow" if args.simultaneous else ""))
+    for kind, stock_kind in (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None),
+                             ("absent", "stock"), ("present", "stock")):
+        if kind in _to_first_kernel_ms:
+            ms = statistics.median(_to_first_kernel_ms[kind])
+            line = f"{kind:28} {ms:10.1f}"
+            if stock_kind:
+                line += f"  ratio {ms / statistics.median(_to_first_kernel_ms[stock_kind]):.2f}x"
+            if stock_kind == "stock" and args.simultaneous:
+                paired = [run / stock for run, stock in zip(_to_first_kernel_ms[kind], _to_first_kernel_ms["stock"])]
+                line += f"  paired {statistics.median(paired):.2f}x ({sum(r <= 1.0 for r in paired)}/{len(paired)})"
+            print(line)
     kiln_calls = [kind for kind in _called_kilnd if kind != "stock"]
     print(f"warm kiln runs that called kilnd (imported gRPC): {len(kiln_calls)} of "
           f"{2 * args.rounds * (2 if args.phases else 1)}")

@@ -5,8 +5,9 @@ target, the time from asking Triton for it to having it loaded and launchable
 of its milliseconds that Python's garbage collector ran}, "objects": {kernel
 name: the objects it left for the collector to count towards its next pause},
 "triton_key_ms": the process's one triton_key() (before its first kernel),
-"grpc_imported": whether it called kilnd, "kiln_used": whether Kiln's client
-served Triton's cache}.
+"to_first_kernel_ms": from its launch ($GPU_BENCH_LAUNCHED_NS, the parent's
+time.monotonic_ns()) to its first kernel launchable, "grpc_imported": whether it
+called kilnd, "kiln_used": whether Kiln's client served Triton's cache}.
 
 With --collector-phase N, the collector's count is shifted by N after the
 first kernel, so its pauses land on other kernels (collector_pauses.py).
@@ -21,6 +22,7 @@ worker spent in a stage: they lie inside the client's stage times, so they are
 not part of the sum that "other" completes."""
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -154,6 +156,8 @@ def main():
         kernel = triton.compile(ASTSource(case.fn, case.signature, case.constexprs), options=case.options)
         kernel._init_handles()
         total = (time.perf_counter() - start) * 1e3
+        if index == 0:
+            to_first_kernel_ms = (time.monotonic_ns() - int(os.environ["GPU_BENCH_LAUNCHED_NS"])) / 1e6
         collector_ms[case.name] = collector.ms - collected_before
         objects[case.name] = collector.objects() - objects_before
         if phases:
@@ -164,6 +168,7 @@ def main():
     triton_side = sys.modules.get("kiln._triton")
     kiln_used = "kiln._cache" in sys.modules and (triton_side is None or triton_side._installed is not False)
     print(json.dumps({"kernels": times, "collector_ms": collector_ms, "objects": objects, "triton_key_ms": triton_key_ms,
+                      "to_first_kernel_ms": to_first_kernel_ms,
                       "grpc_imported": "grpc" in sys.modules, "kiln_used": kiln_used}))
 
 

@@ -12,7 +12,8 @@ kilnd measured in one run on one machine (no GPU needed).
 usage: python bench/warm_bench.py [--build-dir build] [--repeat 3]
 Prints per-phase totals (the median of --repeat runs) and ratios against stock,
 and on its own the once-per-process triton_key() (Kiln remembers it across
-processes, with the files dir: absent, it is computed as in stock).
+processes, in the files dir and in the local kilnd: a fresh files dir reads it
+from kilnd's files).
 """
 
 import argparse
