@@ -2,7 +2,8 @@
 and an MLP, time the first call, compare with eager.
 
 usage: inductor_program.py [--wider] [--start-file PATH] [--profile PREFIX]
-prints one JSON line.
+prints one JSON line: per model, the first call's seconds and the part of them
+Python's garbage collector ran (collector_s), and whether it matched eager.
 
 --start-file: waits until PATH exists before compiling (several processes
 started together: inductor_fanout.py).
@@ -18,6 +19,9 @@ import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from collector_pauses import CollectorPauses  # noqa: E402
 
 
 class Block(torch.nn.Module):
@@ -94,6 +98,7 @@ def main():
     width = 768 if "--wider" in sys.argv else 512
     torch.manual_seed(0)
     result = {}
+    collector = CollectorPauses().start()
     for name, model in (("transformer", Transformer(width)), ("mlp", MLP(width))):
         model = model.cuda().half().eval()
         x = torch.randn(4, 128, width, device="cuda", dtype=torch.half)
@@ -102,6 +107,7 @@ def main():
             compiled = torch.compile(model)
             torch.cuda.synchronize()
             profile = cProfile.Profile() if "--profile" in sys.argv else None
+            collected_before = collector.ms
             start = time.perf_counter()
             if profile:
                 profile.enable()
@@ -112,6 +118,7 @@ def main():
                 profile.disable()
                 write_profile(profile, f"{sys.argv[sys.argv.index('--profile') + 1]}.{name}.txt")
         result[name] = {"first_call_s": round(first_call, 3),
+                        "collector_s": round((collector.ms - collected_before) / 1e3, 4),
                         "allclose": bool(torch.allclose(eager, out, atol=2e-2, rtol=2e-2))}
     from torch._dynamo.utils import counters
 
