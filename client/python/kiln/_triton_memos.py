@@ -90,7 +90,8 @@ def _kilnds_memo(name):
 def _memos_of(name):
     """The memos of `name` there are, read as they are asked for: this
     client's own (one still queued for writing included), then kilnd's."""
-    memo = _unwritten.get(_memo_path(name)) or _read_memo_file(_memo_path(name))
+    path = _memo_path(name)
+    memo = _unwritten.get(path) or _read_memo_file(path)
     if memo is not None:
         yield memo
     memo = _kilnds_memo(name)
