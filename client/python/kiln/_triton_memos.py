@@ -37,6 +37,7 @@ import atexit
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -133,10 +134,11 @@ def remembered_fingerprinting_at_exit(name, fingerprint_of, compute):
     covers) or None. The memo is written only if no file changed since a
     second before the value was computed: otherwise what the value was
     computed from is not known to be what the fingerprint shows."""
-    memos = list(_memos_of(name))
-    if memos:
+    memos = _memos_of(name)
+    first = next(memos, None)  # kilnd's is read only if this client's own does not match
+    if first is not None:
         taken = fingerprint_of()
-        return compute() if taken is None else remembered(name, taken[0], compute, memos)
+        return compute() if taken is None else remembered(name, taken[0], compute, itertools.chain([first], memos))
     started_ns = time.time_ns()
     value = compute()
     if value is not None:
