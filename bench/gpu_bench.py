@@ -46,6 +46,11 @@ CLIENT = Path(__file__).resolve().parent / "gpu_bench_client.py"
 ORDERS = tuple(itertools.permutations(("stock", "absent", "present")))
 
 
+# The runs whose one-time figures are shown, each with the run it is compared to.
+SHOWN_BESIDE_STOCK = (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None), ("absent", "stock"),
+                      ("present", "stock"))
+
+
 _called_kilnd = []  # warm runs that made a call to kilnd (imported gRPC), by kind
 _triton_key_ms = {}  # kind of run -> [ms of each run's triton_key()]
 _to_first_kernel_ms = {}  # kind of run -> [ms from each run's launch to its first kernel launchable]
@@ -198,17 +203,18 @@ def main():
                         label="kiln cold")
         present_env = dict(kiln_env, TRITON_CACHE_DIR=str(work / "kp"), KILN_FILES_DIR=str(work / "fp"))
         run(present_env)  # its files present from now on
+
+        def absent_env(round_):
+            """A new process, venv or container: the client's files absent."""
+            return dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
+                        KILN_FILES_DIR=str(work / f"f2-{round_}"))
+
         for round_ in range(args.rounds if args.simultaneous else 0):
-            absent_env = dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
-                              KILN_FILES_DIR=str(work / f"f2-{round_}"))
             for kind, kernels in simultaneous_round(
-                    {"stock": stock_env, "absent": absent_env, "present": present_env}, round_).items():
+                    {"stock": stock_env, "absent": absent_env(round_), "present": present_env}, round_).items():
                 warm_runs[kind].append(kernels)
         for round_ in range(0 if args.simultaneous else args.rounds):
-            envs = {"stock": stock_env,
-                    # a new process, venv or container: the client's files absent
-                    "absent": dict(kiln_env, TRITON_CACHE_DIR=str(work / f"k2-{round_}"),
-                                   KILN_FILES_DIR=str(work / f"f2-{round_}")),
+            envs = {"stock": stock_env, "absent": absent_env(round_),
                     "present": present_env}  # the same program again: its files present
             order = ORDERS[round_ % len(ORDERS)]
             for kind in order:
@@ -264,24 +270,23 @@ def main():
     print("\nonce per process, before its first kernel: triton_key(), the hash of Triton's install (median ms; "
           "Kiln remembers it with its files and in the local kilnd, so it is computed again only where neither "
           "has it)")
-    for kind, stock_kind in (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None),
-                             ("absent", "stock"), ("present", "stock")):
+    for kind, stock_kind in SHOWN_BESIDE_STOCK:
         if kind in _triton_key_ms:
             ms = statistics.median(_triton_key_ms[kind])
             ratio = f"  ratio {ms / statistics.median(_triton_key_ms[stock_kind]):.2f}x" if stock_kind else ""
             print(f"{kind:28} {ms:10.1f}{ratio}")
+    paired_note = "; paired by round: the median of the rounds' ratios to stock, and the rounds at most as slow"
     print("\nfrom a process's launch to its first kernel launchable (interpreter, imports, triton_key(), the first "
-          "kernel: what a program waits for; median ms)" + ("; paired by round: the median of the rounds' ratios "
-                                                              "to stock, and the rounds at most as slow" if args.simultaneous else ""))
-    for kind, stock_kind in (("stock cold", None), ("kiln cold", "stock cold"), ("stock", None),
-                             ("absent", "stock"), ("present", "stock")):
+          "kernel: what a program waits for; median ms)" + (paired_note if args.simultaneous else ""))
+    for kind, stock_kind in SHOWN_BESIDE_STOCK:
         if kind in _to_first_kernel_ms:
             ms = statistics.median(_to_first_kernel_ms[kind])
             line = f"{kind:28} {ms:10.1f}"
             if stock_kind:
                 line += f"  ratio {ms / statistics.median(_to_first_kernel_ms[stock_kind]):.2f}x"
             if stock_kind == "stock" and args.simultaneous:
-                paired = [run / stock for run, stock in zip(_to_first_kernel_ms[kind], _to_first_kernel_ms["stock"])]
+                paired = [launch_ms / stock
+                          for launch_ms, stock in zip(_to_first_kernel_ms[kind], _to_first_kernel_ms["stock"])]
                 line += f"  paired {statistics.median(paired):.2f}x ({sum(r <= 1.0 for r in paired)}/{len(paired)})"
             print(line)
     kiln_calls = [kind for kind in _called_kilnd if kind != "stock"]
