@@ -37,7 +37,9 @@ std::filesystem::path DefaultConfigPath(Scope scope = Scope::kUser);
 
 // The private directory of the local transport (socket or endpoint file).
 // User: $XDG_RUNTIME_DIR/kiln, else /tmp/kiln-<uid>; Windows
-// %LOCALAPPDATA%\kiln\run. Machine: /run/kiln, Windows %ProgramData%\kiln\run.
+// %LOCALAPPDATA%\kiln\run. Machine: $KILN_MACHINE_RUNTIME_DIR, else /run/kiln
+// (a system unit whose RuntimeDirectory differs, and test harnesses, which
+// must not find the machine's kilnd, set it); Windows %ProgramData%\kiln\run.
 std::filesystem::path DefaultRuntimeDir(Scope scope = Scope::kUser);
 
 // The local transport clients use by default. POSIX: a Unix socket,
@@ -159,6 +161,12 @@ class ExclusiveLock {
 // Takes the lock on `path` without waiting. FAILED_PRECONDITION if another
 // process holds it.
 absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const std::filesystem::path& path);
+
+// Takes the lock on `path` (the same lock TryLockFile takes), waiting while
+// another process holds it. DEADLINE_EXCEEDED at `deadline`, naming the file;
+// FAILED_PRECONDITION when it cannot be opened.
+absl::StatusOr<std::unique_ptr<ExclusiveLock>> WaitForFileLock(const std::filesystem::path& path,
+                                                               absl::Time deadline);
 
 // A shared library loaded at run time (dlopen / LoadLibrary), unloaded with
 // the object.

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "common/platform.h"
 #include "common/platform_internal.h"
+#include "common/status_macros.h"
 
 namespace kiln::platform {
 namespace {
@@ -79,7 +80,7 @@ fs::path DefaultConfigPath(Scope scope) {
 }
 
 fs::path DefaultRuntimeDir(Scope scope) {
-  if (scope == Scope::kMachine) return "/run/kiln";
+  if (scope == Scope::kMachine) return EnvPathOr("KILN_MACHINE_RUNTIME_DIR", "/run/kiln");
   const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
   if (runtime_dir != nullptr && runtime_dir[0] == '/') return fs::path(runtime_dir) / "kiln";
   return fs::path(absl::StrCat("/tmp/kiln-", getuid()));
@@ -208,17 +209,45 @@ void LowerCurrentThreadPriority() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
-  FileDescriptor fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (fd.get() < 0) {
+namespace {
+
+// The lock file at `path`, opened for flock; FAILED_PRECONDITION naming it.
+absl::StatusOr<int> OpenLockFile(const fs::path& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot open lock file %s: %s", path.string(), ErrnoText()));
   }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
+  ASSIGN_OR_RETURN(const int opened, OpenLockFile(path));
+  FileDescriptor fd(opened);
   if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s is locked by another process: another kilnd already uses this data directory; stop "
         "it or pass a different --data-dir",
         path.string()));
+  }
+  return std::make_unique<FlockLock>(fd.release());
+}
+
+absl::StatusOr<std::unique_ptr<ExclusiveLock>> WaitForFileLock(const fs::path& path,
+                                                               absl::Time deadline) {
+  ASSIGN_OR_RETURN(const int opened, OpenLockFile(path));
+  FileDescriptor fd(opened);
+  // Polled rather than blocking, so that the wait ends at the deadline.
+  while (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "another process held the lock on %s until the deadline (a client still starting "
+          "kilnd?); try again",
+          path.string()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
   }
   return std::make_unique<FlockLock>(fd.release());
 }

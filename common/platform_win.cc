@@ -47,6 +47,7 @@ class Handle {
   }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
+  Handle(Handle&& other) noexcept : handle_(other.release()) {}
   bool valid() const { return handle_ != INVALID_HANDLE_VALUE && handle_ != nullptr; }
   HANDLE get() const { return handle_; }
   HANDLE release() { return std::exchange(handle_, INVALID_HANDLE_VALUE); }
@@ -321,7 +322,10 @@ void LowerCurrentThreadPriority() {
   (void)SetThreadPriority(GetCurrentThread(), THREAD_PRIORITY_BELOW_NORMAL);
 }
 
-absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
+namespace {
+
+// The lock file at `path`, opened for LockFileEx; FAILED_PRECONDITION naming it.
+absl::StatusOr<Handle> OpenLockFile(const fs::path& path) {
   Handle file(CreateFileW(path.c_str(), GENERIC_READ | GENERIC_WRITE,
                           FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
                           OPEN_ALWAYS, FILE_ATTRIBUTE_NORMAL, nullptr));
@@ -329,13 +333,42 @@ absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path)
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot open lock file %s: %s", PathText(path), LastErrorText()));
   }
+  return file;
+}
+
+// The whole file, so that it overlaps any range another program locks (the
+// Python client's msvcrt.locking takes byte 0).
+bool TryLockWhole(HANDLE file) {
   OVERLAPPED whole{};
-  if (!LockFileEx(file.get(), LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, MAXDWORD,
-                  MAXDWORD, &whole)) {
+  return LockFileEx(file, LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, MAXDWORD,
+                    MAXDWORD, &whole) != 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ExclusiveLock>> TryLockFile(const fs::path& path) {
+  ASSIGN_OR_RETURN(Handle file, OpenLockFile(path));
+  if (!TryLockWhole(file.get())) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s is locked by another process: another kilnd already uses this data directory; stop "
         "it (kilnd stop, or end kilnd.exe) or pass a different --data-dir",
         PathText(path)));
+  }
+  return std::make_unique<FileLock>(file.release());
+}
+
+absl::StatusOr<std::unique_ptr<ExclusiveLock>> WaitForFileLock(const fs::path& path,
+                                                               absl::Time deadline) {
+  ASSIGN_OR_RETURN(Handle file, OpenLockFile(path));
+  // Polled rather than blocking, so that the wait ends at the deadline.
+  while (!TryLockWhole(file.get())) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "another process held the lock on %s until the deadline (a client still starting "
+          "kilnd?); try again",
+          PathText(path)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
   }
   return std::make_unique<FileLock>(file.release());
 }

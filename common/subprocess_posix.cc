@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -218,6 +220,52 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
   }
   return std::make_unique<PosixSubprocess>(pid, in->write, out->read, err->read,
                                            options.stderr_tail_bytes);
+}
+
+absl::Status SpawnDetached(const std::vector<std::string>& argv,
+                           const std::vector<std::string>& dropped_prefixes) {
+  if (argv.empty()) return absl::InvalidArgumentError("no program to run");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  for (int fd : {0, 1, 2}) {
+    posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+  }
+  // A session of its own: no terminal's hangup or Ctrl+C reaches it. Stop
+  // signals are heard even where this process ignores or blocks them.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t empty_mask;
+  sigemptyset(&empty_mask);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int signal_number : {SIGPIPE, SIGTERM, SIGINT}) sigaddset(&defaults, signal_number);
+  posix_spawnattr_setsigmask(&attributes, &empty_mask);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setflags(&attributes,
+                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const absl::string_view text(*entry);
+    if (std::none_of(dropped_prefixes.begin(), dropped_prefixes.end(),
+                     [&](const std::string& prefix) { return absl::StartsWith(text, prefix); })) {
+      envp.push_back(*entry);
+    }
+  }
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (rc != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat("cannot run %s: %s", argv[0], strerror(rc)));
+  }
+  // Reaped if it exits while this process still runs, so that no zombie stays.
+  std::thread([pid] { waitpid(pid, nullptr, 0); }).detach();
+  return absl::OkStatus();
 }
 
 fs::path FindOnPath(absl::string_view program) {

@@ -5,6 +5,7 @@
 
 #include "common/windows_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -65,17 +66,25 @@ std::wstring QuoteArgument(const std::wstring& argument) {
   return quoted;
 }
 
-// The parent's environment with `overrides` applied; names compare without
-// case, as Windows does. A sorted double-NUL-terminated block.
-std::wstring EnvironmentBlock(const std::map<std::string, std::string>& overrides) {
+// The parent's environment with `overrides` applied, less the variables whose
+// names begin with one of `dropped_prefixes`; names compare without case, as
+// Windows does. A sorted double-NUL-terminated block.
+std::wstring EnvironmentBlock(const std::map<std::string, std::string>& overrides,
+                              const std::vector<std::string>& dropped_prefixes = {}) {
   std::map<std::string, std::wstring> variables;  // upper-case name -> "Name=value"
+  auto dropped = [&](const std::string& upper_name) {
+    return std::any_of(dropped_prefixes.begin(), dropped_prefixes.end(), [&](const std::string& prefix) {
+      return absl::StartsWith(upper_name, absl::AsciiStrToUpper(prefix));
+    });
+  };
   if (wchar_t* block = GetEnvironmentStringsW()) {
     for (const wchar_t* entry = block; *entry != L'\0'; entry += wcslen(entry) + 1) {
       const std::wstring text(entry);
       // Entries like "=C:=C:\dir" (per-drive current directories) start with '='.
       const size_t equals = text.find(L'=', 1);
       if (equals == std::wstring::npos) continue;
-      variables[absl::AsciiStrToUpper(Narrow(text.substr(0, equals)))] = text;
+      std::string name = absl::AsciiStrToUpper(Narrow(text.substr(0, equals)));
+      if (!dropped(name)) variables[std::move(name)] = text;
     }
     FreeEnvironmentStringsW(block);
   }
@@ -358,6 +367,37 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
   ResumeThread(process.hThread);
   return std::make_unique<WindowsSubprocess>(process, job, pipes.stdin_write, pipes.stdout_read,
                                              pipes.stderr_read, options.stderr_tail_bytes);
+}
+
+absl::Status SpawnDetached(const std::vector<std::string>& argv,
+                           const std::vector<std::string>& dropped_prefixes) {
+  if (argv.empty()) return absl::InvalidArgumentError("no program to run");
+  std::wstring command_line;
+  for (const std::string& arg : argv) {
+    if (!command_line.empty()) command_line.push_back(L' ');
+    command_line += QuoteArgument(Widen(arg));
+  }
+  std::wstring environment = EnvironmentBlock({}, dropped_prefixes);
+  STARTUPINFOW startup{};
+  startup.cb = sizeof(startup);
+  constexpr DWORD kDetached = DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP | CREATE_UNICODE_ENVIRONMENT;
+  // Out of this process's job where the job allows it: a job that kills its
+  // processes when it closes (a CI runner's, a terminal's) would end kilnd too.
+  PROCESS_INFORMATION process{};
+  BOOL created = CreateProcessW(nullptr, command_line.data(), nullptr, nullptr, FALSE,
+                                kDetached | CREATE_BREAKAWAY_FROM_JOB, environment.data(), nullptr,
+                                &startup, &process);
+  if (!created && GetLastError() == ERROR_ACCESS_DENIED) {
+    created = CreateProcessW(nullptr, command_line.data(), nullptr, nullptr, FALSE, kDetached,
+                             environment.data(), nullptr, &startup, &process);
+  }
+  if (!created) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot run %s: %s", argv[0], ErrorText(GetLastError())));
+  }
+  CloseHandle(process.hThread);
+  CloseHandle(process.hProcess);
+  return absl::OkStatus();
 }
 
 fs::path FindOnPath(absl::string_view program) {

@@ -14,6 +14,7 @@
 #include "common/latency_histogram.h"
 #include "common/platform.h"
 #include "common/sha256.h"
+#include "common/subprocess.h"
 #include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "tests/test_dir.h"
@@ -155,6 +156,57 @@ TEST(PlatformTest, SecondLockOnAFileFails) {
   EXPECT_TRUE(absl::IsFailedPrecondition(second.status()));
   first->reset();
   EXPECT_TRUE(platform::TryLockFile(dir.path() / "lock").ok());
+}
+
+TEST(PlatformTest, WaitingForALockEndsWhenItsHolderLetsGoOrAtTheDeadline) {
+  testing::TestDir dir;
+  const std::filesystem::path path = dir.path() / "autostart.lock";
+  auto held = platform::TryLockFile(path);
+  ASSERT_TRUE(held.ok());
+  auto timed_out = platform::WaitForFileLock(path, absl::Now() + absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(timed_out.status())) << timed_out.status();
+  EXPECT_NE(timed_out.status().message().find(path.string()), std::string::npos);
+
+  std::thread holder([lock = std::move(*held)]() mutable {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    lock.reset();
+  });
+  auto taken = platform::WaitForFileLock(path, absl::Now() + absl::Seconds(30));
+  holder.join();
+  EXPECT_TRUE(taken.ok()) << taken.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(platform::TryLockFile(path).status()));
+}
+
+// A detached process outlives its parent's session and takes none of the
+// variables it was told to drop.
+TEST(SubprocessTest, ADetachedProcessHasASessionOfItsOwnAndLessTheDroppedVariables) {
+  testing::TestDir dir;
+  const std::filesystem::path report = dir.path() / "report";
+  setenv("KILN_TEST_DROPPED", "client setting", 1);
+  setenv("KILN_TEST_KEPT_ELSEWHERE", "kept", 1);
+  const absl::Status spawned = SpawnDetached(
+      {"/bin/sh", "-c",
+       "echo \"${KILN_TEST_DROPPED-unset} ${KILN_TEST_KEPT_ELSEWHERE-unset} $(cut -d' ' -f6 "
+       "/proc/$$/stat) $$\" >\"$0.part\" && mv \"$0.part\" \"$0\"",
+       report.string()},
+      {"KILN_TEST_DROPPED"});
+  unsetenv("KILN_TEST_DROPPED");
+  unsetenv("KILN_TEST_KEPT_ELSEWHERE");
+  ASSERT_TRUE(spawned.ok()) << spawned;
+  // Nothing waits for a detached process: its report is polled for.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!std::filesystem::exists(report) && absl::Now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::string dropped, kept;
+  pid_t session = 0, pid = 0;
+  std::ifstream(report) >> dropped >> kept >> session >> pid;
+  EXPECT_EQ(dropped, "unset");
+  EXPECT_EQ(kept, "kept");
+  EXPECT_EQ(session, pid) << "not the leader of a session of its own";
+  EXPECT_NE(session, getsid(0));
+
+  EXPECT_TRUE(absl::IsFailedPrecondition(SpawnDetached({"/nonexistent/kilnd"}, {})));
 }
 
 TEST(FileStampTest, ChangesWithTheContentEvenWhenTheModificationTimeIsPutBack) {

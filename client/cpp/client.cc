@@ -190,7 +190,7 @@ ResolvedEndpoint ResolveEndpoint(const ClientOptions& options) {
         std::filesystem::exists(machine, error)) {
       return {"unix:" + machine.string(), options.token, ""};
     }
-    return {local, options.token, ""};
+    return {local, options.token, "", /*is_user_default=*/true};
   }
   // No Unix socket here (Windows): the user's own kilnd, else the machine's service.
   const std::filesystem::path user_file = platform::DefaultEndpointFile(platform::Scope::kUser);
@@ -199,7 +199,9 @@ ResolvedEndpoint ResolveEndpoint(const ClientOptions& options) {
   if (!std::filesystem::exists(user_file, error) && std::filesystem::exists(machine_file, error)) {
     return ReadEndpointFile(machine_file);
   }
-  return ReadEndpointFile(user_file);
+  ResolvedEndpoint user = ReadEndpointFile(user_file);
+  user.is_user_default = true;
+  return user;
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "common/byte_size.h"
 #include "common/platform.h"
 #include "bundle.h"
+#include "kiln/autostart.h"
 #include "kiln/client.h"
 #include "progress_line.h"
 
@@ -43,7 +45,7 @@ enum ExitCode {
 };
 
 constexpr const char* kUsageText =
-    "usage: kiln [--endpoint TARGET] COMMAND ...\n"
+    "usage: kiln [--endpoint TARGET] [--no-autostart] COMMAND ...\n"
     "  compile FILE.{ttir,ttgir,llir,ptx} --target cuda:90 [--target cuda:80 ...]\n"
     "          [--num-warps N] [--num-stages N] [--option NAME=JSON ...]\n"
     "          [--toolchain VERSION|KEY] -o OUTDIR\n"
@@ -66,7 +68,9 @@ constexpr const char* kUsageText =
     "  prewarm FILE --target cuda:89 [--target ...]\n"
     "                                   compile a bundle's kernels for other GPUs, stored\n"
     "                                   where clients of those GPUs look them up\n"
-    "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket. A farm's\n"
+    "Endpoint: --endpoint, else $KILN_ENDPOINT, else the per-user local socket. Where that\n"
+    "kilnd is not running, compile, toolchains, put, get, export, import and prewarm start it\n"
+    "($KILN_KILND, else kilnd beside kiln or on PATH) unless --no-autostart. A farm's\n"
     "kilnd: grpcs://HOST:PORT, with $KILN_CA_FILE, $KILN_CLIENT_CERT and $KILN_CLIENT_KEY\n"
     "and/or $KILN_TOKEN_FILE. A fleet: kilnds comma-separated (HOST:PORT,HOST:PORT), calls go\n"
     "round robin and move on when one is gone.\n"
@@ -626,10 +630,26 @@ int Verify(kiln::Client& client, const std::vector<std::string>& args) {
 
 }  // namespace
 
+// Commands that need kilnd's cache or compiler start the user's kilnd when
+// none serves; those that report on or maintain a running kilnd never do (a
+// kilnd started to answer them would have nothing to say).
+bool StartsKilnd(const std::string& command) {
+  static const auto* starting = new std::set<std::string>{
+      "compile", "toolchains", "put", "get", "export", "import", "prewarm"};
+  return starting->contains(command);
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   kiln::ClientOptions options;
-  if (args.size() >= 2 && args[0] == "--endpoint") {
+  bool autostart = true;
+  while (!args.empty() && (args[0] == "--endpoint" || args[0] == "--no-autostart")) {
+    if (args[0] == "--no-autostart") {
+      autostart = false;
+      args.erase(args.begin());
+      continue;
+    }
+    if (args.size() < 2) return Usage("--endpoint needs a TARGET");
     options.endpoint = args[1];
     args.erase(args.begin(), args.begin() + 2);
   }
@@ -639,7 +659,6 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[0];
   args.erase(args.begin());
-  kiln::Client client(options);
   using Command = int (*)(kiln::Client&, const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
       {"compile", Compile}, {"toolchains", Toolchains}, {"stats", Stats}, {"gc", Gc},
@@ -648,6 +667,16 @@ int main(int argc, char** argv) {
       {"prewarm", Prewarm}};
   const auto found = commands.find(command);
   if (found == commands.end()) return Usage(absl::StrFormat("unknown command '%s'", command));
+  if (autostart && StartsKilnd(command)) {
+    absl::StatusOr<kiln::Autostart> started = kiln::StartUserKilndIfNotServing(options);
+    if (!started.ok()) return Fail(started.status());
+    if (*started == kiln::Autostart::kStarted) {
+      std::cerr << "kiln: no kilnd was serving; started one, which keeps serving "
+                << "(--no-autostart: never start one)\n";
+    }
+  }
+  // After any start: on Windows the new kilnd's endpoint file names its port.
+  kiln::Client client(options);
   const int exit_code = found->second(client, args);
   // gRPC ends its background threads while the process exits, and a process
   // exiting meanwhile can crash in them on Windows (timing-dependent; grpc/grpc

@@ -258,8 +258,13 @@ TEST(WindowsFilesTest, DurableWritesRefuseToOverwriteAndLocksAreExclusive) {
   ASSERT_TRUE(first.ok()) << first.status();
   auto second = platform::TryLockFile(dir.path() / "kilnd.lock");
   EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  // A waiter gives up at its deadline while the lock is held, and takes it once free.
+  auto waited = platform::WaitForFileLock(dir.path() / "kilnd.lock", absl::Now() + absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waited.status())) << waited.status();
   first->reset();
-  EXPECT_TRUE(platform::TryLockFile(dir.path() / "kilnd.lock").ok());
+  auto taken = platform::WaitForFileLock(dir.path() / "kilnd.lock", absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(taken.ok()) << taken.status();
+  EXPECT_FALSE(platform::TryLockFile(dir.path() / "kilnd.lock").ok());
 }
 
 // A local_socket configured on Windows is AF_UNIX: a live one must not be

@@ -24,8 +24,10 @@ def runtime_dir():
 
 
 def machine_socket():
-    """The socket of the machine's kilnd (deploy/linux/kilnd.system.service)."""
-    return Path("/run/kiln/kilnd.sock")
+    """The socket of the machine's kilnd (deploy/linux/kilnd.system.service), in
+    $KILN_MACHINE_RUNTIME_DIR where that is set, as kilnd places it."""
+    configured = os.environ.get("KILN_MACHINE_RUNTIME_DIR", "")
+    return Path(configured if configured.startswith("/") else "/run/kiln") / "kilnd.sock"
 
 
 def machine_endpoint_file():

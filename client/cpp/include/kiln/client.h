@@ -65,6 +65,10 @@ struct ResolvedEndpoint {
   std::string target;   // a gRPC target
   std::string token;    // empty: none
   std::string problem;  // why there is no usable target (e.g. no endpoint file), or empty
+  // The user's own kilnd, found where it listens by default: the one a
+  // client may start (StartUserKilndIfNotServing), unlike a named endpoint,
+  // a farm's, or the machine service's.
+  bool is_user_default = false;
 };
 ResolvedEndpoint ResolveEndpoint(const ClientOptions& options);
 
