@@ -20,8 +20,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "bench" / "compile_client.py"
@@ -92,6 +94,7 @@ def startup_cpu(clients):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, nargs="*", default=[4, 8])
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build")

@@ -42,6 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "farm-bench"
 ARCHES = (80, 90)
@@ -157,7 +160,7 @@ def run_clients(count, endpoints, work, started):
     """Starts `count` clients, client i on endpoints[i % len(endpoints)], waits until
     all are ready, then lets them compile at once; returns the seconds from that
     signal until the last one exited."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     clients, logs = [], []
     for index in range(count):
         directory = work / f"client{index}"
@@ -227,6 +230,7 @@ def wait_for_stores(fleet, expected):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     if sys.argv[1:] == ["--client"]:
         return client()
     parser = argparse.ArgumentParser()

@@ -21,13 +21,15 @@ round (collector_pauses.py).
 import argparse
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 
@@ -175,6 +177,7 @@ def first_kernel_phases(runs, first):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
@@ -190,7 +193,7 @@ def main():
     bundle = args.bundle.resolve()
     install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-bench-"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     stock_env = dict(base, TRITON_CACHE_DIR=str(work / "stock"))
     stock_cold = run(stock_env, label="stock cold")
     first = next(iter(stock_cold))

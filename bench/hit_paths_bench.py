@@ -20,12 +20,13 @@ usage: python bench/hit_paths_bench.py [--build-dir build | --bundle gpu_bundle]
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,6 +101,7 @@ print(json.dumps(medians))
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build")
     parser.add_argument("--bundle", type=Path, help="kilnd and kiln from scripts/make-gpu-bundle's folder")
@@ -121,7 +123,7 @@ def main():
         arches = "80,90"
     work = Path(tempfile.mkdtemp(prefix="kiln-hit-paths-"))
     tests = str(ROOT / "tests" / "python")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     subprocess.run([sys.executable, "-c", POPULATE, tests, arches], env=dict(base, TRITON_CACHE_DIR=str(work / "stock")),
                    check=True)
     socket = work / "kilnd.sock"

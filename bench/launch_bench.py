@@ -9,12 +9,14 @@ which compiler kilnd used.
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 
@@ -58,6 +60,7 @@ def run(env, launches):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
@@ -66,7 +69,7 @@ def main():
     bundle = args.bundle.resolve()
     install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-launch-bench-"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     log = open(work / "kilnd.log", "w")
     kilnd, kiln_env = start_kilnd(bundle, base, work / "data", work / "kilnd.sock", log=log)
     try:

@@ -8,12 +8,14 @@ usage: python bench/prewarm_bench.py [--build-dir build]
 """
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests" / "python"
@@ -28,12 +30,13 @@ def timed(command, env):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build")
     args = parser.parse_args()
     kilnd_binary, kiln = args.build_dir / "service" / "kilnd", str(args.build_dir / "client" / "cpp" / "kiln")
     work = Path(tempfile.mkdtemp(prefix="kiln-prewarm-bench-"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     probe = [sys.executable, str(TESTS / "client_probe.py")]
 
     def start_kilnd(name):

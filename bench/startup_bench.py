@@ -16,15 +16,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 IMPORT_TRITON = "import time; start = time.perf_counter(); import triton; print(time.perf_counter() - start)"
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
-    stock = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    stock = hermetic.stock_env()
     with tempfile.TemporaryDirectory(prefix="kiln-startup-") as work:
         # An endpoint where none listens: activation must not need kilnd.
         kiln = dict(stock, KILN="1", KILN_FILES_DIR=os.path.join(work, "files"),

@@ -18,13 +18,15 @@ from kilnd's files).
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,11 +102,12 @@ def one_round(build_dir, base):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     rounds = [one_round(args.build_dir.resolve(), base) for _ in range(args.repeat)]
     first = next(iter(rounds[0]["stock cold"]))
     against = {"kiln cold": "stock cold", "kiln warm, files absent": "stock warm",

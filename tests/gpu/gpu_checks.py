@@ -19,6 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import hermetic  # noqa: E402  (tests/hermetic.py)
+
 from gpu_bundle import install_client
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +52,7 @@ def run_round(name, env, work):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     bundle = Path(sys.argv[1]).resolve()
     install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-gpu-"))

@@ -21,6 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import hermetic  # noqa: E402  (tests/hermetic.py)
+
 from gpu_bundle import install_client
 
 HERE = Path(__file__).resolve().parent
@@ -53,7 +56,7 @@ class Kilnd:
 def run(label, count, bundle, work, cores):
     """count processes started together; one line of figures."""
     work.mkdir(parents=True)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR"))}
+    base = hermetic.stock_env("TORCHINDUCTOR")
     kilnd = Kilnd(bundle, work) if label == "kiln" else None
     start = work / "start"
     pin = ["taskset", "-c", f"0-{cores - 1}"] if cores else []
@@ -98,6 +101,7 @@ def run(label, count, bundle, work, cores):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--processes", type=int, default=8)

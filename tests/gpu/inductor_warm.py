@@ -16,11 +16,13 @@ import argparse
 import statistics
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import hermetic  # noqa: E402  (tests/hermetic.py)
 
 from gpu_bundle import install_client
 from simultaneous_runs import cpu_shares, start_on
@@ -61,6 +63,7 @@ def fresh(env, work, name):
 
 
 def main():
+    hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--repeat", type=int, default=1)
@@ -74,7 +77,7 @@ def main():
     bundle = args.bundle.resolve()
     install_client(bundle)
     work = Path(tempfile.mkdtemp(prefix="kiln-inductor-"))
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR"))}
+    base = hermetic.stock_env("TORCHINDUCTOR")
     stock_env = fresh(base, work, "stock")
     stock_cold, _ = run(stock_env)
     stock_warm, _ = run(stock_env)

@@ -27,6 +27,9 @@
 #                         MODE.xml, kilnd-stats.txt, logs.tar.gz (pytest and kilnd logs)
 # Exits 0 when every mode ran and no kiln mode fails a test that passes in stock.
 set -uo pipefail
+# None of this account's kilnd, caches or files (tests/hermetic.py), around every mode.
+[[ -n ${KILN_TEST_ROOT:-} ]] ||
+  exec "${TRITON_SUITE_PYTHON:-python3}" "$(dirname "$0")/../hermetic.py" -- "$0" "$@"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 [[ $# -ge 3 ]] || usage
@@ -129,7 +132,10 @@ run_mode() {
   mkdir -p "$dir/triton" "$dir/inductor" "$dir/files" "$dir/home/.cache"
   local env_args=(-u TRITON_CACHE_MANAGER)
   local v
-  for v in $(compgen -e | grep '^KILN'); do env_args+=(-u "$v"); done
+  # Kiln's settings go; the harness's (tests/hermetic.py) stay.
+  for v in $(compgen -e | grep '^KILN' | grep -vx 'KILN_TEST_ROOT\|KILN_MACHINE_RUNTIME_DIR'); do
+    env_args+=(-u "$v")
+  done
   env_args+=(TRITON_CACHE_DIR="$dir/triton" TORCHINDUCTOR_CACHE_DIR="$dir/inductor" HOME="$dir/home"
              XDG_CACHE_HOME="$dir/home/.cache" PYTHONUNBUFFERED=1)
   if [[ $mode == kiln-* ]]; then

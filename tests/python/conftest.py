@@ -12,7 +12,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("KILN_BUILD_DIR", REPO / "build"))
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(REPO / "tests")]
+
+import hermetic  # noqa: E402
+
+# Before any test or fixture runs: none of them reaches this account's kilnd,
+# caches or files (a no-op under scripts/test, which did it already).
+hermetic.enter()
 
 
 from kiln import _api  # noqa: E402  (the client package's API messages and stub)
@@ -48,6 +54,21 @@ def kilnd_refusing(directory, config_text):
                              f"--local-socket={directory / 's'}"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0, result.stdout + result.stderr
     return result.stdout + result.stderr
+
+
+def kilnd_processes_with(variable, value):
+    """PIDs of the kilnd processes whose environment sets `variable` to `value`:
+    those a client started for a test's own XDG_RUNTIME_DIR."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or not os.readlink(entry / "exe").endswith("/kilnd"):
+                continue
+            if f"{variable}={value}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
 
 
 def tcp_kilnd(root, *flags, config=""):

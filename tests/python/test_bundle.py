@@ -2,11 +2,11 @@
 that then starts warm, and a damaged bundle refused whole. Real kilnds, the
 real client compiling the kernel suite."""
 
-import os
 import re
 import subprocess
 import sys
 
+import hermetic
 import kernel_suite
 from conftest import BUILD, Kilnd, run_on_terminal
 from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
@@ -24,7 +24,7 @@ def compile_calls(kilnd):
 
 
 def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compiling(tmp_path, stock_suite):  # noqa: F811
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     bundle = tmp_path / "suite.kilnbundle"
     source = Kilnd(tmp_path / "source", f"--toolchain={sys.executable}")
     try:
@@ -90,7 +90,7 @@ def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path)
 
 def test_prewarm_compiles_a_bundle_recorded_for_sm80_into_sm90_entries_that_an_sm90_client_hits(
         tmp_path, stock_suite):  # noqa: F811
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     bundle = tmp_path / "sm80.kilnbundle"
     recorder = Kilnd(tmp_path / "recorder", f"--toolchain={sys.executable}")
     try:
@@ -127,7 +127,7 @@ def test_prewarm_compiles_a_bundle_recorded_for_sm80_into_sm90_entries_that_an_s
 
 
 def test_python_prewarm_reads_the_bundle_itself_and_refuses_a_damaged_one(tmp_path, stock_suite):  # noqa: F811
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    base = hermetic.stock_env()
     bundle = tmp_path / "first.kilnbundle"
     recorder = Kilnd(tmp_path / "recorder", f"--toolchain={sys.executable}")
     try:

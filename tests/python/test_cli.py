@@ -3,6 +3,7 @@ triton package, compiled for two targets, must give what Triton gives."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,9 +14,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
+import hermetic
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd, run_on_terminal, tcp_kilnd
+from conftest import BUILD, Kilnd, kilnd_processes_with, run_on_terminal, tcp_kilnd
 
 KILN = BUILD / "client" / "cpp" / "kiln"
 SDK_PROBE = BUILD / "tests" / "sdk_compile_probe"
@@ -115,6 +117,55 @@ def test_unreachable_service_exits_3(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 3
     assert "is kilnd running" in result.stderr
+
+
+def test_commands_that_need_kilnd_start_the_users_own_once_between_racing_clients(tmp_path, monkeypatch):
+    """No kilnd running: `kiln compile` starts the user's kilnd as the Python
+    client does, by the same lock, so two CLIs and a Python client racing start
+    one. Commands that only report on a kilnd, --no-autostart and a named
+    endpoint start none."""
+    case = CASES["add_fp32"]
+    frontend = triton_frontend.run_frontend(case, GPUTarget("cuda", 90, 32))
+    source = tmp_path / f"{frontend.name}.ttir"
+    source.write_text(frontend.ttir)
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    # The user's kilnd.conf names the toolchain a kilnd on its defaults compiles with.
+    (tmp_path / "config" / "kiln").mkdir(parents=True)
+    (tmp_path / "config" / "kiln" / "kilnd.conf").write_text(f"toolchain = {sys.executable}\n")
+    env = dict(hermetic.stock_env(), XDG_RUNTIME_DIR=str(runtime), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               XDG_CONFIG_HOME=str(tmp_path / "config"), KILN_KILND=str(BUILD / "service" / "kilnd"))
+    compile_args = ["compile", source, "--target", "cuda:90", "-o", tmp_path / "none"]
+    try:
+        for args in (["stats"], ["health"], ["gc", "1GiB"], ["misses"], ["--no-autostart", *compile_args],
+                     ["--endpoint", f"unix:{runtime / 'kiln' / 'kilnd.sock'}", *compile_args]):
+            result = subprocess.run([str(KILN), *map(str, args)], env=env, capture_output=True, text=True, timeout=60)
+            assert result.returncode == 3, (args, result.stderr)
+        named = subprocess.run([str(KILN), *map(str, compile_args)], capture_output=True, text=True, timeout=60,
+                               env=dict(env, KILN_ENDPOINT=f"unix:{runtime / 'kiln' / 'kilnd.sock'}"))
+        assert named.returncode == 3, named.stderr
+        assert not kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))
+
+        clis = [subprocess.Popen([str(KILN), "compile", str(source), "--target", f"cuda:{arch}", "-o",
+                                  str(tmp_path / "out")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for arch in (80, 90)]
+        # The Python client says when it starts kilnd at log level INFO.
+        python = subprocess.Popen([sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO); "
+                                   "from kiln import _service; _service.connect()"],
+                                  env=env, stderr=subprocess.PIPE, text=True)
+        errors = [cli.communicate(timeout=300)[1] for cli in clis]
+        assert [cli.returncode for cli in clis] == [0, 0], errors
+        errors.append(python.communicate(timeout=60)[1])
+        assert python.returncode == 0, errors[-1]
+        starts = sum("started one" in error for error in errors[:2]) + errors[-1].count("kiln:starting ")
+        assert starts == 1, errors
+        assert len(kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))) == 1
+        for arch in (80, 90):
+            expected = stock(case, arch, tmp_path, monkeypatch)
+            assert (tmp_path / "out" / f"cuda_{arch}" / f"{frontend.name}.cubin").read_bytes() == expected.asm["cubin"]
+    finally:
+        for pid in kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
+            os.kill(pid, signal.SIGTERM)
 
 
 def test_health_wait_finds_a_kilnd_that_starts_while_it_waits(tmp_path):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Kilnd, tcp_kilnd
+import hermetic
+from conftest import Kilnd, kilnd_processes_with, tcp_kilnd
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
 PROBE = Path(__file__).parent / "client_probe.py"
@@ -29,7 +30,7 @@ def probe_json(result):
 
 @pytest.fixture
 def base_env(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    env = hermetic.stock_env()
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     env["KILN_FILES_DIR"] = str(tmp_path / "kiln-files")
     return env
@@ -42,7 +43,7 @@ def kiln_env(base_env, kilnd):
 
 @pytest.fixture(scope="module")
 def stock_suite(tmp_path_factory):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    env = hermetic.stock_env()
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("stock-cache"))
     return probe_json(run_probe(env, "suite"))["kernels"]
 
@@ -388,19 +389,6 @@ def test_triton_3_5_compiles_through_kilnd_and_equals_its_stock(kilnd, base_env,
     assert kilnd.stats().compiles - before == len(stock["kernels"])
 
 
-def _kilnd_processes_with(variable, value):
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if not entry.name.isdigit() or not os.readlink(entry / "exe").endswith("/kilnd"):
-                continue
-            if f"{variable}={value}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
 def test_client_starts_the_users_kilnd_once_when_none_is_running(base_env, tmp_path):
     from conftest import BUILD
 
@@ -416,11 +404,11 @@ def test_client_starts_the_users_kilnd_once_when_none_is_running(base_env, tmp_p
             out, err = probe.communicate(timeout=300)
             assert probe.returncode == 0, err[-3000:]
             assert probe_json(subprocess.CompletedProcess([], 0, out, err))["raised"] == "PTXASError"
-        started = _kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))
+        started = kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))
         assert len(started) == 1
         assert (runtime / "kiln" / "kilnd.sock").exists()
     finally:
-        for pid in _kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
+        for pid in kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
             os.kill(pid, 15)
 
 

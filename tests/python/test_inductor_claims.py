@@ -4,7 +4,6 @@ others (single flight), and nobody waits on a claimant that died or failed.
 Real torch (inductor compiling for the CPU, .venv-torch), real kilnd."""
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import time
 
 import pytest
 
+import hermetic
 from conftest import REPO, Kilnd
 
 PYTHON = REPO / ".venv-torch" / "bin" / "python"
@@ -30,7 +30,7 @@ def kilnd(tmp_path):
 
 def _env(tmp_path, name, kilnd=None):
     """Empty local caches of its own for each process; Kiln on when kilnd is given."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR_"))}
+    env = hermetic.stock_env("TORCHINDUCTOR_")
     env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / name / "inductor"), TRITON_CACHE_DIR=str(tmp_path / name / "triton"),
                XDG_CACHE_HOME=str(tmp_path / name / "cache"), PYTHONUNBUFFERED="1")
     if kilnd is not None:

@@ -8,6 +8,7 @@ import sys
 
 from kiln import _api
 
+import hermetic
 from conftest import BUILD, Kilnd
 
 KILN = BUILD / "client" / "cpp" / "kiln"
@@ -34,7 +35,7 @@ triton.compile(ASTSource(scale, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constex
 def compile_scale(kilnd, tmp_path, run, factor="2.0", num_warps=4, **env):
     program = tmp_path / f"scale_{run}.py"
     program.write_text(PROGRAM.replace("FACTOR", factor))
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "DISABLE_LLVM"))}
+    base = hermetic.stock_env("DISABLE_LLVM")
     result = subprocess.run(
         [sys.executable, str(program), str(num_warps)], capture_output=True, text=True, timeout=300,
         env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",

@@ -3,7 +3,6 @@ signed by the farm's CA, or bearer tokens from client_tokens) and tenants that
 cannot see each other's puts. On loopback, with a CA the test makes (openssl)."""
 
 import hashlib
-import os
 import subprocess
 import sys
 import sysconfig
@@ -15,6 +14,7 @@ from kiln import _api
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import driver as nvidia_driver
 
+import hermetic
 import kernel_suite
 import triton_frontend
 from conftest import BUILD, Kilnd, kilnd_refusing
@@ -231,7 +231,7 @@ def test_the_kiln_cli_reaches_the_farm_with_tls_settings_from_the_environment(pk
 
 def remote_client_env(pki, address, tmp_path, tenant):
     """A Triton program on another machine, whose kiln client reaches the farm over TLS."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    env = hermetic.stock_env()
     return dict(env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"grpcs://{address}",
                 KILN_CA_FILE=str(pki / "farm-ca.pem"), KILN_CLIENT_CERT=str(pki / f"{tenant}.pem"),
                 KILN_CLIENT_KEY=str(pki / f"{tenant}.key"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),

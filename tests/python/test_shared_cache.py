@@ -2,7 +2,6 @@
 redis-server (Debian's) on loopback, with a password, and real kilnd processes."""
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -12,6 +11,7 @@ import time
 import pytest
 from triton.backends.compiler import GPUTarget
 
+import hermetic
 import kernel_suite
 import triton_frontend
 from conftest import BUILD, Kilnd, kilnd_refusing, tcp_kilnd
@@ -81,7 +81,7 @@ def test_a_kilnd_with_an_empty_cache_serves_what_another_compiled_from_redis_wit
     first = fleet_kilnd(tmp_path / "first", redis, "fleet1:")
     second = None
     try:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        base = hermetic.stock_env()
         client = dict(base, KILN="1", KILN_STRICT="1")
         run_probe(dict(client, KILN_ENDPOINT=f"unix:{first.socket}", TRITON_CACHE_DIR=str(tmp_path / "c1"),
                        KILN_FILES_DIR=str(tmp_path / "f1")), "suite")
@@ -108,7 +108,7 @@ def test_three_kilnds_compiling_the_suite_at_once_compile_each_kernel_once_acros
         redis, tmp_path, stock_suite):  # noqa: F811
     fleet = [fleet_kilnd(tmp_path / f"kilnd{i}", redis, "fleet4:") for i in range(3)]
     try:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        base = hermetic.stock_env()
         clients = [subprocess.Popen(
             [sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
@@ -287,7 +287,7 @@ def test_a_client_listing_the_fleet_finishes_on_the_others_when_one_kilnd_is_kil
                               config=f"redis_url = redis://:{PASSWORD}@127.0.0.1:{redis.port}\nredis_prefix = fleet6:\n")
             fleet.append(kilnd)
             addresses.append(kilnd.tcp_address())
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        base = hermetic.stock_env()
         client = subprocess.Popen(
             [sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=",".join(addresses),
@@ -312,7 +312,7 @@ def test_clients_listing_the_fleet_send_each_kernel_to_one_kilnd_so_its_frontend
         for i in range(2):
             fleet.append(tcp_kilnd(tmp_path / f"kilnd{i}", f"--toolchain={sys.executable}"))
         endpoint = ",".join(kilnd.tcp_address() for kilnd in fleet)
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+        base = hermetic.stock_env()
         clients = [subprocess.Popen(
             [sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=endpoint,

@@ -12,6 +12,8 @@ import pytest
 
 from kiln import _torch_memos, _triton_memos
 
+import hermetic
+
 TORCH_PYTHON = Path(__file__).resolve().parents[2] / ".venv-torch" / "bin" / "python"
 
 # torch_key() as inductor asks for it, and whether it hashed torch's sources
@@ -36,7 +38,7 @@ print(json.dumps({"key": key.hex(), "hashed": hashed_first > 0, "after_set": cod
 
 
 def _run(tmp_path, kiln):
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR"))}
+    environment = hermetic.stock_env("TORCHINDUCTOR")
     if kiln:
         environment.update(KILN="1", KILN_FILES_DIR=str(tmp_path / "files"),
                            KILN_ENDPOINT=f"unix:{tmp_path / 'no-kilnd.sock'}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import hermetic
 from conftest import BUILD, Kilnd
 from kiln import _api, _triton_memos
 
@@ -47,7 +48,7 @@ PYTHONS = [sys.executable] + ([str(TRITON35)] if TRITON35.exists() else [])
 
 
 def _run(tmp_path, kiln, python=sys.executable, kilnd=None, files="files", **env):
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    environment = hermetic.stock_env()
     environment.update(env, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     if kiln:
         # Unless a kilnd is given, nothing here needs one: an endpoint where none listens.

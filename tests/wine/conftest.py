@@ -5,12 +5,20 @@ Needs scripts/windows-build first; KILN_WINDOWS_BUILD_DIR names the build."""
 
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path, PureWindowsPath
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+import hermetic  # noqa: E402
+
+# Before any test or fixture runs: none of them reaches this account's kilnd,
+# Wine prefix, caches or files (a no-op under scripts/test, which did it already).
+hermetic.enter()
 BUILD = Path(os.environ.get("KILN_WINDOWS_BUILD_DIR", REPO / "build-windows"))
 
 
