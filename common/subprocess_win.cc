@@ -378,22 +378,46 @@ absl::Status SpawnDetached(const std::vector<std::string>& argv,
     command_line += QuoteArgument(Widen(arg));
   }
   std::wstring environment = EnvironmentBlock({}, dropped_prefixes);
-  STARTUPINFOW startup{};
-  startup.cb = sizeof(startup);
-  constexpr DWORD kDetached = DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP | CREATE_UNICODE_ENVIRONMENT;
+  // Standard streams on NUL, and no other handle inherited: a child given
+  // none would keep the caller's pipes open under Wine, and whoever reads the
+  // caller's output would wait for kilnd to exit.
+  SECURITY_ATTRIBUTES inheritable{sizeof(SECURITY_ATTRIBUTES), nullptr, TRUE};
+  HANDLE null_device = CreateFileW(L"NUL", GENERIC_READ | GENERIC_WRITE,
+                                   FILE_SHARE_READ | FILE_SHARE_WRITE, &inheritable, OPEN_EXISTING, 0,
+                                   nullptr);
+  if (null_device == INVALID_HANDLE_VALUE) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot open NUL: ", LastErrorText()));
+  }
+  SIZE_T attribute_size = 0;
+  InitializeProcThreadAttributeList(nullptr, 1, 0, &attribute_size);
+  std::vector<unsigned char> attribute_buffer(attribute_size);
+  auto* attributes = reinterpret_cast<LPPROC_THREAD_ATTRIBUTE_LIST>(attribute_buffer.data());
+  InitializeProcThreadAttributeList(attributes, 1, 0, &attribute_size);
+  UpdateProcThreadAttribute(attributes, 0, PROC_THREAD_ATTRIBUTE_HANDLE_LIST, &null_device,
+                            sizeof(null_device), nullptr, nullptr);
+  STARTUPINFOEXW startup{};
+  startup.StartupInfo.cb = sizeof(startup);
+  startup.StartupInfo.dwFlags = STARTF_USESTDHANDLES;
+  startup.StartupInfo.hStdInput = startup.StartupInfo.hStdOutput = startup.StartupInfo.hStdError =
+      null_device;
+  startup.lpAttributeList = attributes;
+  constexpr DWORD kDetached = DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP |
+                              CREATE_UNICODE_ENVIRONMENT | EXTENDED_STARTUPINFO_PRESENT;
   // Out of this process's job where the job allows it: a job that kills its
   // processes when it closes (a CI runner's, a terminal's) would end kilnd too.
   PROCESS_INFORMATION process{};
-  BOOL created = CreateProcessW(nullptr, command_line.data(), nullptr, nullptr, FALSE,
-                                kDetached | CREATE_BREAKAWAY_FROM_JOB, environment.data(), nullptr,
-                                &startup, &process);
-  if (!created && GetLastError() == ERROR_ACCESS_DENIED) {
-    created = CreateProcessW(nullptr, command_line.data(), nullptr, nullptr, FALSE, kDetached,
-                             environment.data(), nullptr, &startup, &process);
-  }
+  auto create = [&](DWORD flags) {
+    return CreateProcessW(nullptr, command_line.data(), nullptr, nullptr, TRUE, flags,
+                          environment.data(), nullptr, &startup.StartupInfo, &process);
+  };
+  BOOL created = create(kDetached | CREATE_BREAKAWAY_FROM_JOB);
+  if (!created && GetLastError() == ERROR_ACCESS_DENIED) created = create(kDetached);
+  const DWORD create_error = GetLastError();
+  DeleteProcThreadAttributeList(attributes);
+  CloseHandle(null_device);
   if (!created) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("cannot run %s: %s", argv[0], ErrorText(GetLastError())));
+        absl::StrFormat("cannot run %s: %s", argv[0], ErrorText(create_error)));
   }
   CloseHandle(process.hThread);
   CloseHandle(process.hProcess);

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kiln import _api, _paths, _service
 
-from conftest import linux_path, local_app_data, new_wine_prefix, runner, windows_path
+from conftest import linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver, windows_path
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +132,32 @@ def test_files_another_process_holds_open_are_left_and_reused_not_fatal(wine, ki
     assert kiln("verify").returncode == 0
     assert kiln("gc", "0").returncode == 0
     assert not stored.exists() and not served.exists()
+
+
+def test_kiln_exe_starts_the_kilnd_exe_beside_it_when_none_serves(tmp_path_factory, binaries, tmp_path):
+    """No kilnd.exe running: `kiln.exe put` starts the one beside it (the zip's
+    layout), detached, and waits for its endpoint file; `stats` never starts one."""
+    env = new_wine_prefix(tmp_path_factory, "autostart")
+    start_persistent_wineserver(env)
+    endpoint_file = local_app_data(env) / "kiln" / "run" / "kilnd.endpoint"
+    blob = tmp_path / "kernel.cubin"
+    blob.write_bytes(os.urandom(1000))
+    # Wine hands a program's Unix stderr on to every process it starts, the
+    # detached kilnd.exe too: a file, not a pipe this test would wait on.
+    errors = tmp_path / "kiln.err"
+
+    def kiln(*args):
+        with open(errors, "w") as stderr:
+            result = subprocess.run(["wine", str(binaries[1]), *args], env=env, stdout=subprocess.PIPE,
+                                    stderr=stderr, text=True, timeout=120)
+        return result.returncode, result.stdout, errors.read_text()
+
+    try:
+        assert kiln("stats")[0] == 3 and not endpoint_file.exists()
+        code, out, err = kiln("put", "tests", "started", f"kernel.cubin={windows_path(blob)}")
+        assert code == 0 and "started one" in err, err
+        assert endpoint_file.exists()
+        code, out, err = kiln("get", "tests", "started")
+        assert code == 0 and "kernel.cubin" in out and "started one" not in err, err
+    finally:
+        subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
