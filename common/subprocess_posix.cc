@@ -55,6 +55,21 @@ std::vector<std::string> MergedEnvironment(const std::map<std::string, std::stri
   return merged;
 }
 
+// Initializes `attributes` so that a child starts with an empty signal mask
+// and default handling of the stop signals, whatever this process blocked or
+// ignored (kilnd blocks them for its own shutdown handling), and `flags`.
+void InitChildAttributes(posix_spawnattr_t& attributes, short flags) {
+  posix_spawnattr_init(&attributes);
+  sigset_t empty_mask;
+  sigemptyset(&empty_mask);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int signal_number : {SIGPIPE, SIGTERM, SIGINT}) sigaddset(&defaults, signal_number);
+  posix_spawnattr_setsigmask(&attributes, &empty_mask);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setflags(&attributes, flags | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+}
+
 std::string DescribeStatus(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -181,20 +196,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
   if (!options.working_dir.empty()) {
     posix_spawn_file_actions_addchdir_np(&actions, options.working_dir.c_str());
   }
-  // Children start with default signal handling and an empty mask, whatever
-  // kilnd blocked for its own shutdown handling.
   posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t empty_mask;
-  sigemptyset(&empty_mask);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGPIPE);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGINT);
-  posix_spawnattr_setsigmask(&attributes, &empty_mask);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  InitChildAttributes(attributes, 0);
 
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -230,19 +233,9 @@ absl::Status SpawnDetached(const std::vector<std::string>& argv,
   for (int fd : {0, 1, 2}) {
     posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
   }
-  // A session of its own: no terminal's hangup or Ctrl+C reaches it. Stop
-  // signals are heard even where this process ignores or blocks them.
+  // A session of its own: no terminal's hangup or Ctrl+C reaches it.
   posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t empty_mask;
-  sigemptyset(&empty_mask);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (int signal_number : {SIGPIPE, SIGTERM, SIGINT}) sigaddset(&defaults, signal_number);
-  posix_spawnattr_setsigmask(&attributes, &empty_mask);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  InitChildAttributes(attributes, POSIX_SPAWN_SETSID);
 
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
