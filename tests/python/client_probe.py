@@ -4,7 +4,8 @@ Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says 
 usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
                        deferred-texts|text-gone|
                        frontend-error|device-dependent|
-                       where-warning|override FILE [--enable | --disable] [--as-inductor] [--note-grpc-import FILE]
+                       where-warning|override FILE|put-file [--enable | --disable] [--as-inductor]
+                       [--note-grpc-import FILE] [--kill-kilnd-at METHOD[,METHOD...][@SECONDS] PID]
 Prints one JSON object on stdout."""
 
 import contextlib
@@ -311,7 +312,74 @@ def _note_grpc_import(path):
     sys.addaudithook(hook)
 
 
+def put_file():
+    """What the autotuner does outside a compile: a file put through Triton's
+    cache manager, and read back."""
+    from triton.runtime.cache import get_cache_manager
+
+    manager = get_cache_manager(digest("kiln put-file probe")[:52])
+    path = manager.put(b'{"timings": [1.5, 2.5]}', "timings.json", binary=True)
+    return {"path": path, "content": Path(path).read_text()}
+
+
+class _KillingCall:
+    """A kilnd method that SIGKILLs kilnd on its first call: before it, or
+    `delay` seconds into it."""
+
+    def __init__(self, real, kill_kilnd, delay):
+        self.real, self.kill_kilnd, self.delay = real, kill_kilnd, delay
+
+    def _start(self):
+        if self.delay is None:
+            self.kill_kilnd()
+        else:
+            import threading
+
+            threading.Timer(self.delay, self.kill_kilnd).start()
+
+    def __call__(self, *args, **kwargs):
+        self._start()
+        return self.real(*args, **kwargs)
+
+    def future(self, *args, **kwargs):
+        self._start()
+        return self.real.future(*args, **kwargs)
+
+
+def _kill_kilnd_at(spec, pid):
+    """Fault injection: kilnd (process `pid`) dies at the first call of one of
+    the methods `spec` names ("Compile", "Lookup,LookupOrClaim@0.5")."""
+    import os
+    import signal
+
+    from kiln import _service
+
+    methods, _, delay = spec.partition("@")
+    killed = []
+
+    def kill_kilnd():
+        if killed:
+            return
+        killed.append(True)
+        os.kill(pid, signal.SIGKILL)
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]:
+            time.sleep(0.01)  # until its socket is closed
+
+    connection_init = _service.Connection.__init__
+
+    def connection_that_kills(self, endpoint):
+        connection_init(self, endpoint)
+        for method in methods.split(","):
+            setattr(self.stub, method, _KillingCall(getattr(self.stub, method), kill_kilnd,
+                                                    float(delay) if delay else None))
+
+    _service.Connection.__init__ = connection_that_kills
+
+
 def main():
+    if "--kill-kilnd-at" in sys.argv:
+        at = sys.argv.index("--kill-kilnd-at")
+        _kill_kilnd_at(sys.argv[at + 1], int(sys.argv[at + 2]))
     if "--note-grpc-import" in sys.argv:
         _note_grpc_import(sys.argv[sys.argv.index("--note-grpc-import") + 1])
     if "--as-inductor" in sys.argv:
@@ -337,7 +405,7 @@ def main():
               "device-dependent": device_dependent, "early-launcher": early_launcher,
               "deferred-texts": deferred_texts, "text-gone": text_gone,
               "frontend-error": frontend_error, "where-warning": where_warning,
-              "override": lambda: override(sys.argv[2]),
+              "override": lambda: override(sys.argv[2]), "put-file": put_file,
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3])}[mode]()
     result["frontend_runs"] = frontend_runs
     import os

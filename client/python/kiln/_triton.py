@@ -86,12 +86,40 @@ def _stub():
     return _service.connect().stub
 
 
+def _describe_failure(error):
+    """What a failure of Kiln's was, for the one warning (or strict mode's error)."""
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        if _service.is_unavailable(error):
+            return f"kilnd became unreachable ({error.details()})"
+        return f"kilnd answered {error.code().name}: {error.details()}"
+    if isinstance(error, _service.KilnUnavailable):
+        return str(error)
+    return f"Kiln failed ({type(error).__name__}: {error})"
+
+
 def _go_stock(error):
-    """After kilnd went away mid-run: stock Triton for the rest of the process."""
+    """The one rule for every failure of Kiln's (kilnd gone, any status it
+    answers, an answer that cannot be used, its files): stock Triton for the
+    rest of the process, with one warning; under KILN_STRICT, KilnUnavailable
+    naming the cause instead."""
     global _installed
     _service.forget()
     _installed = False
-    _service.fall_back(f"kilnd became unreachable ({error.details() if hasattr(error, 'details') else error})")
+    _service.fall_back(_describe_failure(error))
+
+
+def _stock_on_failure(method):
+    """A cache manager method whose failures are Kiln's (everything in it is):
+    on one, this call and the manager go to Triton's FileCacheManager."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if self._stock is None:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001  (every failure of Kiln's falls back)
+                self._go_stock(error)
+        return getattr(self._stock, method.__name__)(*args, **kwargs)
+    return guarded
 
 
 # --- the cache manager -------------------------------------------------------
@@ -110,18 +138,9 @@ class RemoteCacheManager(CacheManager):
         if override or dump or not active():
             self._stock = FileCacheManager(key, override=override, dump=dump)
 
-    def _call(self, method, request):
-        try:
-            return getattr(_stub(), method)(request)
-        except grpc.RpcError as error:
-            if not _service.is_unavailable(error):
-                raise
-            self._go_stock(error)
-            return None
-
     def _go_stock(self, error):
-        _go_stock(error)
         self._stock = FileCacheManager(self.key)
+        _go_stock(error)
 
     def _lookup_or_claim(self):
         """kilnd's answer for this key; on a miss this process may get the claim
@@ -147,18 +166,11 @@ class RemoteCacheManager(CacheManager):
             return _lookup("triton", self._hex)
         return response
 
+    @_stock_on_failure
     def get_group(self, filename):
-        if self._stock:
-            return self._stock.get_group(filename)
         # triton.compile looks its key up first: the compile starts here.
         self._group = _frontend.begin(self._hex)
-        try:
-            response = self._lookup_or_claim()
-        except grpc.RpcError as error:
-            if not _service.is_unavailable(error):
-                raise
-            self._go_stock(error)
-            return self._stock.get_group(filename)
+        response = self._lookup_or_claim()
         if not response.found:
             if getattr(getattr(knobs, "build", None), "impl", None) is build_module:
                 _early_launchers.start(_stub())  # built while the kernel compiles
@@ -169,25 +181,17 @@ class RemoteCacheManager(CacheManager):
         self._files = _cache.hand_over(self.key, files)
         return _cache.HitGroup(self._files)
 
+    @_stock_on_failure
     def get_file(self, filename):
-        if self._stock:
-            return self._stock.get_file(filename)
         if filename in self._files:
             return self._files[filename]
-        try:
-            response = _lookup("triton-files", f"{self._hex}/{filename}")
-        except grpc.RpcError as error:
-            if not _service.is_unavailable(error):
-                raise
-            self._go_stock(error)
-            return self._stock.get_file(filename)
+        response = _lookup("triton-files", f"{self._hex}/{filename}")
         if not response.found:
             return None
         return _hit_files("triton-files", f"{self._hex}/{filename}", response.entry)[filename]
 
+    @_stock_on_failure
     def put(self, data, filename, binary=True):
-        if self._stock:
-            return self._stock.put(data, filename, binary)
         data = data if isinstance(data, bytes) else str(data).encode()
         digest = hashlib.sha256(data).digest()
         path = _files.materialize(filename, data, digest)
@@ -200,14 +204,13 @@ class RemoteCacheManager(CacheManager):
             return path
         # Something Triton made outside a compile (autotuner timings, a module
         # built without kilnd): share it with other processes.
-        self._call("Put", _api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
-                                          blobs=[_api.blob(filename, data, digest)]))
+        _stub().Put(_api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
+                                    blobs=[_api.blob(filename, data, digest)]))
         _index.record("triton-files", f"{self._hex}/{filename}", {filename: path})
         return path
 
+    @_stock_on_failure
     def put_group(self, filename, group):
-        if self._stock:
-            return self._stock.put_group(filename, group)
         compile_group, self._group = self._group, None
         output_blob, indexed = None, dict(group)
         try:
@@ -226,7 +229,7 @@ class RemoteCacheManager(CacheManager):
                 blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
                 if output_blob is not None:
                     blobs.append(output_blob)
-                self._call("Put", _api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
+                _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
             _index.record("triton", self._hex, indexed)
         finally:
             if compile_group is not None:
@@ -326,13 +329,13 @@ class _RemoteCompile:
         input_ext = self.order[self.order.index(ext) - 1]
         if self.artifacts is None or self.artifacts.get(input_ext) is not module:
             try:
-                self._compile(input_ext, module, metadata)
-            except grpc.RpcError as error:
-                if not _service.is_unavailable(error):
-                    raise
+                kernel_error = self._compile(input_ext, module, metadata)
+            except Exception as error:  # noqa: BLE001  (Kiln's failure, never the kernel's: stock compiles it)
                 _go_stock(error)
                 self.stock = True
                 return self.original[ext](module, metadata)
+            if kernel_error is not None:
+                _raise_compile_error(kernel_error)  # the kernel's own failure, as stock raises it
         return self.artifacts[ext]
 
     def _input_text(self, input_ext, module):
@@ -357,6 +360,8 @@ class _RemoteCompile:
         return blobs
 
     def _compile(self, input_ext, module, metadata):
+        """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
+        if it failed, else None with self.artifacts and `metadata` filled in."""
         from triton._C.libtriton import get_cache_invalidating_env_vars
         from triton.runtime.cache import triton_key
 
@@ -373,7 +378,7 @@ class _RemoteCompile:
         if self.group is not None:
             self.group.end_claim()  # kilnd ended it with the compile; this closes our side
         if response.WhichOneof("result") == "error":
-            _raise_compile_error(response.error)
+            return response.error
         self.artifacts = {}
         for blob in response.entry.blobs:
             ext = blob.name.rsplit(".", 1)[-1]
@@ -387,6 +392,7 @@ class _RemoteCompile:
                 self.artifacts[ext] = blob.data.decode()
         if self.group is not None:
             self.group.recorded_by_kilnd = True
+        return None
 
 
 def _usable(backend, language):
@@ -469,20 +475,22 @@ def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
     """knobs.build.impl: kilnd builds the module (and caches it for every process)."""
     if not _installed:
         return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+    try:
+        return _build_through_kilnd(name, src, srcdir, library_dirs, include_dirs, libraries)
+    except Exception as error:  # noqa: BLE001  (Kiln's failure: the machine's compiler builds it, as in stock)
+        _go_stock(error)
+        return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+
+
+def _build_through_kilnd(name, src, srcdir, library_dirs, include_dirs, libraries):
     source = _files.read(src).decode()
     request = _early_launchers.request(name, source, library_dirs, include_dirs, libraries, _origin(name, source))
-    try:
-        response = _early_launchers.take(request)
-        if response is None:
-            response = _stub().BuildLauncher(request)
-    except grpc.RpcError as error:
-        if _service.is_unavailable(error):
-            _go_stock(error)
-        else:
-            _service.fall_back(f"kilnd cannot build {name}: {error.details()}")
-        return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+    response = _early_launchers.take(request)
+    if response is None:
+        response = _stub().BuildLauncher(request)
     if response.WhichOneof("result") == "error":
-        raise RuntimeError(f"building {name} failed: {response.error.message}\n{response.error.log}")
+        # kilnd's compiler failed where the machine's may not: Kiln's failure.
+        raise RuntimeError(f"kilnd could not build {name}: {response.error.message}\n{response.error.log}")
     path = os.path.join(srcdir, name + request.python_abi.ext_suffix)
     with open(path, "wb") as module:
         module.write(response.module.data)

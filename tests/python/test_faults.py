@@ -1,0 +1,148 @@
+"""Faults of Kiln's never reach a program that did not ask for strict mode: a
+kilnd killed (SIGKILL) at each step of a compile, and a kilnd answering each
+status code, end with the program exiting 0, stock Triton's artifacts and one
+warning; under KILN_STRICT=1 the same faults raise KilnUnavailable naming the
+cause. Real kilnd processes and the real triton package; the kilnd answering
+a status code is a stand-in gRPC server, since what is tested is the client."""
+
+import signal
+import sys
+from concurrent import futures
+
+import grpc
+import pytest
+from kiln import _api
+
+import hermetic
+from conftest import Kilnd, tcp_kilnd
+from test_client import PROBE, probe_json
+from test_launcher import libcuda_dir  # noqa: F401  (fixture)
+
+FALLBACK_WARNING = "compiling with stock Triton instead"
+
+
+@pytest.fixture
+def env(tmp_path):
+    return dict(hermetic.stock_env(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
+                KILN_FILES_DIR=str(tmp_path / "kiln-files"))
+
+
+@pytest.fixture(scope="module")
+def stock_first(tmp_path_factory):
+    """Stock Triton's artifacts of the probe's first kernel (sm90)."""
+    env = dict(hermetic.stock_env(), TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("stock")))
+    return probe_json(_probe(env, "first"))["kernels"]
+
+
+def _probe(env, *args):
+    import subprocess
+
+    return subprocess.run([sys.executable, str(PROBE), *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def _assert_stock_with_one_warning(result, stock_kernels):
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stderr.count(FALLBACK_WARNING) == 1, result.stderr[-4000:]
+    kernels = probe_json(result)["kernels"]
+    assert {name: kernel["asm"] for name, kernel in kernels.items()} == \
+        {name: kernel["asm"] for name, kernel in stock_kernels.items()}
+
+
+# Where in a compile kilnd dies: the method whose first call kills it, and when.
+KILL_POINTS = {
+    "before the claim": "Lookup,LookupOrClaim",
+    "during the compile": "Compile@0.05",
+}
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_kilnd_killed_during_a_compile_leaves_stock_triton_and_one_warning(tmp_path, env, stock_first, point):
+    for strict in ("", "1"):
+        kilnd = Kilnd(tmp_path / f"kilnd{strict}", f"--toolchain={sys.executable}")
+        kiln_env = dict(env, KILN="1", KILN_STRICT=strict, KILN_ENDPOINT=f"unix:{kilnd.socket}",
+                        TRITON_CACHE_DIR=str(tmp_path / f"cache{strict}"))
+        try:
+            result = _probe(kiln_env, "first", "--kill-kilnd-at", KILL_POINTS[point], kilnd.process.pid)
+        finally:
+            kilnd.stop()
+        assert kilnd.process.returncode == -signal.SIGKILL, "the fault was not injected"
+        if strict:
+            assert result.returncode != 0 and "KilnUnavailable: kilnd became unreachable" in result.stderr, \
+                result.stderr[-3000:]
+        else:
+            _assert_stock_with_one_warning(result, stock_first)
+
+
+def test_a_kilnd_killed_before_a_put_leaves_the_file_stored_by_stock(tmp_path, env):
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
+    try:
+        result = _probe(dict(env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"), "put-file",
+                        "--kill-kilnd-at", "Put", kilnd.process.pid)
+    finally:
+        kilnd.stop()
+    assert kilnd.process.returncode == -signal.SIGKILL
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count(FALLBACK_WARNING) == 1, result.stderr[-3000:]
+    stored = probe_json(result)
+    assert stored["content"] == '{"timings": [1.5, 2.5]}'
+    assert stored["path"].startswith(env["TRITON_CACHE_DIR"])  # stock's file cache holds it
+
+
+def test_a_kilnd_killed_during_a_launcher_build_leaves_the_machines_compiler_to_build_it(
+        tmp_path, env, libcuda_dir):  # noqa: F811
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
+    try:
+        result = _probe(dict(env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}", LD_LIBRARY_PATH=str(libcuda_dir)),
+                        "launcher", libcuda_dir,
+                        "--kill-kilnd-at", "BuildLauncher", kilnd.process.pid)
+    finally:
+        kilnd.stop()
+    assert kilnd.process.returncode == -signal.SIGKILL
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count(FALLBACK_WARNING) == 1, result.stderr[-3000:]
+    assert probe_json(result)["launch"] is True
+
+
+def test_a_kilnd_without_the_clients_triton_leaves_stock_triton_and_one_warning(tmp_path, env, stock_first):
+    """A remote caller's interpreter is never registered: a kilnd with no
+    toolchain answers its Compile FAILED_PRECONDITION (a machine service whose
+    config still names the Triton that ComfyUI replaced)."""
+    kilnd = tcp_kilnd(tmp_path / "kilnd")
+    try:
+        result = _probe(dict(env, KILN="1", KILN_ENDPOINT=kilnd.tcp_address()), "first")
+    finally:
+        kilnd.stop()
+    assert "FAILED_PRECONDITION" in result.stderr, result.stderr[-3000:]
+    _assert_stock_with_one_warning(result, stock_first)
+
+
+@pytest.fixture(scope="module")
+def answering(tmp_path_factory):
+    """A stand-in kilnd that answers every call with the status code it is set to."""
+    socket = tmp_path_factory.mktemp("stand-in") / "kilnd.sock"
+    answer = {"code": grpc.StatusCode.INTERNAL}
+
+    def abort(request, context):
+        context.abort(answer["code"], f"injected {answer['code'].name}")
+
+    handlers = {method: grpc.unary_unary_rpc_method_handler(abort) for method in _api._METHODS}
+    handlers.update({method: grpc.unary_stream_rpc_method_handler(abort) for method in _api._STREAMING_METHODS})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("kiln.v1.Kiln", handlers)])
+    server.add_insecure_port(f"unix:{socket}")
+    server.start()
+    yield socket, answer
+    server.stop(None)
+
+
+@pytest.mark.parametrize("code", [code for code in grpc.StatusCode if code != grpc.StatusCode.OK],
+                         ids=lambda code: code.name)
+def test_any_status_kilnd_answers_leaves_stock_triton_and_one_warning(answering, env, stock_first, code):
+    socket, answer = answering
+    answer["code"] = code
+    result = _probe(dict(env, KILN="1", KILN_ENDPOINT=f"unix:{socket}"), "first")
+    _assert_stock_with_one_warning(result, stock_first)
+    assert f"injected {code.name}" in result.stderr
+    strict = _probe(dict(env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}"), "first")
+    assert strict.returncode != 0 and "KilnUnavailable" in strict.stderr and f"injected {code.name}" in strict.stderr
