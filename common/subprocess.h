@@ -48,7 +48,11 @@ class Subprocess {
   // `deadline`; UNAVAILABLE if the child closed stdout (usually: it died).
   absl::StatusOr<std::string> ReadExactly(size_t size, absl::Time deadline);
   // The last bytes the child wrote to stderr so far.
-  virtual std::string StderrTail() = 0;
+  std::string StderrTail() { return StderrTailSince(0); }
+  // How many bytes the child wrote to stderr so far: a mark for StderrTailSince.
+  virtual uint64_t StderrWritten() = 0;
+  // The last bytes of what the child wrote to stderr after `mark`.
+  virtual std::string StderrTailSince(uint64_t mark) = 0;
   // Kills the child at once (SIGKILL / TerminateProcess).
   virtual void Kill() = 0;
   // Waits for exit; returns a description such as "exit code 1" or "killed by

@@ -130,9 +130,9 @@ class PosixSubprocess : public Subprocess {
     }
   }
 
-  std::string StderrTail() override {
-    return stderr_tail_.Get();
-  }
+  uint64_t StderrWritten() override { return stderr_tail_.Appended(); }
+
+  std::string StderrTailSince(uint64_t mark) override { return stderr_tail_.Since(mark); }
 
   void Kill() override {
     if (!waited_) kill(pid_, SIGKILL);

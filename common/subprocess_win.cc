@@ -193,9 +193,9 @@ class WindowsSubprocess : public Subprocess {
     return data;
   }
 
-  std::string StderrTail() override {
-    return stderr_tail_.Get();
-  }
+  uint64_t StderrWritten() override { return stderr_tail_.Appended(); }
+
+  std::string StderrTailSince(uint64_t mark) override { return stderr_tail_.Since(mark); }
 
   void Kill() override {
     if (waited_) return;

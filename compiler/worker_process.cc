@@ -49,13 +49,17 @@ absl::Status WorkerProcess::Died(absl::string_view during) {
   const std::string exit = process_->Wait();
   return absl::UnavailableError(absl::StrFormat("compile worker (pid %d) died %s (%s); stderr:\n%s",
                                                 process_->pid(), during, exit,
-                                                Tail(process_->StderrTail())));
+                                                JobStderr()));
 }
+
+std::string WorkerProcess::JobStderr() { return Tail(process_->StderrTailSince(job_stderr_mark_)); }
 
 absl::StatusOr<WorkerReply> WorkerProcess::Call(worker::Request request, const Parts& parts,
                                                 absl::Duration timeout) {
   if (broken_) return absl::FailedPreconditionError("worker is no longer usable");
   last_used_ = absl::Now();
+  // The first job's report keeps what the worker wrote while it started.
+  if (answered_) job_stderr_mark_ = process_->StderrWritten();
   for (const auto& [name, data] : parts) request.add_parts(name);
   std::string header;
   google::protobuf::util::JsonPrintOptions print_options;
@@ -78,9 +82,11 @@ absl::StatusOr<WorkerReply> WorkerProcess::Call(worker::Request request, const P
     process_->Wait();
     return absl::DeadlineExceededError(absl::StrFormat(
         "compile worker (pid %d) exceeded the %s job timeout and was killed; stderr:\n%s",
-        process_->pid(), absl::FormatDuration(timeout), Tail(process_->StderrTail())));
+        process_->pid(), absl::FormatDuration(timeout),
+        JobStderr()));
   }
   if (absl::IsUnavailable(reply.status())) return Died("during the job");
+  answered_ = true;
   return reply;
 }
 

@@ -45,9 +45,15 @@ class WorkerProcess {
  private:
   explicit WorkerProcess(std::unique_ptr<Subprocess> process) : process_(std::move(process)) {}
   absl::StatusOr<WorkerReply> ReadReply(absl::Time deadline);
+  // Kills it; UNAVAILABLE with its exit and JobStderr().
   absl::Status Died(absl::string_view during);
+  // The end of what it wrote to stderr since the current job began: a report
+  // of a job shows that job's output, never an earlier job's.
+  std::string JobStderr();
 
   std::unique_ptr<Subprocess> process_;
+  bool answered_ = false;         // a reply has come: it is past its start
+  uint64_t job_stderr_mark_ = 0;  // its StderrWritten() as the current job began
   bool broken_ = false;
   absl::Time last_used_ = absl::Now();
 };

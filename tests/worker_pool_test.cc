@@ -23,7 +23,8 @@ namespace fs = std::filesystem;
 // Answers hello, ping and compile. A worker started while <dir>/slow exists
 // does not answer before <dir>/go does: it stands for one still importing
 // triton; one started while <dir>/broken exists exits at once. A compile takes
-// 0.3 s and returns the worker's pid, or kills the worker while <dir>/crash exists.
+// 0.3 s and returns the worker's pid, or kills the worker while <dir>/crash exists;
+// each writes a line to stderr first.
 constexpr char kStandInWorker[] = R"(
 import json, os, struct, sys, time
 here = os.path.dirname(os.path.abspath(__file__))
@@ -55,7 +56,9 @@ while True:
                "triton_dir": here}, {})
     elif header["op"] == "compile":
         if os.path.exists(os.path.join(here, "crash")):
+            print("dying words", file=sys.stderr, flush=True)
             os._exit(1)
+        print("output of an earlier job", file=sys.stderr, flush=True)
         time.sleep(0.3)
         write({"ok": True}, {"pid": str(os.getpid()).encode()})
     else:
@@ -124,6 +127,17 @@ TEST_F(WorkerPoolTest, AJobGetsTheStartFailureOnceNoWorkerIsLeftToServeIt) {
   const std::string said = result.ok() ? std::get<CompileFailure>(*result).message
                                        : std::string(result.status().message());
   EXPECT_NE(said.find("cannot import triton"), std::string::npos) << said;
+}
+
+TEST_F(WorkerPoolTest, ACrashReportShowsWhatTheCrashedJobWroteAndNoEarlierJobs) {
+  ASSERT_NE(PidOf(pool->Compile(CompileJob{})), "failed");
+  Create("crash");
+  absl::StatusOr<CompileResult> crashed = pool->Compile(CompileJob{});
+  ASSERT_TRUE(crashed.ok()) << crashed.status();
+  ASSERT_TRUE(std::holds_alternative<CompileFailure>(*crashed));
+  const std::string& report = std::get<CompileFailure>(*crashed).message;
+  EXPECT_NE(report.find("dying words"), std::string::npos) << report;
+  EXPECT_EQ(report.find("output of an earlier job"), std::string::npos) << report;
 }
 
 }  // namespace

@@ -104,11 +104,16 @@ int Health(kiln::Client& client, const std::vector<std::string>& args) {
                                   ? client.WaitUntilServing(absl::Seconds(wait_seconds))
                                   : client.CheckHealth();
   if (!status.ok()) return Fail(status);
+  // The health protocol answers anyone (load balancers ask it); whether kilnd
+  // serves this caller, its token or certificate, a call of its own says.
+  absl::StatusOr<kiln::v1::GetStatsResponse> stats = client.Stats();
+  if (absl::IsUnauthenticated(stats.status()) || absl::IsPermissionDenied(stats.status())) {
+    return Fail(stats.status());
+  }
   std::cout << "SERVING " << client.endpoint() << "\n";
   // A fleet's shared cache being down fails no request, so kilnd still
   // serves; say so here, where an operator looks first.
-  if (absl::StatusOr<kiln::v1::GetStatsResponse> stats = client.Stats();
-      stats.ok() && !stats->shared_cache_state().empty() && stats->shared_cache_state() != "off") {
+  if (stats.ok() && !stats->shared_cache_state().empty() && stats->shared_cache_state() != "off") {
     std::cout << "shared cache (Redis): " << stats->shared_cache_state() << "\n";
   }
   return kOk;

@@ -185,6 +185,26 @@ def test_health_wait_finds_a_kilnd_that_starts_while_it_waits(tmp_path):
         server.stop()
 
 
+def test_health_is_serving_only_with_the_access_token(tmp_path):
+    """The health protocol answers anyone; `kiln health` says SERVING only to a
+    caller kilnd serves (the endpoint file's token), as every other command."""
+    endpoint_file = tmp_path / "run" / "kilnd.endpoint"
+    server = Kilnd(tmp_path / "kilnd", f"--endpoint-file={endpoint_file}")
+    try:
+        address, token = endpoint_file.read_text().splitlines()[:2]
+        wrong = tmp_path / "wrong.endpoint"
+        wrong.write_text(f"{address}\n{'0' * len(token)}\n")
+        for variables, expected in (({"KILN_ENDPOINT_FILE": str(endpoint_file)}, 0),
+                                    ({"KILN_ENDPOINT_FILE": str(wrong)}, 4), ({"KILN_ENDPOINT": address}, 4)):
+            result = subprocess.run([str(KILN), "health"], capture_output=True, text=True, timeout=60,
+                                    env=dict(hermetic.stock_env(), **variables))
+            assert result.returncode == expected, (variables, result.stdout, result.stderr)
+            assert ("SERVING" in result.stdout) == (expected == 0)
+            assert expected == 0 or "access token" in result.stderr, result.stderr
+    finally:
+        server.stop()
+
+
 def test_toolchains_stats_json_gc_and_verify(kilnd):
     assert triton.__version__ in kiln(kilnd, "toolchains", check=True).stdout
     stats = json.loads(kiln(kilnd, "stats", "--json", check=True).stdout)
