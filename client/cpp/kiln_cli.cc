@@ -56,7 +56,7 @@ constexpr const char* kUsageText =
     "  stats [--json]                   print kilnd's statistics\n"
     "  gc SIZE                          evict least recently used entries down to SIZE (e.g. 5GiB)\n"
     "  verify                           re-hash every stored blob; drop corrupt ones\n"
-    "  health [--wait SECONDS]          check that kilnd is serving (and its shared cache)\n"
+    "  health [--wait SECONDS]          check that kilnd serves this caller (and its shared cache)\n"
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
     "  misses [--last N] [--json]       the latest compiles and what was new for each\n"
