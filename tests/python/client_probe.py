@@ -324,18 +324,30 @@ def put_file():
 
 class _KillingCall:
     """A kilnd method that SIGKILLs kilnd on its first call: before it, or
-    `delay` seconds into it."""
+    `delay` seconds into it. For the latter kilnd's workers are stopped
+    (SIGSTOP) first, so that the call is still in flight when kilnd dies."""
 
-    def __init__(self, real, kill_kilnd, delay):
-        self.real, self.kill_kilnd, self.delay = real, kill_kilnd, delay
+    def __init__(self, real, kilnd_pid, kill_kilnd, delay):
+        self.real, self.kilnd_pid, self.kill_kilnd, self.delay = real, kilnd_pid, kill_kilnd, delay
 
     def _start(self):
         if self.delay is None:
             self.kill_kilnd()
-        else:
-            import threading
+            return
+        import os
+        import signal
+        import threading
 
-            threading.Timer(self.delay, self.kill_kilnd).start()
+        workers = _children_of(self.kilnd_pid)
+        for worker in workers:
+            os.kill(worker, signal.SIGSTOP)
+
+        def kill_kilnd_and_its_workers():
+            self.kill_kilnd()
+            for worker in workers:
+                os.kill(worker, signal.SIGKILL)
+
+        threading.Timer(self.delay, kill_kilnd_and_its_workers).start()
 
     def __call__(self, *args, **kwargs):
         self._start()
@@ -344,6 +356,17 @@ class _KillingCall:
     def future(self, *args, **kwargs):
         self._start()
         return self.real.future(*args, **kwargs)
+
+
+def _children_of(pid):
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+        except OSError:
+            continue
+    return children
 
 
 def _kill_kilnd_at(spec, pid):
@@ -370,7 +393,7 @@ def _kill_kilnd_at(spec, pid):
     def connection_that_kills(self, endpoint):
         connection_init(self, endpoint)
         for method in methods.split(","):
-            setattr(self.stub, method, _KillingCall(getattr(self.stub, method), kill_kilnd,
+            setattr(self.stub, method, _KillingCall(getattr(self.stub, method), pid, kill_kilnd,
                                                     float(delay) if delay else None))
 
     _service.Connection.__init__ = connection_that_kills

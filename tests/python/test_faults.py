@@ -52,7 +52,7 @@ def _assert_stock_with_one_warning(result, stock_kernels):
 # Where in a compile kilnd dies: the method whose first call kills it, and when.
 KILL_POINTS = {
     "before the claim": "Lookup,LookupOrClaim",
-    "during the compile": "Compile@0.05",
+    "during the compile": "Compile@0.3",
 }
 
 
