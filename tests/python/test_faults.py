@@ -6,6 +6,7 @@ cause. Real kilnd processes and the real triton package; the kilnd answering
 a status code is a stand-in gRPC server, since what is tested is the client."""
 
 import signal
+import subprocess
 import sys
 from concurrent import futures
 
@@ -35,18 +36,33 @@ def stock_first(tmp_path_factory):
 
 
 def _probe(env, *args):
-    import subprocess
-
     return subprocess.run([sys.executable, str(PROBE), *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=600)
 
 
-def _assert_stock_with_one_warning(result, stock_kernels):
+def _assert_one_warning(result):
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stderr.count(FALLBACK_WARNING) == 1, result.stderr[-4000:]
+
+
+def _assert_stock_with_one_warning(result, stock_kernels):
+    _assert_one_warning(result)
     kernels = probe_json(result)["kernels"]
     assert {name: kernel["asm"] for name, kernel in kernels.items()} == \
         {name: kernel["asm"] for name, kernel in stock_kernels.items()}
+
+
+def _probe_as_kilnd_dies(directory, env, at, *probe_args):
+    """The probe against a kilnd of its own that dies (SIGKILL) at `at` ("Put",
+    "Compile@0.3": client_probe.py --kill-kilnd-at)."""
+    kilnd = Kilnd(directory, f"--toolchain={sys.executable}")
+    try:
+        result = _probe(dict(env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"), *probe_args,
+                        "--kill-kilnd-at", at, kilnd.process.pid)
+    finally:
+        kilnd.stop()
+    assert kilnd.process.returncode == -signal.SIGKILL, "the fault was not injected"
+    return result
 
 
 # Where in a compile kilnd dies: the method whose first call kills it, and when.
@@ -58,32 +74,17 @@ KILL_POINTS = {
 
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_kilnd_killed_during_a_compile_leaves_stock_triton_and_one_warning(tmp_path, env, stock_first, point):
-    for strict in ("", "1"):
-        kilnd = Kilnd(tmp_path / f"kilnd{strict}", f"--toolchain={sys.executable}")
-        kiln_env = dict(env, KILN="1", KILN_STRICT=strict, KILN_ENDPOINT=f"unix:{kilnd.socket}",
-                        TRITON_CACHE_DIR=str(tmp_path / f"cache{strict}"))
-        try:
-            result = _probe(kiln_env, "first", "--kill-kilnd-at", KILL_POINTS[point], kilnd.process.pid)
-        finally:
-            kilnd.stop()
-        assert kilnd.process.returncode == -signal.SIGKILL, "the fault was not injected"
-        if strict:
-            assert result.returncode != 0 and "KilnUnavailable: kilnd became unreachable" in result.stderr, \
-                result.stderr[-3000:]
-        else:
-            _assert_stock_with_one_warning(result, stock_first)
+    _assert_stock_with_one_warning(_probe_as_kilnd_dies(tmp_path / "kilnd", env, KILL_POINTS[point], "first"),
+                                   stock_first)
+    strict = _probe_as_kilnd_dies(tmp_path / "strict", dict(env, KILN_STRICT="1", TRITON_CACHE_DIR=str(tmp_path / "s")),
+                                  KILL_POINTS[point], "first")
+    assert strict.returncode != 0 and "KilnUnavailable: kilnd became unreachable" in strict.stderr, \
+        strict.stderr[-3000:]
 
 
 def test_a_kilnd_killed_before_a_put_leaves_the_file_stored_by_stock(tmp_path, env):
-    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
-    try:
-        result = _probe(dict(env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"), "put-file",
-                        "--kill-kilnd-at", "Put", kilnd.process.pid)
-    finally:
-        kilnd.stop()
-    assert kilnd.process.returncode == -signal.SIGKILL
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count(FALLBACK_WARNING) == 1, result.stderr[-3000:]
+    result = _probe_as_kilnd_dies(tmp_path / "kilnd", env, "Put", "put-file")
+    _assert_one_warning(result)
     stored = probe_json(result)
     assert stored["content"] == '{"timings": [1.5, 2.5]}'
     assert stored["path"].startswith(env["TRITON_CACHE_DIR"])  # stock's file cache holds it
@@ -91,16 +92,9 @@ def test_a_kilnd_killed_before_a_put_leaves_the_file_stored_by_stock(tmp_path, e
 
 def test_a_kilnd_killed_during_a_launcher_build_leaves_the_machines_compiler_to_build_it(
         tmp_path, env, libcuda_dir):  # noqa: F811
-    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
-    try:
-        result = _probe(dict(env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}", LD_LIBRARY_PATH=str(libcuda_dir)),
-                        "launcher", libcuda_dir,
-                        "--kill-kilnd-at", "BuildLauncher", kilnd.process.pid)
-    finally:
-        kilnd.stop()
-    assert kilnd.process.returncode == -signal.SIGKILL
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count(FALLBACK_WARNING) == 1, result.stderr[-3000:]
+    result = _probe_as_kilnd_dies(tmp_path / "kilnd", dict(env, LD_LIBRARY_PATH=str(libcuda_dir)), "BuildLauncher",
+                                  "launcher", libcuda_dir)
+    _assert_one_warning(result)
     assert probe_json(result)["launch"] is True
 
 
