@@ -77,9 +77,9 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
 // Starts `argv` (argv[0] a path) as a process that outlives this one and
 // belongs to no terminal or console: a session of its own (POSIX), a process
 // group with no console (Windows). It has no standard streams (the null
-// device on POSIX), and its environment is this process's less the variables whose names begin
-// with one of `dropped_prefixes`. Nothing here waits for it to exit (POSIX: a
-// thread reaps it). FAILED_PRECONDITION when it cannot be started, naming it.
+// device on POSIX), and its environment is this process's less the variables
+// whose names begin with one of `dropped_prefixes`. Nothing here waits for it
+// to exit (POSIX: a thread reaps it). FAILED_PRECONDITION when it cannot be started, naming it.
 absl::Status SpawnDetached(const std::vector<std::string>& argv,
                            const std::vector<std::string>& dropped_prefixes);
 

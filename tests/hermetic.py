@@ -89,7 +89,12 @@ def stock_env(*more_prefixes):
 def processes_of(root):
     """PIDs of the processes (other than this one) whose HOME is `root`'s: what
     the run started and left running, detached kilnds included."""
-    marker = f"HOME={root / 'home'}".encode()
+    return processes_with("HOME", str(root / "home"))
+
+
+def processes_with(variable, value):
+    """PIDs of the processes (other than this one) whose environment sets `variable` to `value`."""
+    marker = f"{variable}={value}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():

@@ -633,8 +633,6 @@ int Verify(kiln::Client& client, const std::vector<std::string>& args) {
   return report->corrupt_blobs() == 0 ? kOk : kServiceError;
 }
 
-}  // namespace
-
 // Commands that need kilnd's cache or compiler start the user's kilnd when
 // none serves; those that report on or maintain a running kilnd never do (a
 // kilnd started to answer them would have nothing to say).
@@ -643,6 +641,8 @@ bool StartsKilnd(const std::string& command) {
       "compile", "toolchains", "put", "get", "export", "import", "prewarm"};
   return starting->contains(command);
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);

@@ -59,16 +59,12 @@ def kilnd_refusing(directory, config_text):
 def kilnd_processes_with(variable, value):
     """PIDs of the kilnd processes whose environment sets `variable` to `value`:
     those a client started for a test's own XDG_RUNTIME_DIR."""
-    pids = []
-    for entry in Path("/proc").iterdir():
+    def is_kilnd(pid):
         try:
-            if not entry.name.isdigit() or not os.readlink(entry / "exe").endswith("/kilnd"):
-                continue
-            if f"{variable}={value}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
+            return os.readlink(f"/proc/{pid}/exe").endswith("/kilnd")
         except OSError:
-            continue
-    return pids
+            return False  # exited meanwhile
+    return [pid for pid in hermetic.processes_with(variable, value) if is_kilnd(pid)]
 
 
 def tcp_kilnd(root, *flags, config=""):
