@@ -38,12 +38,19 @@
 namespace kiln::cache {
 namespace {
 
-constexpr size_t kMaxBacklog = 256;
+// Entries waiting to be written (an outage's compiles, replayed once Redis is
+// back): at most this many, and this many bytes; the oldest go first.
+constexpr size_t kMaxBacklog = 512;
+constexpr size_t kMaxBacklogBytes = 256 << 20;
 // The last line of a signed entry: "hmac-sha256\t<hex>". No blob has that
 // name (Triton's are "<kernel>.<ext>").
 constexpr absl::string_view kSignatureName = "hmac-sha256\t";
-// After a failure, the tier is not tried again for this long.
-constexpr absl::Duration kRetryAfter = absl::Seconds(2);
+// While the tier is down no request asks it (a hung Redis would cost each
+// miss the lookup timeout); a monitor PINGs it this often instead, and says
+// it is back. While it is up, the monitor notices an outage that no request
+// has met yet within kCheckWhileUp.
+constexpr absl::Duration kCheckWhileDown = absl::Seconds(1);
+constexpr absl::Duration kCheckWhileUp = absl::Seconds(5);
 // A claim lapses this long after its kilnd last renewed it (a kilnd that died
 // holds up the others at most this long); renewed every kRenewEvery.
 constexpr int kLeaseMillis = 30000;
@@ -117,7 +124,9 @@ class Connection {
   Connection(const RedisAddress& address, absl::Duration timeout)
       : address_(address), timeout_(absl::ToTimeval(timeout)) {}
 
-  // A reply, or the reason there is none (the connection is then closed).
+  // A reply; UNAVAILABLE when Redis could not be reached or did not answer
+  // in time (the connection is then closed), FAILED_PRECONDITION when it
+  // answered with an error (out of memory, a command refused).
   template <typename... Args>
   absl::StatusOr<Reply> Command(const char* format, Args... args) {
     if (context_ == nullptr) RETURN_IF_ERROR(Connect());
@@ -179,15 +188,25 @@ class Connection {
       Reply reply(static_cast<redisReply*>(
           redisCommand(context_.get(), "AUTH %b", address_.password.data(),
                        address_.password.size())));
-      absl::StatusOr<Reply> checked = Checked(std::move(reply));
-      if (!checked.ok()) return checked.status();
+      if (absl::Status status = Checked(std::move(reply)).status(); !status.ok()) {
+        return Unusable(status);
+      }
     }
     if (address_.db != 0) {
-      absl::StatusOr<Reply> checked = Checked(Reply(
-          static_cast<redisReply*>(redisCommand(context_.get(), "SELECT %d", address_.db))));
-      if (!checked.ok()) return checked.status();
+      absl::Status status =
+          Checked(Reply(static_cast<redisReply*>(
+                      redisCommand(context_.get(), "SELECT %d", address_.db))))
+              .status();
+      if (!status.ok()) return Unusable(status);
     }
     return absl::OkStatus();
+  }
+
+  // A connection whose AUTH or SELECT was refused serves nothing: an outage
+  // until an operator mends the URL or Redis.
+  absl::Status Unusable(const absl::Status& status) {
+    context_.reset();
+    return absl::UnavailableError(status.message());
   }
 
   absl::StatusOr<Reply> Checked(Reply reply) {
@@ -197,9 +216,8 @@ class Connection {
       return absl::UnavailableError(why);
     }
     if (reply->type == REDIS_REPLY_ERROR) {
-      const std::string why(reply->str, reply->len);
-      context_.reset();
-      return absl::UnavailableError(why);
+      // The protocol stays in step after an error reply: keep the connection.
+      return absl::FailedPreconditionError(std::string(reply->str, reply->len));
     }
     return reply;
   }
@@ -214,9 +232,11 @@ class RedisTier final : public SharedTier {
   RedisTier(RedisAddress address, RedisOptions options)
       : address_(std::move(address)),
         options_(std::move(options)),
-        reader_(address_, options_.timeout),
+        reader_(address_, options_.lookup_timeout),
         writer_(address_, options_.timeout),
-        writer_thread_([this] { WriteLoop(); }) {}
+        monitor_(address_, options_.lookup_timeout),
+        writer_thread_([this] { WriteLoop(); }),
+        monitor_thread_([this] { MonitorLoop(); }) {}
 
   ~RedisTier() override {
     {
@@ -224,37 +244,40 @@ class RedisTier final : public SharedTier {
       stopping_ = true;
     }
     backlog_changed_.notify_all();
+    {
+      std::lock_guard lock(monitor_mutex_);
+      monitor_stopping_ = true;
+    }
+    monitor_wakeup_.notify_all();
     writer_thread_.join();
+    monitor_thread_.join();
   }
 
   std::optional<NamedContent> Fetch(absl::string_view ns, absl::string_view key) override {
-    if (!Usable()) return std::nullopt;
+    if (!Up()) return std::nullopt;
     const absl::Time start = absl::Now();
     std::optional<NamedContent> content = FetchChecked(ns, key);
     (content.has_value() ? hit_latency_ : miss_latency_).Record(absl::Now() - start);
     return content;
   }
 
+  // Queued even while the tier is down: what is compiled during an outage
+  // reaches the fleet once Redis is back.
   void Offer(std::string ns, std::string key, NamedContent blobs) override {
-    bool storable = Usable();
     for (const auto& [name, data] : blobs) {
-      if (name.empty() || name.find_first_of("\t\n") != std::string::npos) storable = false;
+      if (name.empty() || name.find_first_of("\t\n") != std::string::npos) {
+        return Release(ns, key);
+      }
     }
     {
       std::lock_guard lock(backlog_mutex_);
-      if (storable && backlog_.size() < kMaxBacklog) {
-        backlog_.push_back({std::move(ns), std::move(key), std::move(blobs)});
-        storable = true;
-      } else {
-        storable = false;
-      }
+      Queue(Pending{std::move(ns), std::move(key), std::move(blobs)}, /*oldest=*/false);
     }
-    if (!storable) return Release(ns, key);
     backlog_changed_.notify_one();
   }
 
   Turn AwaitTurn(absl::string_view ns, absl::string_view key, absl::Duration patience) override {
-    if (!Usable()) return Turn::kCompileHere;
+    if (!Up()) return Turn::kCompileHere;
     const std::string hash = KeyHash(ns, key);
     const std::string claim_key = absl::StrCat(options_.prefix, "c:", hash);
     const std::string channel = absl::StrCat(options_.prefix, "d:", hash);
@@ -265,7 +288,7 @@ class RedisTier final : public SharedTier {
     if (*turn != Turn::kCompileHere) return *turn;
     // Another kilnd compiles it: wait for the notice that its claim ended, on
     // a connection of our own (a subscribed connection takes no commands).
-    Connection notices(address_, options_.timeout);
+    Connection notices(address_, options_.lookup_timeout);
     absl::StatusOr<Reply> subscribed =
         notices.Command("SUBSCRIBE %b", channel.data(), channel.size());
     if (!subscribed.ok()) return CompileHereAfter(subscribed.status());
@@ -308,6 +331,11 @@ class RedisTier final : public SharedTier {
     stats.errors = errors_.load();
     stats.stores = stores_.load();
     stats.compiles_awaited = compiles_awaited_.load();
+    {
+      std::lock_guard lock(backlog_mutex_);
+      stats.backlog = backlog_.size();
+      stats.dropped = dropped_;
+    }
     stats.hit_latency = hit_latency_.Summarize();
     stats.miss_latency = miss_latency_.Summarize();
     return stats;
@@ -317,6 +345,9 @@ class RedisTier final : public SharedTier {
   // Fetch, on the reader connection, without the timing.
   std::optional<NamedContent> FetchChecked(absl::string_view ns, absl::string_view key) {
     std::lock_guard lock(reader_mutex_);
+    // Went down while this request waited for the connection: do not queue
+    // up behind a hung Redis.
+    if (!Up()) return std::nullopt;
     const std::string entry_key = EntryKey(ns, key);
     absl::StatusOr<Reply> entry = reader_.Command("GET %b", entry_key.data(), entry_key.size());
     if (!entry.ok()) return Failed(entry.status());
@@ -383,7 +414,36 @@ class RedisTier final : public SharedTier {
     std::string ns;
     std::string key;
     NamedContent blobs;
+    size_t Bytes() const {
+      size_t bytes = 0;
+      for (const auto& [name, data] : blobs) bytes += data.size();
+      return bytes;
+    }
   };
+
+  // Puts `pending` in the backlog: at its end, or at its front when it is
+  // the oldest (a write the outage interrupted); then drops the oldest
+  // entries past the bounds. Needs backlog_mutex_.
+  void Queue(Pending pending, bool oldest) {
+    backlog_bytes_ += pending.Bytes();
+    if (oldest) {
+      backlog_.push_front(std::move(pending));
+    } else {
+      backlog_.push_back(std::move(pending));
+    }
+    while (backlog_.size() > kMaxBacklog || backlog_bytes_ > kMaxBacklogBytes) {
+      Pending dropped = std::move(backlog_.front());
+      backlog_.pop_front();
+      backlog_bytes_ -= dropped.Bytes();
+      if (dropped_++ == 0) {
+        spdlog::warn("shared cache: more entries wait for Redis than kilnd keeps ({} entries, {} "
+                     "MiB); the oldest are dropped and counted in kiln stats",
+                     kMaxBacklog, kMaxBacklogBytes >> 20);
+      }
+      // Its claim, if any, lapses in Redis.
+      Forget(absl::StrCat(options_.prefix, "c:", KeyHash(dropped.ns, dropped.key)));
+    }
+  }
 
   static std::string KeyHash(absl::string_view ns, absl::string_view key) {
     return DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key))));
@@ -396,6 +456,7 @@ class RedisTier final : public SharedTier {
   // kCompileHere when another kilnd holds the claim.
   absl::StatusOr<Turn> TryClaim(const std::string& claim_key, const std::string& entry_key) {
     std::lock_guard lock(reader_mutex_);
+    if (!Up()) return NotAsked();
     ASSIGN_OR_RETURN(Reply exists, reader_.Command("EXISTS %b", entry_key.data(), entry_key.size()));
     if (exists->type == REDIS_REPLY_INTEGER && exists->integer == 1) return Turn::kDone;
     ASSIGN_OR_RETURN(Reply claimed, reader_.Command("SET %b %b NX PX %d", claim_key.data(),
@@ -449,23 +510,42 @@ class RedisTier final : public SharedTier {
     return absl::StrCat(options_.prefix, "b:", hex_digest);
   }
 
-  // False while the tier is down and not yet due for another try.
-  bool Usable() {
+  // Requests ask the tier only while it is up; the monitor says when it is
+  // back.
+  bool Up() {
     std::lock_guard lock(state_mutex_);
-    return down_reason_.empty() || absl::Now() >= retry_at_;
+    return down_reason_.empty();
   }
 
+  // Redis was not asked: it is down.
+  static absl::Status NotAsked() { return absl::CancelledError("the shared cache is down"); }
+
+  // An outage (UNAVAILABLE: unreachable, or no answer in time) takes the
+  // tier down; any other error (Redis refused a command) costs that request
+  // only.
   std::nullopt_t Failed(const absl::Status& status) {
+    if (absl::IsCancelled(status)) return std::nullopt;
     errors_.fetch_add(1);
-    std::lock_guard lock(state_mutex_);
+    if (!absl::IsUnavailable(status)) {
+      spdlog::warn("shared cache (Redis at {}:{}) refused a command: {}", address_.host,
+                   address_.port, status.message());
+      return std::nullopt;
+    }
+    std::unique_lock lock(state_mutex_);
     if (down_reason_.empty()) {
       spdlog::warn("shared cache (Redis at {}:{}) unavailable: {}; serving from this kilnd's "
                    "own cache until it is back",
                    address_.host, address_.port, status.message());
       down_since_ = absl::Now();
+      down_reason_ = std::string(status.message());
+      // The monitor may be in its long wait while up: from now on it checks
+      // every kCheckWhileDown.
+      lock.unlock();
+      { std::lock_guard monitor(monitor_mutex_); }
+      monitor_wakeup_.notify_all();
+      return std::nullopt;
     }
     down_reason_ = std::string(status.message());
-    retry_at_ = absl::Now() + kRetryAfter;
     return std::nullopt;
   }
 
@@ -475,10 +555,32 @@ class RedisTier final : public SharedTier {
   }
 
   void Succeeded() {
-    std::lock_guard lock(state_mutex_);
-    if (!down_reason_.empty()) {
+    {
+      std::lock_guard lock(state_mutex_);
+      if (down_reason_.empty()) return;
       spdlog::info("shared cache (Redis at {}:{}) is back", address_.host, address_.port);
       down_reason_.clear();
+    }
+    // The writer waits for the tier to come back to write the backlog.
+    { std::lock_guard lock(backlog_mutex_); }
+    backlog_changed_.notify_all();
+  }
+
+  void MonitorLoop() {
+    std::unique_lock lock(monitor_mutex_);
+    while (true) {
+      const bool up = Up();
+      monitor_wakeup_.wait_for(lock,
+                               absl::ToChronoMilliseconds(up ? kCheckWhileUp : kCheckWhileDown),
+                               [&] { return monitor_stopping_ || Up() != up; });
+      if (monitor_stopping_) return;
+      lock.unlock();
+      if (absl::Status status = monitor_.Command("PING").status(); status.ok()) {
+        Succeeded();
+      } else {
+        Failed(status);
+      }
+      lock.lock();
     }
   }
 
@@ -494,8 +596,9 @@ class RedisTier final : public SharedTier {
     absl::Time renewed = absl::Now();
     while (true) {
       backlog_changed_.wait_for(lock, absl::ToChronoMilliseconds(kRenewEvery),
-                                [this] { return stopping_ || !backlog_.empty(); });
+                                [this] { return stopping_ || (!backlog_.empty() && Up()); });
       if (stopping_) return;
+      if (!Up()) continue;
       if (absl::Now() - renewed >= kRenewEvery) {
         lock.unlock();
         RenewClaims();
@@ -505,13 +608,19 @@ class RedisTier final : public SharedTier {
       if (backlog_.empty()) continue;
       Pending pending = std::move(backlog_.front());
       backlog_.pop_front();
+      backlog_bytes_ -= pending.Bytes();
       lock.unlock();
       absl::Status status = Write(pending);
+      if (!status.ok()) Failed(status);
+      if (absl::IsUnavailable(status)) {
+        // Written once Redis is back; its claim, if any, lapses meanwhile.
+        lock.lock();
+        Queue(std::move(pending), /*oldest=*/true);
+        continue;
+      }
       if (status.ok()) {
         stores_.fetch_add(1);
         Succeeded();
-      } else {
-        Failed(status);
       }
       // The entry is there (or never will be): waiters may look now.
       const std::string hash = KeyHash(pending.ns, pending.key);
@@ -554,11 +663,11 @@ class RedisTier final : public SharedTier {
   std::mutex reader_mutex_;
   Connection reader_;  // guarded by reader_mutex_
   Connection writer_;  // the writer thread's
+  Connection monitor_;  // the monitor thread's
 
   std::mutex state_mutex_;
   std::string down_reason_;  // guarded by state_mutex_; empty: up
   absl::Time down_since_;    // guarded by state_mutex_
-  absl::Time retry_at_;      // guarded by state_mutex_
 
   std::atomic<uint64_t> hits_{0};
   LatencyHistogram hit_latency_;
@@ -575,8 +684,17 @@ class RedisTier final : public SharedTier {
   std::mutex backlog_mutex_;
   std::condition_variable backlog_changed_;
   std::deque<Pending> backlog_;  // guarded by backlog_mutex_
+  size_t backlog_bytes_ = 0;     // guarded by backlog_mutex_
+  uint64_t dropped_ = 0;         // guarded by backlog_mutex_
   bool stopping_ = false;        // guarded by backlog_mutex_
-  std::thread writer_thread_;    // last: starts once everything it uses exists
+
+  std::mutex monitor_mutex_;
+  std::condition_variable monitor_wakeup_;
+  bool monitor_stopping_ = false;  // guarded by monitor_mutex_
+
+  // Last: they start once everything they use exists.
+  std::thread writer_thread_;
+  std::thread monitor_thread_;
 };
 
 }  // namespace

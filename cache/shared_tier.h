@@ -6,9 +6,11 @@
 // (compile results, launcher modules): their content is a function of the key,
 // so every kilnd of the fleet may serve them.
 //
-// It never fails a request: a lookup it cannot answer is a miss, a store it
-// cannot make is dropped, and an outage is logged once and shown in the stats
-// while kilnd goes on with its own store. Every blob read back is checked
+// It never fails a request: a lookup it cannot answer is a miss, and an
+// outage is logged once and shown in the stats (within seconds, without
+// waiting for a request) while kilnd goes on with its own store. While it is
+// down no request waits on it; what is stored meanwhile waits in a bounded
+// backlog and is written once it is back. Every blob read back is checked
 // against its SHA-256 before it is used, and with a fleet secret every entry's
 // signature too.
 
@@ -36,6 +38,8 @@ struct SharedTierStats {
   uint64_t errors = 0;  // failed calls and values that failed their check
   uint64_t stores = 0;
   uint64_t compiles_awaited = 0;  // another kilnd's compile, waited for instead of run here
+  uint64_t backlog = 0;  // entries waiting to be written (an outage's, until Redis is back)
+  uint64_t dropped = 0;  // entries dropped from a full backlog, never written
   // What a Fetch cost, round trips and digest checks included: what an L2
   // hit adds to a compile it saves, and what a miss adds to one it does not.
   LatencyHistogram::Summary hit_latency;
@@ -48,9 +52,9 @@ class SharedTier {
   // The blobs of (ns, key), each checked against its digest; nullopt on a
   // miss, an outage or a value that fails its check (logged).
   virtual std::optional<NamedContent> Fetch(absl::string_view ns, absl::string_view key) = 0;
-  // Stores (ns, key) in the background; dropped while the tier is down or
-  // its backlog is full. Ends this kilnd's claim on it (AwaitTurn) once the
-  // entry is written, or at once if it cannot be.
+  // Stores (ns, key) in the background, once the tier is up (the oldest
+  // entries are dropped past the backlog's bounds). Ends this kilnd's claim
+  // on it (AwaitTurn) once the entry is written, or at once if it cannot be.
   virtual void Offer(std::string ns, std::string key, NamedContent blobs) = 0;
 
   // One compile of (ns, key) across the fleet: the first kilnd to ask claims
@@ -78,7 +82,10 @@ struct RedisOptions {
   // secret cannot make the fleet serve their bytes. Empty: entries are
   // trusted as any writer left them (only their digests are checked).
   std::string secret;
+  // How long a write may wait on Redis, and a lookup: a request waiting for
+  // a hung Redis pays lookup_timeout once, and the tier is then down.
   absl::Duration timeout = absl::Seconds(2);
+  absl::Duration lookup_timeout = absl::Milliseconds(250);
 };
 
 // INVALID_ARGUMENT for a URL that does not parse; FAILED_PRECONDITION in a

@@ -480,6 +480,8 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
     response->set_shared_cache_errors(shared->errors);
     response->set_shared_cache_stores(shared->stores);
     response->set_shared_cache_compiles_awaited(shared->compiles_awaited);
+    response->set_shared_cache_backlog(shared->backlog);
+    response->set_shared_cache_dropped(shared->dropped);
     *response->mutable_shared_cache_hit_latency() =
         ToRpcLatency("shared cache hit", shared->hit_latency, 0);
     *response->mutable_shared_cache_miss_latency() =

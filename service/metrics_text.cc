@@ -134,6 +134,12 @@ std::string PrometheusText(const v1::GetStatsResponse& stats, const RpcStats& rp
     page.One("kiln_shared_cache_compiles_awaited_total", "counter",
              "Another kilnd's compile waited for instead of run here.",
              static_cast<double>(stats.shared_cache_compiles_awaited()));
+    page.One("kiln_shared_cache_backlog", "gauge",
+             "Entries waiting to be written to the shared cache (kept while it is down).",
+             static_cast<double>(stats.shared_cache_backlog()));
+    page.One("kiln_shared_cache_dropped_total", "counter",
+             "Entries dropped unwritten from a full shared cache backlog.",
+             static_cast<double>(stats.shared_cache_dropped()));
     page.Family("kiln_shared_cache_fetch_seconds", "summary", "What a shared cache fetch cost, by result.");
     for (const v1::RpcLatency& fetch : {stats.shared_cache_hit_latency(), stats.shared_cache_miss_latency()}) {
       const std::string result = fetch.method() == "shared cache hit" ? "hit" : "miss";

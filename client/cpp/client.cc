@@ -512,10 +512,12 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
   if (!stats.shared_cache_state().empty() && stats.shared_cache_state() != "off") {
     absl::StrAppend(&text, absl::StrFormat(
                                "shared cache (Redis): %s; %d hits, %d misses, %d errors, %d stored, "
-                               "%d compiles of other kilnds awaited\n",
+                               "%d compiles of other kilnds awaited, %d waiting to be stored, "
+                               "%d dropped unstored\n",
                                stats.shared_cache_state(), stats.shared_cache_hits(),
                                stats.shared_cache_misses(), stats.shared_cache_errors(),
-                               stats.shared_cache_stores(), stats.shared_cache_compiles_awaited()));
+                               stats.shared_cache_stores(), stats.shared_cache_compiles_awaited(),
+                               stats.shared_cache_backlog(), stats.shared_cache_dropped()));
     for (const v1::RpcLatency& fetch :
          {stats.shared_cache_hit_latency(), stats.shared_cache_miss_latency()}) {
       if (fetch.count() == 0) continue;

@@ -2,6 +2,7 @@
 redis-server (Debian's) on loopback, with a password, and real kilnd processes."""
 
 import json
+import signal
 import shutil
 import socket
 import subprocess
@@ -44,6 +45,11 @@ class Redis:
 
     def stop(self):
         self.process.terminate()
+        self.process.wait()
+
+    def kill(self):
+        """Gone at once, as a crash or an OOM kill would leave it: nothing saved."""
+        self.process.kill()
         self.process.wait()
 
     def cli(self, *args):
@@ -163,27 +169,73 @@ def test_a_value_corrupted_in_redis_is_never_served(redis, tmp_path):
         reader.stop()
 
 
-def test_redis_going_away_fails_no_request_and_the_fleet_fills_again_once_it_is_back(redis, tmp_path):
+def kiln_health(kilnd):
+    return subprocess.run([str(BUILD / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{kilnd.socket}",
+                           "health"], capture_output=True, text=True)
+
+
+def test_what_is_compiled_while_redis_is_down_reaches_it_once_it_is_back(redis, tmp_path):
     kilnd = fleet_kilnd(tmp_path / "kilnd", redis, "fleet3:")
+    during_outage = [(1, 90), (2, 90), (3, 90)]
     try:
-        redis.stop()
-        compile_one(kilnd, case_index=1)  # compiled here; Redis is not asked again for a while
+        redis.kill()
+        made = [compile_one(kilnd, case, arch) for case, arch in during_outage]
         stats = kilnd.stats()
-        assert stats.compiles == 1 and stats.shared_cache_state.startswith("down since"), stats.shared_cache_state
+        assert stats.compiles == 3 and stats.shared_cache_state.startswith("down since"), stats.shared_cache_state
+        assert stats.shared_cache_backlog == 3 and stats.shared_cache_dropped == 0
         # Requests are still served, so health passes, and says what is down.
-        health = subprocess.run([str(BUILD / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{kilnd.socket}",
-                                 "health"], capture_output=True, text=True)
+        health = kiln_health(kilnd)
         assert health.returncode == 0 and "shared cache (Redis): down since" in health.stdout, health
-        redis.start()
-        time.sleep(2.5)  # past the pause after a failure
-        compile_one(kilnd, case_index=2)
-        wait_for(lambda: kilnd.stats().shared_cache_state == "up", "kilnd never used Redis again")
-        # The compile's answer goes out before its store ends (stores run on threads of their own).
-        wait_for(lambda: redis.cli("--scan", "--pattern", "fleet3:e:*").split(), "nothing stored in Redis again")
+
+        redis.start()  # empty: nothing of the outage's compiles was ever written
+        back = time.monotonic()
+        # No request is needed for kilnd to notice.
+        wait_for(lambda: "shared cache (Redis): up" in kiln_health(kilnd).stdout, "health never said Redis is up",
+                 seconds=10)
+        print(f"health said Redis is up {time.monotonic() - back:.1f} s after it came back")
+        wait_for(lambda: kilnd.stats().shared_cache_backlog == 0, "the backlog was never written")
+        assert kilnd.stats().shared_cache_stores == 3
     finally:
         kilnd.stop()
         if redis.process.poll() is not None:
             redis.start()
+    fresh = fleet_kilnd(tmp_path / "fresh", redis, "fleet3:")
+    try:
+        assert [compile_one(fresh, case, arch) for case, arch in during_outage] == made
+        stats = fresh.stats()
+        assert stats.compiles == 0 and stats.shared_cache_hits == 3
+    finally:
+        fresh.stop()
+
+
+def test_a_hung_redis_costs_misses_no_more_than_a_fifth_more_than_no_redis(redis, tmp_path):
+    """Redis stopped (SIGSTOP) answers nothing but its kernel still accepts
+    connections: every call waits out its timeout. The first miss pays the
+    lookup timeout; then no request asks Redis until the monitor finds it back."""
+    kernels = [(case, arch) for case in range(1, 11) for arch in (80, 89, 90)]
+    requests = [compile_request(triton_frontend.run_frontend(kernel_suite.SUITE[case], GPUTarget("cuda", arch, 32)))
+                for case, arch in kernels]
+    alone = Kilnd(tmp_path / "alone", f"--toolchain={sys.executable}")
+    hung = fleet_kilnd(tmp_path / "hung", redis, "fleet6:")
+    seconds = {alone: 0.0, hung: 0.0}
+    try:
+        for kilnd in seconds:  # the workers up, and the hung kilnd connected to Redis
+            compile_one(kilnd, case_index=0)
+        redis.process.send_signal(signal.SIGSTOP)
+        for request in requests:  # by turns: the machine's load falls on both alike
+            for kilnd in seconds:
+                start = time.monotonic()
+                response = kilnd.stub.Compile(request, timeout=300)
+                seconds[kilnd] += time.monotonic() - start
+                assert response.WhichOneof("result") == "entry", response.error
+        stats = hung.stats()
+        assert stats.compiles == 31 and stats.shared_cache_state.startswith("down since"), stats.shared_cache_state
+        print(f"{len(requests)} misses: {seconds[alone]:.2f} s without Redis, {seconds[hung]:.2f} s with it hung")
+        assert seconds[hung] <= 1.2 * seconds[alone], seconds
+    finally:
+        redis.process.send_signal(signal.SIGCONT)
+        alone.stop()
+        hung.stop()
 
 
 def test_with_a_fleet_secret_an_entry_forged_in_redis_by_someone_without_it_is_never_served(redis, tmp_path):
