@@ -101,6 +101,14 @@ const std::vector<Setting>& Settings() {
        Text(&Config::tls_client_ca)},
       {"client_tokens", "file of 'TENANT SHA256-OF-TOKEN' lines: bearer tokens and their tenants",
        Text(&Config::client_tokens)},
+      {"tcp_idle_seconds",
+       "with tcp_listen: close connections with no call in progress for this long (some go "
+       "after half of it), so that peers that never call free what they hold (300)",
+       Integer(&Config::tcp_idle_seconds, 1, 86400)},
+      {"tcp_max_connections",
+       "connections the tcp_listen listener keeps open at once; more are closed as they "
+       "connect (4096; not enforced on Windows)",
+       Integer(&Config::tcp_max_connections, 1, 1 << 20)},
       {"tenant_compiles",
        "compiles of one tenant running at once, the rest queued; 0 for half the workers (0)",
        Integer(&Config::tenant_compiles, 0, 1024)},

@@ -45,6 +45,12 @@ struct Config {
   // File of "TENANT SHA256-HEX-OF-TOKEN" lines: a client sending one of those
   // tokens (authorization: Bearer TOKEN) is that tenant. Reread when changed.
   std::string client_tokens;
+  // Connections to kilnd with no call in progress for this long are closed
+  // (some after half of it; clients connect again when they next call), and
+  // at most this many are open on the tcp_listen listener at once; more are
+  // refused (POSIX only: connection_cap.h). Both apply only with tcp_listen.
+  int tcp_idle_seconds = 300;
+  int tcp_max_connections = 4096;
   // Compiles of one tenant running at once; 0: half of compile_workers.
   int tenant_compiles = 0;
   // Bytes one tenant's entries may hold; 0: a quarter of max_cache_size.

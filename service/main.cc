@@ -173,6 +173,8 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
     server_options.tls_key = config.tls_key;
     server_options.tls_client_ca = config.tls_client_ca;
     server_options.client_tokens = config.client_tokens;
+    server_options.tcp_idle_limit = absl::Seconds(config.tcp_idle_seconds);
+    server_options.tcp_max_connections = config.tcp_max_connections;
     // Half the workers by default: another tenant always finds one free.
     server_options.compiles_per_tenant =
         config.tenant_compiles > 0 ? config.tenant_compiles : std::max(1, workers / 2);

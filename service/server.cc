@@ -1,11 +1,13 @@
 #include "service/server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fmt_absl.h"
@@ -133,6 +135,49 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// A TLS handshake and HTTP/2's preface take milliseconds; a peer that has not
+// finished them by then is not a client.
+constexpr absl::Duration kHandshakeLimit = absl::Seconds(20);
+
+int Millis(absl::Duration duration) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(duration),
+                                            std::numeric_limits<int>::max()));
+}
+
+// The port of "HOST:PORT"; 0 when the system picks it.
+int ExplicitPort(const std::string& address) {
+  int port = 0;
+  if (!absl::SimpleAtoi(absl::string_view(address).substr(address.rfind(':') + 1), &port)) return 0;
+  return port;
+}
+
+// Bounds what peers that connect and never call can hold: each connection is
+// closed once no call has been in progress for the idle limit (gRPC's server
+// idle timer starts when a connection is set up, so one that never calls goes
+// too), one that has not finished TLS and HTTP/2's preface sooner, and
+// connections past the cap are refused as they come. The arguments are the
+// server's, so local clients' idle connections close too: their channels
+// connect again on their next call, as after any disconnection.
+std::shared_ptr<ConnectionCap> LimitTcpConnections(const ServerOptions& options,
+                                                   grpc::ServerBuilder& builder) {
+  // gRPC's idle timer ticks once a period and closes a connection at a tick
+  // that finds no call since the last one: between one and two periods after
+  // its last call (one for a connection that never called, in gRPC 1.51). A
+  // period of half the limit keeps the limit a bound.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             std::max(1, Millis(options.tcp_idle_limit / 2)));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             Millis(std::min(kHandshakeLimit, options.tcp_idle_limit)));
+  auto cap = std::make_shared<ConnectionCap>(options.tcp_max_connections);
+  cap->SetPort(ExplicitPort(options.tcp_address));  // or, when 0, once the server has started
+  InstallConnectionCap(cap, builder);
+  if (!ConnectionCap::kEnforced) {
+    spdlog::info("tcp_max_connections is not enforced on this platform (its gRPC gives kilnd no "
+                 "hook on accepted connections); idle ones still close after tcp_idle_seconds");
+  }
+  return cap;
+}
+
 }  // namespace
 
 fs::path ServedFilesPointer(const std::string& endpoint) { return endpoint + ".files"; }
@@ -169,6 +214,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     server->endpoints_.push_back(target);
   }
   if (!options.tcp_address.empty()) {
+    server->connection_cap_ = LimitTcpConnections(options, builder);
     builder.AddListeningPort(options.tcp_address, tcp_credentials, &server->tcp_port_);
   }
   int local_port = 0;
@@ -190,6 +236,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
         options.tcp_address));
   }
   if (!options.tcp_address.empty()) {
+    server->connection_cap_->SetPort(server->tcp_port_);
     const std::string host = options.tcp_address.substr(0, options.tcp_address.rfind(':'));
     server->endpoints_.push_back(absl::StrCat(host, ":", server->tcp_port_));
   }

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "cache/artifact_store.h"
 #include "grpcpp/server.h"
+#include "service/connection_cap.h"
 #include "service/kiln_service.h"
 
 namespace kiln::service {
@@ -27,6 +28,11 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;
   std::string client_tokens;
+  // With tcp_address: a connection with no call in progress for this long is
+  // closed (every listener's: gRPC's setting is the server's), and at most
+  // `tcp_max_connections` are open on tcp_address at once (connection_cap.h).
+  absl::Duration tcp_idle_limit = absl::Minutes(5);
+  int tcp_max_connections = 4096;
   // How many compiles of one tenant may run at once (the rest queue).
   int compiles_per_tenant = 1;
   // The token listener for local clients where there is no Unix socket
@@ -78,6 +84,7 @@ class KilnServer {
   KilnServer() = default;
 
   std::unique_ptr<KilnService> service_;
+  std::shared_ptr<ConnectionCap> connection_cap_;  // with tcp_address
   std::unique_ptr<grpc::Server> server_;
   std::string socket_path_;
   std::string endpoint_file_;

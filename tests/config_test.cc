@@ -4,6 +4,7 @@
 #include <map>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "service/client_identity.h"
 #include "tests/test_dir.h"
@@ -107,6 +108,33 @@ TEST(ConfigTest, ClientTokensFileHoldsTenantsAndTokenDigests) {
     EXPECT_NE(parsed.status().message().find("tokens:2"), absl::string_view::npos)
         << parsed.status();
   }
+}
+
+TEST(ConfigTest, TcpIdleLimitAndConnectionCapHaveFarmDefaultsAndRefuseNonsense) {
+  Config config = DefaultConfig();
+  EXPECT_EQ(config.tcp_idle_seconds, 300);
+  EXPECT_EQ(config.tcp_max_connections, 4096);
+  ASSERT_TRUE(ApplyConfigText("tcp_idle_seconds = 30\ntcp_max_connections = 64\n", "k.conf", config)
+                  .ok());
+  EXPECT_EQ(config.tcp_idle_seconds, 30);
+  EXPECT_EQ(config.tcp_max_connections, 64);
+  for (const char* setting : {"tcp_idle_seconds", "tcp_max_connections"}) {
+    for (const char* bad : {"0", "-5", "ten", "1.5", ""}) {
+      const absl::Status status =
+          ApplyConfigText(absl::StrCat(setting, " = ", bad, "\n"), "k.conf", config);
+      EXPECT_TRUE(absl::IsInvalidArgument(status)) << setting << " = " << bad;
+      EXPECT_NE(status.message().find(absl::StrCat("k.conf:1: ", setting, ": '", bad,
+                                                   "' is not a whole number from 1")),
+                absl::string_view::npos)
+          << status;
+    }
+  }
+  EXPECT_FALSE(ApplyConfigText("tcp_idle_seconds = 86401\n", "k.conf", config).ok());
+  absl::StatusOr<CommandLine> parsed =
+      ParseCommandLine({"--tcp-idle-seconds=5", "--tcp-max-connections", "8"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.tcp_idle_seconds, 5);
+  EXPECT_EQ(parsed->config.tcp_max_connections, 8);
 }
 
 TEST(ConfigTest, RefusesToListenNowhere) {

@@ -365,6 +365,120 @@ def test_a_tenant_flooding_the_farm_delays_only_itself(pki, farm):
     assert finished.index("beta") <= 2, f"beta waited behind alpha's queue: {finished}"
 
 
+# HTTP/2's client preface, then an empty SETTINGS frame: what a client sends before its first call.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def tls_kilnd(pki, root, config=""):
+    """A farm kilnd (TLS, client certificates of farm-ca) with `config` lines added, and its address."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "kilnd.conf"
+    path.write_text(f"tcp_listen = 127.0.0.1:0\ntls_cert = {pki / 'server.pem'}\n"
+                    f"tls_key = {pki / 'server.key'}\ntls_client_ca = {pki / 'farm-ca.pem'}\n" + config)
+    server = Kilnd(root / "kilnd", f"--config={path}")
+    return server, server.tcp_address()
+
+
+def silent_peer(pki, address):
+    """A peer that completes TLS and HTTP/2's preface, then makes no call."""
+    import socket
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(pki / "farm-ca.pem"))
+    context.set_alpn_protocols(["h2"])
+    host, port = address.rsplit(":", 1)
+    peer = context.wrap_socket(socket.create_connection((host, int(port)), timeout=10), server_hostname=host)
+    peer.sendall(HTTP2_PREFACE)
+    return peer
+
+
+def closed_at(connection, deadline):
+    """When kilnd ended `connection` (time.monotonic()), reading what it sends
+    meanwhile; None if it was still open at `deadline`."""
+    import socket
+    import ssl
+
+    while True:
+        connection.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if not connection.recv(65536):
+                return time.monotonic()
+        except socket.timeout:
+            return None
+        except (ConnectionError, ssl.SSLError):  # a reset, or TLS cut short
+            return time.monotonic()
+
+
+IDLE_SECONDS = 3
+
+
+def test_peers_that_connect_and_never_call_are_closed_within_the_idle_limit_while_a_client_is_served(pki, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, address = tls_kilnd(pki, tmp_path, f"tcp_idle_seconds = {IDLE_SECONDS}\n")
+    peers = []
+    try:
+        peers += [silent_peer(pki, address) for _ in range(50)]
+        connected = time.monotonic()  # every peer's idle time started before this
+        alpha = stub(pki, address, "alpha")
+        served = 0
+        with ThreadPoolExecutor(len(peers)) as pool:
+            closes = [pool.submit(closed_at, peer, connected + IDLE_SECONDS + 5) for peer in peers]
+            while not all(close.done() for close in closes):
+                alpha.GetStats(_api.GetStatsRequest(), timeout=10)  # raises if alpha is not served
+                served += 1
+                time.sleep(0.1)
+        after = [close.result() - connected if close.result() else None for close in closes]
+        assert None not in after, f"{after.count(None)} of 50 peers still connected after {IDLE_SECONDS + 5} s"
+        # gRPC's timer fires within milliseconds; a second of slack for a loaded machine.
+        assert max(after) < IDLE_SECONDS + 1, f"the last closed {max(after):.2f} s after the peers connected"
+        assert served >= 10
+        assert alpha.GetStats(_api.GetStatsRequest(), timeout=10).uptime_seconds > 0
+    finally:
+        for peer in peers:
+            peer.close()
+        server.stop()
+
+
+def test_connections_past_the_cap_are_closed_at_once_and_the_listener_accepts_again_once_some_go(pki, tmp_path):
+    import socket
+
+    server, address = tls_kilnd(pki, tmp_path, "tcp_max_connections = 5\ntcp_idle_seconds = 4\n")
+    host, port = address.rsplit(":", 1)
+    connections = []
+
+    def connect():
+        connections.append(socket.create_connection((host, int(port)), timeout=10))
+        return connections[-1]
+
+    try:
+        peers = [silent_peer(pki, address) for _ in range(5)]
+        connections += peers
+        for _ in range(20):  # a flood of them, each closed before it could start TLS
+            started = time.monotonic()
+            closed = closed_at(connect(), started + 2)
+            assert closed is not None, "a sixth connection was kept open"
+            assert closed - started < 0.5
+        # Refusals are not calls: the silent peers go after the idle limit, and then a client is served.
+        for peer in peers:
+            assert closed_at(peer, time.monotonic() + 5) is not None
+        alpha = stub(pki, address, "alpha")
+        assert alpha.GetStats(_api.GetStatsRequest(), timeout=10).uptime_seconds > 0
+        # The listener is whole: it fills to the cap again (alpha's connection
+        # is one of the five) and refuses the next.
+        connections += [silent_peer(pki, address) for _ in range(4)]
+        assert closed_at(connect(), time.monotonic() + 1) is not None
+        # One line in kilnd's log, not one per refused connection.
+        warnings = [line for line in (server.root / "kilnd.out").read_text().splitlines()
+                    if "tcp_max_connections" in line and "refusing" in line]
+        assert len(warnings) == 1, warnings
+        assert server.stats().uptime_seconds > 0  # the local socket is never capped
+    finally:
+        for connection in connections:
+            connection.close()
+        server.stop()
+
+
 def valid_requests():
     """One well-formed request per RPC, the seeds the fuzzer mutates."""
     frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 90, 32))
