@@ -21,6 +21,12 @@ log = logging.getLogger("kiln")
 # kilnd answers a local connection in milliseconds; a missing one fails at once.
 _CONNECT_TIMEOUT = 2.0
 _AUTOSTART_DEADLINE = 20.0
+# The client closes a connection with no call for this long itself, quietly,
+# before kilnd's own idle limit (tcp_idle_seconds, 300 s by default, closing
+# after half of it at the earliest) does: gRPC logs every connection a server
+# closes that way ("Got goaway [2] ... enter idle") to the program's stderr.
+# The next call connects again.
+_IDLE_MS = 60_000
 
 
 def strict():
@@ -114,7 +120,8 @@ def _fleet_addresses(target):
 class Connection:
     def __init__(self, endpoint):
         self.endpoint = endpoint
-        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                   ("grpc.client_idle_timeout_ms", _IDLE_MS)]
         if endpoint.target.startswith("unix:"):
             addresses, tls_name = [endpoint.target], None
         else:
