@@ -10,6 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "cache/disk_usage.h"
 #include "cache/sqlite.h"
 #include "common/fmt_absl.h"
 #include "common/platform.h"
@@ -66,6 +68,23 @@ enum Location : int64_t { kInline = 0, kFile = 1 };
 constexpr double kMinCompressionGain = 0.10;
 constexpr size_t kMinCompressibleSize = 256;
 constexpr int kEvictionBatch = 64;
+// The space reserve's file in the data directory, and its size: room for an
+// eviction's transaction (a batch rewrites some hundred pages) on a full disk,
+// at most a 64th of the cap.
+constexpr char kReserveFile[] = "space-reserve";
+constexpr uint64_t kMaxReserveBytes = 2 << 20;
+// The WAL is checkpointed every this many pages (SQLite's default is 1000),
+// and cut back to kWalSizeLimit after a checkpoint (SQLite leaves it at its
+// largest otherwise): it holds little of the disk the cap bounds.
+constexpr int kWalCheckpointPages = 256;
+constexpr int kWalSizeLimit = 1 << 20;
+
+// What a file of `size` bytes takes on disk; 0 when it is not there.
+uint64_t FileBytes(const fs::path& path) {
+  std::error_code error;
+  const uint64_t size = fs::file_size(path, error);
+  return error ? 0 : size;
+}
 
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -82,8 +101,12 @@ std::pair<std::string, std::string> DomainRange(absl::string_view domain) {
 
 // Blob rows a transaction deleted; their files go only after it commits.
 struct ArtifactStore::FreedBlobs {
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;       // stored (compressed) bytes
+  uint64_t file_bytes = 0;  // of those, in blob files
+  uint64_t plain_bytes = 0;  // uncompressed: what their served copies hold
   std::vector<fs::path> files;
+  // Evicted entries {namespace, key}: their served index entries go too.
+  std::vector<std::pair<std::string, std::string>> entries;
   std::vector<std::string> digests;  // of every freed blob: their served files go too
 };
 
@@ -98,6 +121,7 @@ struct ArtifactStore::Writer {
   sqlite::Statement find_entry;
   sqlite::Statement delete_entry;
   sqlite::Statement entry_blob_ids;
+  sqlite::Statement entry_name;
   sqlite::Statement find_blob;
   sqlite::Statement insert_blob;
   sqlite::Statement insert_entry;
@@ -191,12 +215,35 @@ absl::Status ArtifactStore::Initialize() {
   ASSIGN_OR_RETURN(sqlite::Statement version, db.Prepare("PRAGMA user_version"));
   ASSIGN_OR_RETURN(bool has_row, version.Step());
   const int64_t found_version = has_row ? version.ColumnInt(0) : 0;
+  version.Reset();
   if (found_version > kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cache database %s has schema version %d, newer than this kilnd understands (%d); "
         "upgrade kilnd or use another --data-dir",
         (options_.data_dir / "kiln.db").string(), found_version, kSchemaVersion));
   }
+  // Pages that eviction frees go back to the file system (incremental_vacuum
+  // after each batch) instead of staying in the file. It takes a VACUUM once
+  // the file exists (WAL mode made it): at once for a new database, and once
+  // for one made before.
+  ASSIGN_OR_RETURN(sqlite::Statement auto_vacuum, db.Prepare("PRAGMA auto_vacuum"));
+  ASSIGN_OR_RETURN(has_row, auto_vacuum.Step());
+  const bool incremental = has_row && auto_vacuum.ColumnInt(0) == 2;
+  auto_vacuum.Reset();
+  if (!incremental) {
+    RETURN_IF_ERROR(db.Exec("PRAGMA auto_vacuum = INCREMENTAL"));
+    if (found_version != 0) {
+      spdlog::info("cache: rebuilding {} once, so that evicting gives disk space back",
+                   (options_.data_dir / "kiln.db").string());
+    }
+    if (absl::Status status = db.Exec("VACUUM"); !status.ok()) {
+      spdlog::warn("cache: cannot rebuild the index ({}); freed pages are reused, not given "
+                   "back, until it can",
+                   status.message());
+    }
+  }
+  RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA journal_size_limit = ", kWalSizeLimit,
+                                       "; PRAGMA wal_autocheckpoint = ", kWalCheckpointPages)));
   if (found_version == 0) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
     RETURN_IF_ERROR(db.Exec(kSchema));
@@ -211,6 +258,7 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::find_entry, "SELECT id FROM entries WHERE namespace = ?1 AND key = ?2"},
       {&Writer::delete_entry, "DELETE FROM entries WHERE id = ?1"},
       {&Writer::entry_blob_ids, "SELECT blob_id FROM entry_blobs WHERE entry_id = ?1"},
+      {&Writer::entry_name, "SELECT namespace, key FROM entries WHERE id = ?1"},
       {&Writer::find_blob, "SELECT id FROM blobs WHERE digest = ?1"},
       {&Writer::insert_blob,
        "INSERT INTO blobs (digest, size, stored_size, codec, location, data) "
@@ -220,7 +268,7 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::insert_entry_blob,
        "INSERT INTO entry_blobs (entry_id, name, blob_id) VALUES (?1, ?2, ?3)"},
       {&Writer::orphan_blob,
-       "SELECT digest, stored_size, location FROM blobs WHERE id = ?1 AND NOT EXISTS "
+       "SELECT digest, stored_size, location, size FROM blobs WHERE id = ?1 AND NOT EXISTS "
        "(SELECT 1 FROM entry_blobs WHERE blob_id = ?1)"},
       {&Writer::delete_blob, "DELETE FROM blobs WHERE id = ?1"},
       {&Writer::touch_entry,
@@ -253,11 +301,61 @@ absl::Status ArtifactStore::Initialize() {
   ASSIGN_OR_RETURN(sqlite::Statement total, db.Prepare("SELECT total(stored_size) FROM blobs"));
   ASSIGN_OR_RETURN(has_row, total.Step());
   stored_bytes_ = has_row ? static_cast<uint64_t>(total.ColumnInt(0)) : 0;
+  ASSIGN_OR_RETURN(sqlite::Statement in_files,
+                   db.Prepare("SELECT total(stored_size) FROM blobs WHERE location = 1"));
+  ASSIGN_OR_RETURN(has_row, in_files.Step());
+  file_blob_bytes_ = has_row ? static_cast<uint64_t>(in_files.ColumnInt(0)) : 0;
+  for (const fs::directory_entry& subdir :
+       fs::directory_iterator(options_.data_dir / "blobs", error)) {
+    if (subdir.is_directory(error)) blob_dir_bytes_ += kDiskBlock;
+  }
   ASSIGN_OR_RETURN(sqlite::Statement last_use, db.Prepare("SELECT max(last_use) FROM entries"));
   ASSIGN_OR_RETURN(has_row, last_use.Step());
   use_clock_ = has_row ? last_use.ColumnInt(0) : 0;
   writer_ = std::move(writer);
-  return served_files_.Initialize(options_.served_file_readers);
+  RETURN_IF_ERROR(served_files_.Initialize(options_.served_file_readers));
+  EnsureSpaceReserve();
+  return absl::OkStatus();
+}
+
+void ArtifactStore::EnsureSpaceReserve() {
+  const fs::path reserve = options_.data_dir / kReserveFile;
+  const uint64_t size = std::min(kMaxReserveBytes, options_.max_size_bytes / 64);
+  if (FileBytes(reserve) == size) return;
+  std::error_code error;
+  fs::remove(reserve, error);
+  // Written, not sized: a sparse file would reserve nothing.
+  if (!platform::WriteFileDurably(reserve, std::string(size, '\0')).ok()) {
+    fs::remove(reserve, error);  // on a full disk: made again once there is room
+  }
+}
+
+uint64_t ArtifactStore::DiskBytes() const {
+  const fs::path db = options_.data_dir / "kiln.db";
+  return file_blob_bytes_.load() + blob_dir_bytes_.load() + served_files_.bytes() + FileBytes(db) +
+         FileBytes(fs::path(db).concat("-wal")) + FileBytes(fs::path(db).concat("-shm")) +
+         FileBytes(options_.data_dir / kReserveFile);
+}
+
+void ArtifactStore::NoteDiskFull(const absl::Status& status) {
+  puts_refused_disk_full_.fetch_add(1);
+  std::lock_guard lock(disk_full_mutex_);
+  if (disk_full_since_.has_value()) return;
+  disk_full_since_ = absl::Now();
+  spdlog::error("cache: the disk of {} is full: results are served but not stored until there "
+                "is room (free disk space, lower max_cache_size, or run kiln gc); what failed: {}",
+                options_.data_dir.string(), status.message());
+}
+
+void ArtifactStore::NoteStored() {
+  {
+    std::lock_guard lock(disk_full_mutex_);
+    if (!disk_full_since_.has_value()) return;
+    disk_full_since_.reset();
+  }
+  spdlog::info("cache: there is room on disk again; results are stored again ({} were not)",
+               puts_refused_disk_full_.load());
+  EnsureSpaceReserve();
 }
 
 absl::StatusOr<std::unique_ptr<ArtifactStore::ReaderConnection>> ArtifactStore::OpenReader() {
@@ -534,8 +632,7 @@ absl::StatusOr<ArtifactStore::PreparedBlob> ArtifactStore::PrepareBlob(BlobInput
 
 absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
   const fs::path target = BlobPath(blob.digest);
-  std::error_code error;
-  fs::create_directories(target.parent_path(), error);
+  blob_dir_bytes_ += CreateDirectoriesCounted(target.parent_path());
   // Blob files are named for their content: if a reader holds the target open
   // (Windows refuses to replace it), the file there already has these bytes.
   return platform::PublishContentAddressedFile(blob.temp_path, target);
@@ -578,6 +675,8 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
     std::lock_guard lock(writer_mutex_);
     status = PutLocked(ns, key, prepared, stored);
   }
+  if (absl::IsResourceExhausted(status)) NoteDiskFull(status);
+  if (status.ok()) NoteStored();
   std::error_code ignored;
   for (const PreparedBlob& blob : prepared) {
     if (!blob.temp_path.empty()) fs::remove(blob.temp_path, ignored);
@@ -593,11 +692,12 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
   const absl::string_view domain = DomainOf(ns);
   const bool capped = options_.max_domain_bytes > 0 && !options_.capped_domain_prefix.empty() &&
                       absl::StartsWith(domain, options_.capped_domain_prefix);
-  if (capped || stored_bytes_.load() > options_.max_size_bytes) {
+  const bool over_cap = DiskBytes() > options_.max_size_bytes;
+  if (capped || over_cap) {
     {
       std::lock_guard lock(maintenance_mutex_);
       if (capped) domains_put_to_.emplace(domain);
-      if (stored_bytes_.load() > options_.max_size_bytes) eviction_needed_ = true;
+      if (over_cap) eviction_needed_ = true;
     }
     maintenance_wakeup_.notify_one();
   }
@@ -612,6 +712,7 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
   std::vector<int64_t> replaced_blob_ids;
   ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(ns, key, replaced_blob_ids));
   uint64_t added_bytes = 0;
+  uint64_t added_file_bytes = 0;
   for (const PreparedBlob& blob : prepared) {
     w.find_blob.BindBlob(1, blob.digest);
     ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
@@ -632,6 +733,7 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
       RETURN_IF_ERROR(w.insert_blob.Run());
       blob_id = w.db->LastInsertId();
       added_bytes += blob.stored_size;
+      if (blob.location == kFile) added_file_bytes += blob.stored_size;
     }
     RETURN_IF_ERROR(
         w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
@@ -651,6 +753,7 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
   ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
   RETURN_IF_ERROR(txn.Commit());
   stored_bytes_ += added_bytes;
+  file_blob_bytes_ += added_file_bytes;
   ReleaseFreedBlobs(freed);
   return absl::OkStatus();
 }
@@ -696,9 +799,12 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
     w.orphan_blob.Bind(1, blob_id);
     ASSIGN_OR_RETURN(bool orphaned, w.orphan_blob.Step());
     if (orphaned) {
-      freed.bytes += static_cast<uint64_t>(w.orphan_blob.ColumnInt(1));
+      const auto stored_size = static_cast<uint64_t>(w.orphan_blob.ColumnInt(1));
+      freed.bytes += stored_size;
+      freed.plain_bytes += static_cast<uint64_t>(w.orphan_blob.ColumnInt(3));
       freed.digests.emplace_back(w.orphan_blob.ColumnBlob(0));
       if (w.orphan_blob.ColumnInt(2) == kFile) {
+        freed.file_bytes += stored_size;
         freed.files.push_back(BlobPath(w.orphan_blob.ColumnBlob(0)));
       }
     }
@@ -710,6 +816,7 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
 
 void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
   stored_bytes_ -= std::min<uint64_t>(freed.bytes, stored_bytes_.load());
+  file_blob_bytes_ -= std::min<uint64_t>(freed.file_bytes, file_blob_bytes_.load());
   for (const fs::path& file : freed.files) {
     std::error_code error;
     // A file another process holds open (Windows) stays behind as an orphan;
@@ -719,6 +826,14 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
     }
   }
   for (const std::string& digest : freed.digests) served_files_.Remove(digest);
+  // Served entries are indexed under the client's namespace, the entry's
+  // without the served prefix (LookupInto).
+  for (const auto& [ns, key] : freed.entries) {
+    absl::string_view client_ns = ns;
+    if (absl::ConsumePrefix(&client_ns, options_.served_namespace_prefix)) {
+      served_files_.RemoveIndex(client_ns, key);
+    }
+  }
 }
 
 void ArtifactStore::DropCorruptBlob(absl::string_view digest, absl::string_view reason) {
@@ -767,10 +882,17 @@ absl::Status ArtifactStore::FlushTouches() {
 }
 
 absl::Status ArtifactStore::EvictEntryLocked(int64_t entry_id, FreedBlobs& freed) {
+  Writer& w = *writer_;
+  w.entry_name.Bind(1, entry_id);
+  ASSIGN_OR_RETURN(bool named, w.entry_name.Step());
+  if (named) freed.entries.emplace_back(w.entry_name.ColumnText(0), w.entry_name.ColumnText(1));
+  w.entry_name.Reset();
   std::vector<int64_t> blob_ids;
   RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
   ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
   freed.bytes += entry_freed.bytes;
+  freed.file_bytes += entry_freed.file_bytes;
+  freed.plain_bytes += entry_freed.plain_bytes;
   freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
   freed.digests.insert(freed.digests.end(), entry_freed.digests.begin(),
                        entry_freed.digests.end());
@@ -790,16 +912,24 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   w.least_recently_used.Reset();
   FreedBlobs freed;
   uint64_t evicted = 0;
-  const uint64_t stored = stored_bytes_.load();
-  // Entry by entry, so eviction stops as soon as the store fits the target.
+  const uint64_t on_disk = DiskBytes();
+  // Entry by entry, so eviction stops as soon as the store should fit the
+  // target: each blob frees what it stored and its served copy. The caller
+  // measures again after the batch.
   for (int64_t entry_id : candidates) {
-    if (stored - std::min(stored, freed.bytes) <= target_bytes) break;
+    const uint64_t freeing = freed.bytes + freed.plain_bytes;
+    if (on_disk - std::min(on_disk, freeing) <= target_bytes) break;
     RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
     ++evicted;
   }
   RETURN_IF_ERROR(txn.Commit());
   ReleaseFreedBlobs(freed);
   evicted_entries_ += evicted;
+  // The pages of inline blobs go back to the file system. Not a failure of
+  // the eviction when it cannot (a full disk): the next batch tries again.
+  if (absl::Status status = w.db->Exec("PRAGMA incremental_vacuum"); !status.ok()) {
+    spdlog::debug("cache: incremental_vacuum: {}", status.message());
+  }
   return evicted;
 }
 
@@ -898,19 +1028,37 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictDomainLocked(absl::string_view doma
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
+  absl::StatusOr<uint64_t> evicted = EvictBatchesToSize(target_bytes);
+  if (absl::IsResourceExhausted(evicted.status())) {
+    // The transaction found no room to write in: give it the reserve's.
+    std::error_code error;
+    if (fs::remove(options_.data_dir / kReserveFile, error)) {
+      spdlog::warn("cache: the disk is full; evicting with the space kept in reserve for it");
+      evicted = EvictBatchesToSize(target_bytes);
+    }
+  }
+  EnsureSpaceReserve();
+  return evicted;
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EvictBatchesToSize(uint64_t target_bytes) {
   uint64_t evicted = 0;
-  while (stored_bytes_.load() > target_bytes) {
+  while (true) {
     // The lock is taken per batch so puts and corrupt-blob drops interleave;
     // lookups never wait for it (WAL readers see the last committed state).
     std::lock_guard lock(writer_mutex_);
+    // The WAL cut to nothing first (when no reader is in it; best effort), so
+    // that what it held is not taken for entries to evict.
+    writer_->db->Exec("PRAGMA wal_checkpoint(TRUNCATE)").IgnoreError();
+    if (DiskBytes() <= target_bytes) break;
     RETURN_IF_ERROR(FlushTouches());
     ASSIGN_OR_RETURN(uint64_t batch, EvictBatchLocked(target_bytes));
     if (batch == 0) break;
     evicted += batch;
   }
   if (evicted > 0) {
-    spdlog::info("cache: evicted {} least recently used entries; {} bytes stored", evicted,
-                 stored_bytes_.load());
+    spdlog::info("cache: evicted {} least recently used entries; {} bytes on disk", evicted,
+                 DiskBytes());
   }
   return evicted;
 }
@@ -962,7 +1110,7 @@ void ArtifactStore::MaintenanceLoop() {
         spdlog::warn("cache: cannot record last-use times: {}", status.message());
       }
     }
-    if (stored_bytes_.load() > options_.max_size_bytes) {
+    if (DiskBytes() > options_.max_size_bytes) {
       // Evict below the cap, not just to it, so the next put does not evict again.
       const uint64_t target = options_.max_size_bytes / 10 * 9;
       if (absl::StatusOr<uint64_t> evicted = EvictToSize(target); !evicted.ok()) {
@@ -1006,7 +1154,13 @@ absl::StatusOr<StoreStats> ArtifactStore::Stats() {
   stats.evicted_entries = evicted_entries_.load();
   stats.corrupt_entries_dropped = corrupt_entries_dropped_.load();
   stats.stored_bytes = stored_bytes_.load();
+  stats.disk_bytes = DiskBytes();
   stats.max_size_bytes = options_.max_size_bytes;
+  stats.puts_refused_disk_full = puts_refused_disk_full_.load();
+  {
+    std::lock_guard lock(disk_full_mutex_);
+    stats.disk_full_since = disk_full_since_;
+  }
   {
     std::lock_guard lock(namespace_stats_mutex_);
     stats.lookups_by_namespace.insert(lookups_by_namespace_.begin(), lookups_by_namespace_.end());

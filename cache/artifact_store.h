@@ -77,6 +77,8 @@ struct CacheEntry {
 
 struct StoreOptions {
   std::filesystem::path data_dir;
+  // What the data directory may hold on disk (StoreStats::disk_bytes): past
+  // it, least recently used entries go.
   uint64_t max_size_bytes = 10ull << 30;
   uint64_t inline_threshold_bytes = kDefaultInlineThreshold;
   int zstd_level = 1;  // 0 stores blobs uncompressed
@@ -112,8 +114,15 @@ struct StoreStats {
   uint64_t corrupt_entries_dropped = 0;
   uint64_t entries = 0;
   uint64_t blobs = 0;
-  uint64_t stored_bytes = 0;  // after compression, counted against the cap
+  uint64_t stored_bytes = 0;  // the blobs' bytes, after compression
+  // What the data directory holds on disk: blob files, served copies and
+  // their index, the database and its WAL. What max_size_bytes bounds.
+  uint64_t disk_bytes = 0;
   uint64_t max_size_bytes = 0;
+  // Puts refused because the disk was full (compiles served, not stored), and
+  // since when the disk is full (nullopt once a put succeeds again).
+  uint64_t puts_refused_disk_full = 0;
+  std::optional<absl::Time> disk_full_since;
   // Lookups by namespace since the store opened: namespace -> {hits, misses}.
   std::map<std::string, std::pair<uint64_t, uint64_t>> lookups_by_namespace;
 };
@@ -195,9 +204,14 @@ class ArtifactStore {
   // Where blobs are served as files (served_files.h).
   const std::filesystem::path& served_files_dir() const { return served_files_.dir(); }
 
-  // Evicts least recently used entries until at most `target_bytes` are
-  // stored. Returns how many entries went.
+  // Evicts least recently used entries until the data directory holds at
+  // most `target_bytes` on disk (StoreStats::disk_bytes). Works on a full
+  // disk: it gives up the space reserve (kReserveFile) to do so. Returns how
+  // many entries went.
   absl::StatusOr<uint64_t> EvictToSize(uint64_t target_bytes);
+
+  // StoreStats::disk_bytes.
+  uint64_t DiskBytes() const;
 
   struct VerifyReport {
     uint64_t blobs_checked = 0;
@@ -298,7 +312,22 @@ class ArtifactStore {
   ServedFiles served_files_;
   HitJournal hit_journal_;
 
+  // A full disk: counted, logged once per episode, shown in the stats.
+  void NoteDiskFull(const absl::Status& status);
+  void NoteStored();
+  // The space reserve: a file kept in the data directory so that eviction has
+  // room to write its transaction when the disk is full.
+  void EnsureSpaceReserve();
+  // Evicts entries by the batch while the disk footprint is over
+  // `target_bytes`; needs no lock.
+  absl::StatusOr<uint64_t> EvictBatchesToSize(uint64_t target_bytes);
+
   std::atomic<uint64_t> stored_bytes_{0};
+  std::atomic<uint64_t> file_blob_bytes_{0};  // of blobs stored as files (blobs/)
+  std::atomic<uint64_t> blob_dir_bytes_{0};   // blobs/ and its subdirectories
+  std::mutex disk_full_mutex_;
+  std::optional<absl::Time> disk_full_since_;  // guarded by disk_full_mutex_
+  std::atomic<uint64_t> puts_refused_disk_full_{0};
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> puts_{0};

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cache/disk_usage.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -132,12 +133,17 @@ fs::path ServedFiles::KeyedPathOf(absl::string_view subdir, absl::string_view ns
 absl::StatusOr<platform::Replaced> ServedFiles::WriteAndMove(const fs::path& target,
                                                              absl::string_view content) {
   std::error_code error;
-  fs::create_directories(target.parent_path(), error);
+  bytes_ += static_cast<int64_t>(CreateDirectoriesCounted(target.parent_path()));
   const fs::path temp =
       target.parent_path() / absl::StrCat(".", temp_counter.fetch_add(1), kTempSuffix);
   RETURN_IF_ERROR(WriteFile(temp, content));
+  const auto before = static_cast<int64_t>(OnDiskNow(target));
   absl::StatusOr<platform::Replaced> replaced = platform::MoveFileOver(temp, target);
-  if (!replaced.ok() || *replaced == platform::Replaced::kTargetInUse) fs::remove(temp, error);
+  if (!replaced.ok() || *replaced == platform::Replaced::kTargetInUse) {
+    fs::remove(temp, error);
+  } else {
+    bytes_ += static_cast<int64_t>(OnDisk(content.size())) - before;
+  }
   return replaced;
 }
 
@@ -188,7 +194,7 @@ absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view ke
     return absl::InternalError(absl::StrFormat("%s is not under %s", file.path.string(), dir_.string()));
   }
   if (fs::read_symlink(link, error) == target) return absl::OkStatus();
-  fs::create_directories(link.parent_path(), error);
+  bytes_ += static_cast<int64_t>(CreateDirectoriesCounted(link.parent_path()));
   // Made under a temporary name and moved over the old link: a client never
   // finds the name missing or pointing at the wrong file.
   const fs::path temp =
@@ -215,7 +221,22 @@ void ServedFiles::Remove(absl::string_view digest) {
     trusted_.Forget(file.path().string());
     // A file a client holds open (a loaded launcher module on Windows) stays
     // behind; RemoveOrphans takes it at the next start.
-    fs::remove(file.path(), error);
+    const auto size = static_cast<int64_t>(OnDiskNow(file.path()));
+    if (fs::remove(file.path(), error)) bytes_ -= size;
+  }
+}
+
+void ServedFiles::RemoveIndex(absl::string_view ns, absl::string_view key) {
+  std::error_code error;
+  const fs::path index = KeyedPathOf(kIndexDir, ns, key, ".json");
+  const auto size = static_cast<int64_t>(OnDiskNow(index));
+  if (fs::remove(index, error)) bytes_ -= size;
+  // The link's name ends with its file's extension, which the entry no longer says.
+  const fs::path link = KeyedPathOf(kLinksDir, ns, key, "");
+  for (const fs::directory_entry& file : fs::directory_iterator(link.parent_path(), error)) {
+    if (absl::StartsWith(file.path().filename().string(), link.filename().string())) {
+      fs::remove(file.path(), error);
+    }
   }
 }
 
@@ -273,6 +294,20 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
     // read portably, so one being made now cannot be told from one left behind.
     if (link.is_symlink(error) && !fs::exists(link.path(), error)) fs::remove(link.path(), error);
   }
+  int64_t measured = 0;
+  for (auto it = fs::recursive_directory_iterator(dir_, error);
+       it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (it->path() == hits_dir()) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file(error)) {
+      measured += static_cast<int64_t>(OnDisk(it->file_size(error)));
+    } else if (it->is_directory(error)) {
+      measured += static_cast<int64_t>(kDiskBlock);
+    }
+  }
+  bytes_ = measured;
 }
 
 }  // namespace kiln::cache

@@ -38,6 +38,10 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -88,6 +92,9 @@ class ServedFiles {
   absl::Status PublishIndex(absl::string_view ns, absl::string_view key,
                             const std::vector<IndexedFile>& files);
 
+  // Removes the index entry and link of (ns, key): its entry went.
+  void RemoveIndex(absl::string_view ns, absl::string_view key);
+
   // Removes the served files of blob `digest` (every extension). A file a
   // client holds open (Windows) stays until RemoveOrphans.
   void Remove(absl::string_view digest);
@@ -95,7 +102,13 @@ class ServedFiles {
   // Removes served files whose blob `is_stored` says is gone, index entries
   // naming a file that is gone, dangling links, and temporary files a killed
   // kilnd left.
+  // Then measures what the directory holds (bytes()).
   void RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored);
+
+  // What the served files, index and links take on disk (each file rounded
+  // up to a 4 KiB block, as file systems allocate): kept as they are written
+  // and removed, measured again by RemoveOrphans. The cache's size cap counts it.
+  uint64_t bytes() const { return static_cast<uint64_t>(std::max<int64_t>(bytes_.load(), 0)); }
 
  private:
   std::filesystem::path PathOf(absl::string_view digest, absl::string_view extension) const;
@@ -113,6 +126,7 @@ class ServedFiles {
   TrustedStamps trusted_;
   // Set once this account turned out unable to make links: not tried again.
   std::atomic<bool> links_unavailable_{false};
+  std::atomic<int64_t> bytes_{0};
 };
 
 }  // namespace kiln::cache

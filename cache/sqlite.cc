@@ -38,6 +38,24 @@ Statement& Statement::BindBlob(int index, absl::string_view value) {
   return *this;
 }
 
+namespace {
+
+// BUSY and LOCKED: another connection holds the database (try again); FULL:
+// the disk is (the store counts those puts and says so).
+absl::Status StatusOf(int rc, const std::string& message) {
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::UnavailableError(message);
+    case SQLITE_FULL:
+      return absl::ResourceExhaustedError(message + "; free disk space or lower max_cache_size");
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace
+
 Statement& Statement::BindNull(int index) {
   sqlite3_bind_null(stmt_, index);
   return *this;
@@ -50,11 +68,7 @@ absl::StatusOr<bool> Statement::Step() {
   const std::string message = absl::StrFormat("sqlite step failed (%s): %s", sqlite3_errstr(rc),
                                               sqlite3_errmsg(db_));
   sqlite3_reset(stmt_);
-  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) return absl::UnavailableError(message);
-  if (rc == SQLITE_FULL) {
-    return absl::ResourceExhaustedError(message + "; free disk space or lower max_cache_size");
-  }
-  return absl::InternalError(message);
+  return StatusOf(rc, message);
 }
 
 absl::Status Statement::Run() {
@@ -122,8 +136,7 @@ absl::Status Database::Exec(absl::string_view sql) {
   const std::string text = absl::StrFormat("sqlite: %s (%s)", message ? message : "",
                                            sqlite3_errstr(rc));
   sqlite3_free(message);
-  if (rc == SQLITE_BUSY) return absl::UnavailableError(text);
-  return absl::InternalError(text);
+  return StatusOf(rc, text);
 }
 
 absl::StatusOr<Statement> Database::Prepare(absl::string_view sql) {

@@ -76,6 +76,7 @@ bool LocalSocketAcceptsConnections(const std::filesystem::path& path);
 
 // Writes `data` to a new file at `path` and flushes it to stable storage
 // before returning, so a later rename publishes complete content only.
+// RESOURCE_EXHAUSTED when the disk is full.
 absl::Status WriteFileDurably(const std::filesystem::path& path, absl::string_view data);
 
 // The whole content of the file at `path`: NOT_FOUND when there is none,

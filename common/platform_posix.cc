@@ -165,8 +165,11 @@ absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
     const ssize_t n = write(fd.get(), data.data() + written, data.size() - written);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return absl::InternalError(absl::StrFormat(
-          "cannot write %s: %s; check free disk space", path.string(), ErrnoText()));
+      const std::string why = absl::StrFormat("cannot write %s: %s", path.string(), ErrnoText());
+      if (errno == ENOSPC || errno == EDQUOT) {
+        return absl::ResourceExhaustedError(absl::StrCat(why, "; the disk is full"));
+      }
+      return absl::InternalError(absl::StrCat(why, "; check free disk space"));
     }
     written += static_cast<size_t>(n);
   }

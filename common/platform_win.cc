@@ -237,8 +237,13 @@ absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
         static_cast<DWORD>(std::min<size_t>(data.size() - written, 1u << 30));
     DWORD n = 0;
     if (!WriteFile(file.get(), data.data() + written, chunk, &n, nullptr)) {
-      return absl::InternalError(absl::StrFormat(
-          "cannot write %s: %s; check free disk space", PathText(path), LastErrorText()));
+      const DWORD error = GetLastError();
+      const std::string error_text = LastErrorText();
+      const std::string why = absl::StrFormat("cannot write %s: %s", PathText(path), error_text);
+      if (error == ERROR_DISK_FULL || error == ERROR_HANDLE_DISK_FULL) {
+        return absl::ResourceExhaustedError(absl::StrCat(why, "; the disk is full"));
+      }
+      return absl::InternalError(absl::StrCat(why, "; check free disk space"));
     }
     written += n;
   }

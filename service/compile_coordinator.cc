@@ -190,8 +190,9 @@ void CompileCoordinator::RecordAlias(const cache::CacheEntry& entry, const Alias
   cache::ArtifactStore::NamedDigests shared;
   for (const cache::StoredBlob& blob : entry.blobs) shared.emplace_back(blob.name, blob.digest);
   // A lost alias only costs the client a later Compile; the result stands.
+  // A full disk the store reports itself, once.
   if (absl::Status status = store_.Put(alias.ns, alias.key, alias.client_artifacts, shared).status();
-      !status.ok()) {
+      !status.ok() && !absl::IsResourceExhausted(status)) {
     spdlog::warn("cannot record {}/{}: {}", alias.ns, alias.key, status.message());
   }
 }

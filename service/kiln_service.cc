@@ -447,6 +447,12 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
   response->set_blobs(stats.blobs);
   response->set_stored_bytes(stats.stored_bytes);
   response->set_max_size_bytes(stats.max_size_bytes);
+  response->set_disk_bytes(stats.disk_bytes);
+  response->set_puts_refused_disk_full(stats.puts_refused_disk_full);
+  if (stats.disk_full_since.has_value()) {
+    response->set_disk_full_since(absl::FormatTime(absl::RFC3339_sec, *stats.disk_full_since,
+                                                   absl::LocalTimeZone()));
+  }
   response->set_evictions(stats.evicted_entries);
   response->set_corrupt_entries_dropped(stats.corrupt_entries_dropped);
   {
@@ -513,6 +519,7 @@ grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* contex
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_evicted_entries(evicted);
     response->set_stored_bytes(stats.stored_bytes);
+    response->set_disk_bytes(stats.disk_bytes);
     return absl::OkStatus();
   });
 }

@@ -86,10 +86,19 @@ std::string PrometheusText(const v1::GetStatsResponse& stats, const RpcStats& rp
   page.One("kiln_puts_total", "counter", "Entries stored by clients.", static_cast<double>(stats.puts()));
   page.One("kiln_store_entries", "gauge", "Entries in the cache.", static_cast<double>(stats.entries()));
   page.One("kiln_store_blobs", "gauge", "Distinct blobs in the cache.", static_cast<double>(stats.blobs()));
-  page.One("kiln_store_bytes", "gauge", "Bytes the cache's blobs take on disk.",
+  page.One("kiln_store_bytes", "gauge", "Bytes the cache's blobs hold, compressed.",
            static_cast<double>(stats.stored_bytes()));
-  page.One("kiln_store_max_bytes", "gauge", "max_cache_size: eviction keeps the cache under it.",
+  page.One("kiln_store_disk_bytes", "gauge",
+           "What the data directory holds on disk: blobs, served copies, index and WAL.",
+           static_cast<double>(stats.disk_bytes()));
+  page.One("kiln_store_max_bytes", "gauge",
+           "max_cache_size: eviction keeps kiln_store_disk_bytes under it.",
            static_cast<double>(stats.max_size_bytes()));
+  page.One("kiln_store_disk_full", "gauge", "1 while results are not stored for a full disk.",
+           stats.disk_full_since().empty() ? 0 : 1);
+  page.One("kiln_store_puts_refused_disk_full_total", "counter",
+           "Results served but not stored because the disk was full.",
+           static_cast<double>(stats.puts_refused_disk_full()));
   page.One("kiln_evictions_total", "counter", "Entries evicted (least recently used first).",
            static_cast<double>(stats.evictions()));
   page.One("kiln_corrupt_entries_dropped_total", "counter",

@@ -496,19 +496,29 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
   const uint64_t lookups = stats.hits() + stats.misses();
   std::string text = absl::StrFormat(
       "kilnd %s, up %.0f s, data dir %s\n"
-      "cache:   %d entries, %d blobs, %s of %s stored\n"
+      "cache:   %d entries, %d blobs, %s stored, %s on disk of %s\n"
       "lookups: %d hits, %d misses (hit rate %.1f%%), %d puts\n"
       "evicted: %d entries; dropped as corrupt: %d\n"
       "compile: %d run by workers, %d cache hits, %d joined a running compile, %d failed\n"
       "workers: %d started, %d lost, %d live; launchers: %d built, %d cache hits\n",
       stats.server_version(), stats.uptime_seconds(), stats.data_dir(), stats.entries(),
-      stats.blobs(), FormatByteSize(stats.stored_bytes()), FormatByteSize(stats.max_size_bytes()),
+      stats.blobs(), FormatByteSize(stats.stored_bytes()), FormatByteSize(stats.disk_bytes()),
+      FormatByteSize(stats.max_size_bytes()),
       stats.hits(), stats.misses(),
       lookups == 0 ? 0.0 : 100.0 * static_cast<double>(stats.hits()) / static_cast<double>(lookups),
       stats.puts(), stats.evictions(), stats.corrupt_entries_dropped(), stats.compiles(),
       stats.compile_cache_hits(), stats.single_flight_joins(), stats.compile_failures(),
       stats.workers_started(), stats.workers_lost(), stats.live_workers(), stats.launcher_builds(),
       stats.launcher_cache_hits());
+  if (!stats.disk_full_since().empty()) {
+    absl::StrAppend(&text, absl::StrFormat("disk:    full since %s; %d results served but not "
+                                           "stored\n",
+                                           stats.disk_full_since(), stats.puts_refused_disk_full()));
+  } else if (stats.puts_refused_disk_full() > 0) {
+    absl::StrAppend(&text, absl::StrFormat("disk:    %d results were not stored while it was "
+                                           "full\n",
+                                           stats.puts_refused_disk_full()));
+  }
   if (!stats.shared_cache_state().empty() && stats.shared_cache_state() != "off") {
     absl::StrAppend(&text, absl::StrFormat(
                                "shared cache (Redis): %s; %d hits, %d misses, %d errors, %d stored, "

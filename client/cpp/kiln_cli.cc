@@ -116,6 +116,13 @@ int Health(kiln::Client& client, const std::vector<std::string>& args) {
   if (stats.ok() && !stats->shared_cache_state().empty() && stats->shared_cache_state() != "off") {
     std::cout << "shared cache (Redis): " << stats->shared_cache_state() << "\n";
   }
+  // A full disk fails no request either: results are served, not stored.
+  if (stats.ok() && !stats->disk_full_since().empty()) {
+    std::cout << "cache: disk full since " << stats->disk_full_since() << "; "
+              << stats->puts_refused_disk_full()
+              << " results served but not stored (free disk space, lower max_cache_size, or "
+                 "run kiln gc)\n";
+  }
   return kOk;
 }
 
@@ -620,7 +627,7 @@ int Gc(kiln::Client& client, const std::vector<std::string>& args) {
   absl::StatusOr<kiln::v1::EvictResponse> evicted = client.Evict(*size);
   if (!evicted.ok()) return Fail(evicted.status());
   std::cout << "evicted " << evicted->evicted_entries() << " entries; "
-            << kiln::FormatByteSize(evicted->stored_bytes()) << " stored\n";
+            << kiln::FormatByteSize(evicted->disk_bytes()) << " on disk\n";
   return kOk;
 }
 

@@ -78,15 +78,16 @@ def tcp_kilnd(root, *flags, config=""):
 
 
 class Kilnd:
-    """A kilnd process on a private socket and data directory."""
+    """A kilnd process on a private socket and data directory, started by
+    `wrapper` (a command that ends by running the one it is given) if any."""
 
-    def __init__(self, root, *flags):
+    def __init__(self, root, *flags, wrapper=()):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.socket = self.root / "kilnd.sock"
         self.log = open(self.root / "kilnd.out", "w")
         self.process = subprocess.Popen(
-            [str(BUILD / "service" / "kilnd"), f"--data-dir={self.root / 'data'}",
+            [*wrapper, str(BUILD / "service" / "kilnd"), f"--data-dir={self.root / 'data'}",
              f"--local-socket={self.socket}", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(f"unix:{self.socket}", options=[
