@@ -19,7 +19,8 @@ void RunAll(std::vector<std::function<void()>>& callbacks) {
 
 }  // namespace
 
-CompileClaims::CompileClaims(ClaimLimits limits) : limits_(limits) {
+CompileClaims::CompileClaims(ClaimLimits limits, Unfinished unfinished)
+    : limits_(limits), unfinished_(std::move(unfinished)) {
   expirer_ = std::thread([this] { ExpireLoop(); });
 }
 
@@ -80,6 +81,8 @@ CompileClaims::Ticket CompileClaims::ClaimOrWait(const std::string& ns, const st
       ticket = {Answer::kWaiting};
     } else if (may_claim) {
       Claim& created = claims_[ClaimId(ns, key)];
+      created.ns = ns;
+      created.key = key;
       created.id = next_claim_id_++;
       created.claimant = claimant;
       created.taken_at = now;
@@ -134,9 +137,15 @@ void CompileClaims::Abandon(const std::string& ns, const std::string& key, uint6
         claim->second.lapses_at == absl::InfiniteFuture()) {
       return;
     }
-    callbacks = EndLocked(claim, false);
+    if (unfinished_) callbacks.push_back(TellUnfinished(claim->second));
+    std::vector<std::function<void()>> ended = EndLocked(claim, false);
+    std::move(ended.begin(), ended.end(), std::back_inserter(callbacks));
   }
   RunAll(callbacks);
+}
+
+std::function<void()> CompileClaims::TellUnfinished(const Claim& claim) const {
+  return [unfinished = unfinished_, ns = claim.ns, key = claim.key] { unfinished(ns, key); };
 }
 
 void CompileClaims::ExpireLoop() {
@@ -154,6 +163,7 @@ void CompileClaims::ExpireLoop() {
     for (auto it = claims_.begin(); it != claims_.end();) {
       auto current = it++;
       if (current->second.lapses_at <= now) {
+        if (unfinished_) lapsed.push_back(TellUnfinished(current->second));
         std::vector<std::function<void()>> ended = EndLocked(current, true);
         std::move(ended.begin(), ended.end(), std::back_inserter(lapsed));
       }

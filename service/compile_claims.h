@@ -39,7 +39,11 @@ struct ClaimLimits {
 
 class CompileClaims {
  public:
-  explicit CompileClaims(ClaimLimits limits);
+  // Told of a claim that ended with nothing stored and no compile started
+  // (abandoned or lapsed), outside the lock: its key's next miss is no
+  // eviction (MissLog).
+  using Unfinished = std::function<void(const std::string& ns, const std::string& key)>;
+  explicit CompileClaims(ClaimLimits limits, Unfinished unfinished = nullptr);
   ~CompileClaims();  // releases all
   CompileClaims(const CompileClaims&) = delete;
   CompileClaims& operator=(const CompileClaims&) = delete;
@@ -88,6 +92,8 @@ class CompileClaims {
 
  private:
   struct Claim {
+    std::string ns;
+    std::string key;
     uint64_t id = 0;
     std::string claimant;
     absl::Time taken_at;   // by this claimant, first
@@ -100,7 +106,11 @@ class CompileClaims {
       absl::flat_hash_map<std::string, Claim>::iterator claim, bool tell_holder);
   void ExpireLoop();
 
+  // What runs `unfinished_` for `claim`, outside the lock.
+  std::function<void()> TellUnfinished(const Claim& claim) const;
+
   const ClaimLimits limits_;
+  const Unfinished unfinished_;
   std::mutex mutex_;
   std::condition_variable changed_;
   absl::flat_hash_map<std::string, Claim> claims_;  // guarded; by ns + '\0' + key

@@ -109,7 +109,10 @@ KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistr
       tcp_access_(std::move(tcp_access)),
       miss_log_(data_dir_.empty() ? std::filesystem::path()
                                   : std::filesystem::path(data_dir_) / "miss-history.pb"),
-      claims_(claim_limits),
+      claims_(claim_limits,
+              [this](const std::string& ns, const std::string& key) {
+                miss_log_.Abandoned(ns, key);
+              }),
       tenant_compile_slots_(tcp_access_.compiles_per_tenant),
       blocking_pool_(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u))) {}
 

@@ -44,12 +44,17 @@ std::vector<std::string> MissLog::Record(absl::string_view domain, absl::string_
   std::vector<std::string> reasons;
   const std::string scoped_key = absl::StrCat(ns, absl::string_view("\0", 1), key);
   std::lock_guard lock(mutex_);
-  if (keys_missed_.size() >= kMaxRemembered || last_by_kernel_.size() >= kMaxRemembered) {
+  if (keys_missed_.size() >= kMaxRemembered || last_by_kernel_.size() >= kMaxRemembered ||
+      keys_abandoned_.size() >= kMaxRemembered) {
     keys_missed_.clear();
+    keys_abandoned_.clear();
     last_by_kernel_.clear();
   }
   const bool missed_before = !keys_missed_.insert(scoped_key).second;
-  if (components == nullptr || components->kernel().empty()) {
+  if (keys_abandoned_.erase(scoped_key) > 0) {
+    // Its last claimant never stored it: nothing was evicted.
+    reasons.push_back("abandoned");
+  } else if (components == nullptr || components->kernel().empty()) {
     reasons.push_back(missed_before ? "evicted" : "unknown");
   } else if (missed_before) {
     // Missed, compiled and stored once already: the entry went since (evicted,
@@ -87,6 +92,12 @@ std::vector<std::string> MissLog::Record(absl::string_view domain, absl::string_
   recent_.emplace_back(std::string(domain), std::move(miss));
   if (recent_.size() > kMaxRecent) recent_.pop_front();
   return reasons;
+}
+
+void MissLog::Abandoned(absl::string_view ns, absl::string_view key) {
+  const std::string scoped_key = absl::StrCat(ns, absl::string_view("\0", 1), key);
+  std::lock_guard lock(mutex_);
+  if (keys_missed_.erase(scoped_key) > 0) keys_abandoned_.insert(scoped_key);
 }
 
 std::vector<v1::Miss> MissLog::Latest(absl::string_view domain, size_t count) const {

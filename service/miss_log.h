@@ -40,6 +40,10 @@ class MissLog {
   // domain's clients name them.
   std::vector<v1::Miss> Latest(absl::string_view domain, size_t count) const;
   std::map<std::string, uint64_t> CountsByReason() const;
+  // The claim of a miss of (scoped `ns`, key) ended with nothing stored (its
+  // claimant went away or its claim lapsed): the key's next miss is
+  // "abandoned", not "evicted". Kept in memory only.
+  void Abandoned(absl::string_view ns, absl::string_view key);
 
  private:
   static constexpr size_t kMaxRemembered = 100000;
@@ -49,6 +53,7 @@ class MissLog {
 
   mutable std::mutex mutex_;
   absl::flat_hash_set<std::string> keys_missed_;  // scoped namespace + '\0' + key
+  absl::flat_hash_set<std::string> keys_abandoned_;  // the same, not in keys_missed_
   // scoped namespace + '\0' + kernel -> its latest key's inputs
   absl::flat_hash_map<std::string, v1::KeyComponents> last_by_kernel_;
   std::deque<std::pair<std::string, v1::Miss>> recent_;  // {domain, miss}

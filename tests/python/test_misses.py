@@ -86,6 +86,27 @@ def test_each_changed_input_of_a_kernel_is_the_reason_its_lookup_missed(tmp_path
         kilnd.stop()
 
 
+def test_a_key_whose_claim_lapsed_with_nothing_stored_misses_as_abandoned_not_evicted(tmp_path):
+    config = tmp_path / "kilnd.conf"
+    config.write_text("claim_timeout_seconds = 1\n")
+    kilnd = Kilnd(tmp_path / "kilnd", f"--config={config}")
+    try:
+        components = _api.KeyComponents(kernel="k@cuda:90", toolchain="t1", source="s1", backend="12.8-90",
+                                        options="o1", env="e1")
+        request = _api.LookupRequest(namespace="triton", key="key1", claimant="stuck", key_components=components)
+        call = kilnd.stub.LookupOrClaim(request)
+        assert next(call).claimed
+        # The claimant neither renews nor stores: kilnd ends the claim (and the call).
+        assert list(call) == []
+        call = kilnd.stub.LookupOrClaim(request)
+        assert next(call).claimed
+        call.cancel()
+        assert [list(miss.reasons) for miss in kilnd.stub.ListMisses(_api.ListMissesRequest(last=2)).misses] == [
+            ["new kernel"], ["abandoned"]]
+    finally:
+        kilnd.stop()
+
+
 def test_a_new_triton_or_ptxas_is_named_and_misses_stay_with_their_trust_domain(tmp_path):
     kilnd = Kilnd(tmp_path / "kilnd")
     try:
@@ -125,6 +146,8 @@ def test_what_kilnd_saw_of_each_kernel_survives_a_restart_and_a_damaged_history_
             namespace="triton", key=key, claimant="test",
             key_components=_api.KeyComponents(**dict(components, **changed))))
         assert next(call).claimed
+        # Compiled and stored, as a client does with what it claimed.
+        kilnd.stub.Put(_api.PutRequest(namespace="triton", key=key, blobs=[_api.blob("k.cubin", key.encode())]))
         call.cancel()
         return list(kilnd.stub.ListMisses(_api.ListMissesRequest(last=1)).misses[-1].reasons)
 
@@ -135,6 +158,7 @@ def test_what_kilnd_saw_of_each_kernel_survives_a_restart_and_a_damaged_history_
         kilnd.stop()  # an orderly stop, as for an upgrade
     kilnd = Kilnd(tmp_path / "kilnd")
     try:
+        kilnd.stub.Evict(_api.EvictRequest(target_bytes=0))
         assert miss(kilnd, "key2", options="o2") == ["options"]
         assert miss(kilnd, "key1") == ["evicted"]  # compiled before the restart, and gone since
     finally:
