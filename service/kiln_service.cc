@@ -482,6 +482,9 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
   response->set_launcher_cache_hits(compiles.launcher_cache_hits);
   response->set_lookups_waited(lookups_waited_.load());
   response->set_tenant_compiles_waiting(tenant_compile_slots_.waiting());
+  if (tcp_access_.connection_cap != nullptr) {
+    response->set_tcp_connections_refused(tcp_access_.connection_cap->refused());
+  }
   if (std::optional<cache::SharedTierStats> shared = coordinator_.SharedTierStats()) {
     response->set_shared_cache_state(shared->state);
     response->set_shared_cache_hits(shared->hits);

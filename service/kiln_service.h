@@ -14,6 +14,7 @@
 #include "service/client_identity.h"
 #include "service/compile_claims.h"
 #include "service/compile_coordinator.h"
+#include "service/connection_cap.h"
 #include "service/miss_log.h"
 #include "service/rpc_stats.h"
 #include "service/tenant_compile_slots.h"
@@ -39,6 +40,8 @@ struct TcpAccess {
   bool client_certificates = false;             // tls_client_ca is set
   std::shared_ptr<ClientTokens> client_tokens;  // null: no client_tokens file
   int compiles_per_tenant = 1;                  // the rest of a tenant's queue
+  // tcp_max_connections on the listener (null: none); its refusals are in the stats.
+  std::shared_ptr<const ConnectionCap> connection_cap;
 
   bool identifies_clients() const { return client_certificates || client_tokens != nullptr; }
 };

@@ -96,6 +96,9 @@ std::string PrometheusText(const v1::GetStatsResponse& stats, const RpcStats& rp
            static_cast<double>(stats.max_size_bytes()));
   page.One("kiln_store_disk_full", "gauge", "1 while results are not stored for a full disk.",
            stats.disk_full_since().empty() ? 0 : 1);
+  page.One("kiln_tcp_connections_refused_total", "counter",
+           "Connections refused on the TCP listener at tcp_max_connections.",
+           static_cast<double>(stats.tcp_connections_refused()));
   page.One("kiln_store_puts_refused_disk_full_total", "counter",
            "Results served but not stored because the disk was full.",
            static_cast<double>(stats.puts_refused_disk_full()));

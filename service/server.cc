@@ -158,8 +158,8 @@ int ExplicitPort(const std::string& address) {
 // connections past the cap are refused as they come. The arguments are the
 // server's, so local clients' idle connections close too: their channels
 // connect again on their next call, as after any disconnection.
-std::shared_ptr<ConnectionCap> LimitTcpConnections(const ServerOptions& options,
-                                                   grpc::ServerBuilder& builder) {
+void LimitTcpConnections(const ServerOptions& options, std::shared_ptr<ConnectionCap> cap,
+                         grpc::ServerBuilder& builder) {
   // gRPC's idle timer ticks once a period and closes a connection at a tick
   // that finds no call since the last one: between one and two periods after
   // its last call (one for a connection that never called, in gRPC 1.51). A
@@ -168,14 +168,12 @@ std::shared_ptr<ConnectionCap> LimitTcpConnections(const ServerOptions& options,
                              std::max(1, Millis(options.tcp_idle_limit / 2)));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              Millis(std::min(kHandshakeLimit, options.tcp_idle_limit)));
-  auto cap = std::make_shared<ConnectionCap>(options.tcp_max_connections);
   cap->SetPort(ExplicitPort(options.tcp_address));  // or, when 0, once the server has started
-  InstallConnectionCap(cap, builder);
+  InstallConnectionCap(std::move(cap), builder);
   if (!ConnectionCap::kEnforced) {
     spdlog::info("tcp_max_connections is not enforced on this platform (its gRPC gives kilnd no "
                  "hook on accepted connections); idle ones still close after tcp_idle_seconds");
   }
-  return cap;
 }
 
 }  // namespace
@@ -201,6 +199,10 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     tcp_access.token = NewAccessToken();
     tcp_access.endpoint_file = options.endpoint_file;
   }
+  if (!options.tcp_address.empty()) {
+    server->connection_cap_ = std::make_shared<ConnectionCap>(options.tcp_max_connections);
+    tcp_access.connection_cap = server->connection_cap_;
+  }
   server->service_ = std::make_unique<KilnService>(
       store, toolchains, coordinator, options.data_dir, options.claim_limits, tcp_access);
   // Must precede building the server; serves grpc.health.v1 with no extra code.
@@ -214,7 +216,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     server->endpoints_.push_back(target);
   }
   if (!options.tcp_address.empty()) {
-    server->connection_cap_ = LimitTcpConnections(options, builder);
+    LimitTcpConnections(options, server->connection_cap_, builder);
     builder.AddListeningPort(options.tcp_address, tcp_credentials, &server->tcp_port_);
   }
   int local_port = 0;

@@ -510,6 +510,10 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       stats.compile_cache_hits(), stats.single_flight_joins(), stats.compile_failures(),
       stats.workers_started(), stats.workers_lost(), stats.live_workers(), stats.launcher_builds(),
       stats.launcher_cache_hits());
+  if (stats.tcp_connections_refused() > 0) {
+    absl::StrAppend(&text, absl::StrFormat("tcp:     %d connections refused at tcp_max_connections\n",
+                                           stats.tcp_connections_refused()));
+  }
   if (!stats.disk_full_since().empty()) {
     absl::StrAppend(&text, absl::StrFormat("disk:    full since %s; %d results served but not "
                                            "stored\n",
