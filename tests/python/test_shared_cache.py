@@ -216,7 +216,7 @@ def test_a_hung_redis_costs_misses_no_more_than_a_fifth_more_than_no_redis(redis
     requests = [compile_request(triton_frontend.run_frontend(kernel_suite.SUITE[case], GPUTarget("cuda", arch, 32)))
                 for case, arch in kernels]
     alone = Kilnd(tmp_path / "alone", f"--toolchain={sys.executable}")
-    hung = fleet_kilnd(tmp_path / "hung", redis, "fleet6:")
+    hung = fleet_kilnd(tmp_path / "hung", redis, "fleet10:")
     seconds = {alone: 0.0, hung: 0.0}
     try:
         for kilnd in seconds:  # the workers up, and the hung kilnd connected to Redis
