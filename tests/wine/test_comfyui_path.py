@@ -1,0 +1,170 @@
+"""The path of a Windows ComfyUI user, under Wine: ComfyUI portable's
+`python_embeded` (python.org's embeddable CPython 3.12 with `import site`, and
+triton-windows 3.6, from PyPI: scripts/windows-triton), Kiln's Python client
+installed into it with `python.exe -m pip install`, and the zip's kilnd.exe,
+which the client starts for the user when none runs, with that python.exe
+registered as its toolchain. The kernel suite goes through `triton.compile`
+with KILN=1 KILN_STRICT=1 (any failure of Kiln's fails the program) and must
+give what stock triton-windows gives in the same Python, byte for byte.
+
+No GPU: Triton compiles for sm80 and sm90 with the ptxas.exe triton-windows
+bundles. Wine's own quirks, not Windows': the embeddable python.exe aborts
+when its stdout or stderr is a regular file (pipes here), and Python's
+_wmi.pyd aborts Wine 8 when `platform` is queried (left out of the layout)."""
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import hermetic
+from conftest import REPO, local_app_data, new_wine_prefix, start_persistent_wineserver, windows_path
+
+PROBE = REPO / "tests" / "python" / "client_probe.py"
+
+
+def cached_folder(script, *args):
+    made = subprocess.run([str(REPO / "scripts" / script), *args], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-3000:]
+    return Path(made.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def wine(tmp_path_factory):
+    env = new_wine_prefix(tmp_path_factory, "comfyprefix")
+    start_persistent_wineserver(env)
+    yield env
+    subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
+
+
+def run_python(env, python, *args, timeout=600):
+    """python.exe ARGS under Wine: (exit status, its output). Its output is
+    read as it comes and taken once it exits, not at end of file: a kilnd.exe
+    it started holds the pipe (Wine hands a process's Unix descriptors to
+    those it starts) for as long as it runs."""
+    process = subprocess.Popen(["wine", str(python), *args], env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: process.stdout.read1(65536), b"")),
+                              daemon=True)
+    reader.start()
+    process.wait(timeout=timeout)
+    reader.join(timeout=2)  # what is still in the pipe
+    return process.returncode, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def python_embeded(wine, tmp_path_factory):
+    """ComfyUI_windows_portable/python_embeded with pip and Kiln's client installed."""
+    cached = cached_folder("windows-triton")
+    folder = tmp_path_factory.mktemp("comfyui") / "ComfyUI_windows_portable" / "python_embeded"
+    (folder / "site-packages").mkdir(parents=True)
+    for entry in cached.iterdir():
+        if entry.name in ("site-packages", "_wmi.pyd"):
+            continue
+        (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, folder / entry.name)
+    for package in (cached / "site-packages").iterdir():  # triton-windows, shared read-only
+        (folder / "site-packages" / package.name).symlink_to(package)
+    wheels = cached_folder("windows-client-wheels", "312")
+    client = tmp_path_factory.mktemp("client-wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(client),
+                    str(REPO / "client" / "python")], check=True)
+    # ComfyUI portable ships pip in python_embeded; a wheel is its installed files.
+    with zipfile.ZipFile(next(wheels.glob("pip-*.whl"))) as pip_wheel:
+        pip_wheel.extractall(folder / "Lib" / "site-packages")
+    python = folder / "python.exe"
+    find_links = ["--no-index", "--find-links", windows_path(wheels), "--find-links", windows_path(client)]
+    status, output = run_python(wine, python, "-m", "pip", "install", "--quiet", *find_links, "kiln-triton")
+    assert status == 0, output
+    return python
+
+
+@pytest.fixture(scope="module")
+def per_user_config(wine, python_embeded):
+    """kilnd.conf in the user's %LOCALAPPDATA%\\kiln, naming the embedded python.exe."""
+    config = local_app_data(wine) / "kiln" / "kilnd.conf"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(f"toolchain = {windows_path(python_embeded)}\r\n")
+    return config
+
+
+def suite(wine, python, cache_dir, **env):
+    """The probe's suite (15 kernels, sm80 and sm90) in a process of its own, timed."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    status, output = run_python(dict(wine, TRITON_CACHE_DIR=windows_path(cache_dir), **env), python,
+                                windows_path(PROBE), "suite")
+    seconds = time.monotonic() - started
+    assert status == 0, output[-6000:]
+    return json.loads(output.strip().splitlines()[-1]), seconds
+
+
+def kilnd_processes(wine):
+    """The kilnd.exe processes running in Wine prefix `wine`."""
+    def is_kilnd(pid):
+        try:
+            return b"kilnd.exe" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+    return [pid for pid in hermetic.processes_with("WINEPREFIX", wine["WINEPREFIX"]) if is_kilnd(pid)]
+
+
+def kilnd_stats(wine, binaries):
+    listed = subprocess.run(["wine", str(binaries[1]), "--no-autostart", "stats", "--json"], env=wine,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    return json.loads(listed.stdout)
+
+
+def test_the_suite_through_a_kilnd_the_client_starts_is_stocks_byte_for_byte_and_a_new_process_only_hits(
+        wine, binaries, python_embeded, per_user_config, tmp_path):
+    stock, stock_seconds = suite(wine, python_embeded, tmp_path / "stock-cache")
+    assert stock["cache_manager"] is None and stock["frontend_runs"] == 30
+
+    kiln_env = dict(KILN="1", KILN_STRICT="1", KILN_KILND=windows_path(binaries[0]))
+    cold, cold_seconds = suite(wine, python_embeded, tmp_path / "kiln-cache", **kiln_env)
+    assert cold["cache_manager"] == "kiln._cache:KilnCacheManager"
+    assert cold["kernels"] == stock["kernels"]
+    stats = kilnd_stats(wine, binaries)
+    assert int(stats["compiles"]) == 30, stats
+
+    # A new process with an empty Triton cache: everything from kilnd.exe, no frontend run.
+    warm, warm_seconds = suite(wine, python_embeded, tmp_path / "empty-cache", **kiln_env)
+    assert warm["kernels"] == stock["kernels"] and warm["frontend_runs"] == 0
+    assert int(kilnd_stats(wine, binaries)["compiles"]) == 30
+    print(f"suite of 30 compiles under Wine, per process: stock {stock_seconds:.1f} s, kiln cold "
+          f"{cold_seconds:.1f} s ({cold_seconds / stock_seconds:.2f}x), kiln warm with an empty Triton cache "
+          f"{warm_seconds:.1f} s ({warm_seconds / stock_seconds:.2f}x)")
+
+
+def test_two_processes_at_once_start_one_kilnd_and_compile_each_kernel_once(
+        binaries, python_embeded, tmp_path_factory, tmp_path):
+    # Another user's profile: a Wine prefix of its own, with no kilnd.exe running yet.
+    wine = new_wine_prefix(tmp_path_factory, "comfyprefix-two")
+    start_persistent_wineserver(wine)
+    try:
+        config = local_app_data(wine) / "kiln" / "kilnd.conf"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f"toolchain = {windows_path(python_embeded)}\r\n")
+        kiln_env = dict(KILN="1", KILN_STRICT="1", KILN_KILND=windows_path(binaries[0]))
+        results = [None, None]
+
+        def run(index):
+            results[index] = suite(wine, python_embeded, tmp_path / f"cache{index}", **kiln_env)
+
+        both = [threading.Thread(target=run, args=(index,)) for index in range(2)]
+        for thread in both:
+            thread.start()
+        for thread in both:
+            thread.join()
+        assert results[0][0]["kernels"] == results[1][0]["kernels"]
+        assert int(kilnd_stats(wine, binaries)["compiles"]) == 30
+        assert len(kilnd_processes(wine)) == 1
+    finally:
+        subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)
