@@ -168,6 +168,9 @@ std::vector<std::string> WindowsLauncherCommand(WindowsCompiler kind, const fs::
   command.push_back(source.string());
   if (kind == WindowsCompiler::kClang) command.push_back("-O3");
   command.insert(command.end(), {"-shared", "-o", output.string()});
+  // As triton-windows builds with TinyCC: Python 3.13's headers use MSVC's
+  // atomics unless told TinyCC has GCC's builtins.
+  if (kind == WindowsCompiler::kTinyCC) command.push_back("-D_Py_USE_GCC_BUILTIN_ATOMICS");
   for (const std::string& dir : include_dirs) command.push_back("-I" + dir);
   for (const std::string& dir : library_dirs) command.push_back("-L" + dir);
   for (const std::string& library : libraries) command.push_back("-l" + library);

@@ -145,6 +145,7 @@ TEST(WindowsCommandTest, MsvcClangAndTinyCCCommandLines) {
       WindowsCompiler::kTinyCC, "tcc.exe", "launcher.c", "m.pyd", includes, library_dirs, libraries);
   EXPECT_EQ(tcc[1], "launcher.c");
   EXPECT_EQ(std::count(tcc.begin(), tcc.end(), "-O3"), 0);
+  EXPECT_EQ(std::count(tcc.begin(), tcc.end(), "-D_Py_USE_GCC_BUILTIN_ATOMICS"), 1);
   for (const auto* command : {&clang, &tcc}) {
     EXPECT_EQ(std::count(command->begin(), command->end(), "-fPIC"), 0);
   }
