@@ -209,7 +209,19 @@ absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view ke
     return made;
   }
   absl::StatusOr<platform::Replaced> moved = platform::MoveFileOver(temp, link);
-  if (!moved.ok()) fs::remove(temp, error);
+  if (moved.ok()) {
+    links_moved_ = true;
+    return absl::OkStatus();
+  }
+  fs::remove(temp, error);
+  // A file system that makes links but has never let one be moved into place
+  // (Wine's, for one): the index serves, as where links cannot be made at all.
+  if (!links_moved_.load() && !links_unavailable_.exchange(true)) {
+    spdlog::info("links cannot be moved into place here ({}); local clients find single-file "
+                 "entries through the index",
+                 std::string(moved.status().message()));
+    return absl::OkStatus();
+  }
   return moved.status();
 }
 

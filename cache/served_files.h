@@ -126,6 +126,7 @@ class ServedFiles {
   TrustedStamps trusted_;
   // Set once this account turned out unable to make links: not tried again.
   std::atomic<bool> links_unavailable_{false};
+  std::atomic<bool> links_moved_{false};  // one link was moved into place: links work here
   std::atomic<int64_t> bytes_{0};
 };
 

@@ -138,6 +138,8 @@ def test_the_suite_through_a_kilnd_the_client_starts_is_stocks_byte_for_byte_and
     warm, warm_seconds = suite(wine, python_embeded, tmp_path / "empty-cache", **kiln_env)
     assert warm["kernels"] == stock["kernels"] and warm["frontend_runs"] == 0
     assert int(kilnd_stats(wine, binaries)["compiles"]) == 30
+    log = (local_app_data(wine) / "kiln" / "logs" / "kilnd.log").read_text()
+    assert "[warning]" not in log and "[error]" not in log, log
     print(f"suite of 30 compiles under Wine, per process: stock {stock_seconds:.1f} s, kiln cold "
           f"{cold_seconds:.1f} s ({cold_seconds / stock_seconds:.2f}x), kiln warm with an empty Triton cache "
           f"{warm_seconds:.1f} s ({warm_seconds / stock_seconds:.2f}x)")
