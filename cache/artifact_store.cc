@@ -79,13 +79,6 @@ constexpr uint64_t kMaxReserveBytes = 2 << 20;
 constexpr int kWalCheckpointPages = 256;
 constexpr int kWalSizeLimit = 1 << 20;
 
-// What a file of `size` bytes takes on disk; 0 when it is not there.
-uint64_t FileBytes(const fs::path& path) {
-  std::error_code error;
-  const uint64_t size = fs::file_size(path, error);
-  return error ? 0 : size;
-}
-
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
 // "tenant:alpha" of "tenant:alpha/triton": the trust domain a namespace is in.
@@ -321,7 +314,7 @@ absl::Status ArtifactStore::Initialize() {
 void ArtifactStore::EnsureSpaceReserve() {
   const fs::path reserve = options_.data_dir / kReserveFile;
   const uint64_t size = std::min(kMaxReserveBytes, options_.max_size_bytes / 64);
-  if (FileBytes(reserve) == size) return;
+  if (FileSize(reserve) == size) return;
   std::error_code error;
   fs::remove(reserve, error);
   // Written, not sized: a sparse file would reserve nothing.
@@ -332,9 +325,9 @@ void ArtifactStore::EnsureSpaceReserve() {
 
 uint64_t ArtifactStore::DiskBytes() const {
   const fs::path db = options_.data_dir / "kiln.db";
-  return file_blob_bytes_.load() + blob_dir_bytes_.load() + served_files_.bytes() + FileBytes(db) +
-         FileBytes(fs::path(db).concat("-wal")) + FileBytes(fs::path(db).concat("-shm")) +
-         FileBytes(options_.data_dir / kReserveFile);
+  return file_blob_bytes_.load() + blob_dir_bytes_.load() + served_files_.bytes() + OnDiskNow(db) +
+         OnDiskNow(fs::path(db).concat("-wal")) + OnDiskNow(fs::path(db).concat("-shm")) +
+         OnDiskNow(options_.data_dir / kReserveFile);
 }
 
 void ArtifactStore::NoteDiskFull(const absl::Status& status) {

@@ -16,12 +16,15 @@ inline constexpr uint64_t kDiskBlock = 4096;
 // What a file of `size` bytes takes on disk.
 inline uint64_t OnDisk(uint64_t size) { return (size + kDiskBlock - 1) / kDiskBlock * kDiskBlock; }
 
-// What the file at `path` takes on disk now; 0 when it is not there.
-inline uint64_t OnDiskNow(const std::filesystem::path& path) {
+// The size of the file at `path`; 0 when it is not there.
+inline uint64_t FileSize(const std::filesystem::path& path) {
   std::error_code error;
   const uint64_t size = std::filesystem::file_size(path, error);
-  return error ? 0 : OnDisk(size);
+  return error ? 0 : size;
 }
+
+// What the file at `path` takes on disk now; 0 when it is not there.
+inline uint64_t OnDiskNow(const std::filesystem::path& path) { return OnDisk(FileSize(path)); }
 
 // Creates `dir` and the missing directories above it; returns what those it
 // made take on disk (a block each).

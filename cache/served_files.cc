@@ -225,17 +225,22 @@ absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view ke
   return moved.status();
 }
 
-void ServedFiles::Remove(absl::string_view digest) {
-  const std::string hex = DigestHex(digest);
+void ServedFiles::RemoveStartingWith(const fs::path& dir, absl::string_view prefix) {
   std::error_code error;
-  for (const fs::directory_entry& file : fs::directory_iterator(dir_ / hex.substr(0, 2), error)) {
-    if (!absl::StartsWith(file.path().filename().string(), hex)) continue;
+  for (const fs::directory_entry& file : fs::directory_iterator(dir, error)) {
+    if (!absl::StartsWith(file.path().filename().string(), prefix)) continue;
     trusted_.Forget(file.path().string());
+    // A link's size is its file's, counted once already.
+    const auto size = file.is_symlink(error) ? 0 : static_cast<int64_t>(OnDiskNow(file.path()));
     // A file a client holds open (a loaded launcher module on Windows) stays
     // behind; RemoveOrphans takes it at the next start.
-    const auto size = static_cast<int64_t>(OnDiskNow(file.path()));
     if (fs::remove(file.path(), error)) bytes_ -= size;
   }
+}
+
+void ServedFiles::Remove(absl::string_view digest) {
+  const std::string hex = DigestHex(digest);
+  RemoveStartingWith(dir_ / hex.substr(0, 2), hex);
 }
 
 void ServedFiles::RemoveIndex(absl::string_view ns, absl::string_view key) {
@@ -245,11 +250,7 @@ void ServedFiles::RemoveIndex(absl::string_view ns, absl::string_view key) {
   if (fs::remove(index, error)) bytes_ -= size;
   // The link's name ends with its file's extension, which the entry no longer says.
   const fs::path link = KeyedPathOf(kLinksDir, ns, key, "");
-  for (const fs::directory_entry& file : fs::directory_iterator(link.parent_path(), error)) {
-    if (absl::StartsWith(file.path().filename().string(), link.filename().string())) {
-      fs::remove(file.path(), error);
-    }
-  }
+  RemoveStartingWith(link.parent_path(), link.filename().string());
 }
 
 void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored) {
@@ -313,6 +314,7 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
       it.disable_recursion_pending();
       continue;
     }
+    if (it->is_symlink(error)) continue;  // its file is counted where it is
     if (it->is_regular_file(error)) {
       measured += static_cast<int64_t>(OnDisk(it->file_size(error)));
     } else if (it->is_directory(error)) {

@@ -115,6 +115,8 @@ class ServedFiles {
   // <dir>/<subdir>/<hh>/<62 hex><extension>, by the digest of (ns, key).
   std::filesystem::path KeyedPathOf(absl::string_view subdir, absl::string_view ns,
                                     absl::string_view key, absl::string_view extension) const;
+  // Removes the files and links in `dir` whose names start with `prefix`.
+  void RemoveStartingWith(const std::filesystem::path& dir, absl::string_view prefix);
   // Points the link of (ns, key) at `file`, unless it does already.
   absl::Status PublishLink(absl::string_view ns, absl::string_view key, const IndexedFile& file);
   // Writes `content` to a new temporary file in `dir`, then moves it over `target`.

@@ -24,13 +24,12 @@ from test_client import base_env, kiln_env, probe_json, run_probe  # noqa: F401 
 KILN = BUILD / "client" / "cpp" / "kiln"
 
 
-def on_a_tmpfs(mib):
-    """A wrapper that runs kilnd with a tmpfs of `mib` MiB on its data directory."""
+def on_a_tmpfs(data_dir, mib):
+    """A wrapper that runs kilnd with a tmpfs of `mib` MiB on `data_dir`."""
     if subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"]).returncode != 0:
         pytest.skip("this machine allows no user and mount namespaces (unshare -rm)")
     script = 'mkdir -p "$0" && mount -t tmpfs -o size=$1 tmpfs "$0" && shift && exec "$@"'
-    return lambda data_dir: ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(data_dir),
-                             f"{mib}m"]
+    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(data_dir), f"{mib}m"]
 
 
 def seen_from_here(kilnd, path):
@@ -65,7 +64,7 @@ def fill(directory):
 
 def test_a_full_disk_serves_compiles_says_they_are_not_stored_and_kiln_gc_frees_it(tmp_path):
     root = tmp_path / "kilnd"
-    kilnd = Kilnd(root, f"--toolchain={sys.executable}", wrapper=on_a_tmpfs(24)(root / "data"))
+    kilnd = Kilnd(root, f"--toolchain={sys.executable}", wrapper=on_a_tmpfs(root / "data", 24))
     try:
         data = seen_from_here(kilnd, root / "data")
         for case in range(4):
