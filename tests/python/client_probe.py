@@ -2,6 +2,7 @@
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
 usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
+                       unloadable-launcher put|build LIBCUDA_DIR|
                        deferred-texts|text-gone|
                        frontend-error|device-dependent|
                        where-warning|override FILE|put-file [--enable | --disable] [--as-inductor]
@@ -78,6 +79,7 @@ def ptxas_error():
 
 
 def launcher(libcuda_dir):
+    """`libcuda_dir` "triton": where the Triton driver itself looks (triton-windows: cuda.lib's folder)."""
     from triton.backends.nvidia import driver
     from triton.runtime.build import compile_module_from_src
 
@@ -86,9 +88,46 @@ def launcher(libcuda_dir):
     suite(kernel_suite.SUITE[:1], (90,))
 
     source = driver.make_launcher({(4,): 1024}, {0: "*fp32", 1: "*fp32", 2: "*fp32", 3: "i32", 4: "constexpr"}, None)
-    module = compile_module_from_src(src=source, name="__triton_launcher", library_dirs=[libcuda_dir],
+    library_dirs = driver.library_dirs() if libcuda_dir == "triton" else [libcuda_dir]
+    module = compile_module_from_src(src=source, name="__triton_launcher", library_dirs=library_dirs,
                                      include_dirs=driver.include_dirs, libraries=driver.libraries)
     return {"launch": callable(module.launch), "path": module.__file__, "grpc_imported": "grpc" in sys.modules}
+
+
+def unloadable_launcher(step, libcuda_dir=None):
+    """put: the suite's first kernel, and a file that is no module stored as
+    the fp16 launcher's module in the cache (as a module this Python cannot
+    load would be). build: that kernel, then that launcher, which Triton finds
+    in the cache, fails to load, and so builds: whether gRPC was imported
+    before the build, and how many builds reached stock's own (the machine's
+    C compiler)."""
+    import sysconfig
+
+    from triton.backends.nvidia import driver
+    from triton.runtime import build
+    from triton.runtime.cache import get_cache_manager
+
+    suite(kernel_suite.SUITE[:1], (90,))
+    # Argument types no other test's launcher has: kilnd builds it, not finds it built.
+    source = driver.make_launcher({}, {0: "*fp16", 1: "*fp16", 2: "i64"}, None)
+    if step == "put":
+        key = digest(source + build.platform_key())
+        get_cache_manager(key).put(b"no module", f"__triton_launcher{sysconfig.get_config_var('EXT_SUFFIX')}")
+        return {}
+    grpc_before_build = "grpc" in sys.modules
+    machine_compiles = []
+    stock_build = build._build
+
+    def counting_build(*args, **kwargs):
+        if triton.knobs.build.impl is None:
+            machine_compiles.append(args[0])
+        return stock_build(*args, **kwargs)
+
+    build._build = counting_build
+    module = build.compile_module_from_src(src=source, name="__triton_launcher", library_dirs=[libcuda_dir],
+                                           include_dirs=driver.include_dirs, libraries=driver.libraries)
+    return {"launch": callable(module.launch), "grpc_imported_before_build": grpc_before_build,
+            "machine_compiles": len(machine_compiles)}
 
 
 def launchers():
@@ -422,6 +461,7 @@ def main():
     mode = sys.argv[1]
     result = {"suite": suite, "ptxas-error": ptxas_error, "spawn-child": spawn_child,
               "launcher": lambda: launcher(sys.argv[2]), "launchers": launchers,
+              "unloadable-launcher": lambda: unloadable_launcher(*sys.argv[2:4]),
               "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
               "first-sm80": lambda: suite(kernel_suite.SUITE[:1], (80,)),
               "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),

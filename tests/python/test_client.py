@@ -302,6 +302,43 @@ def test_a_new_process_finds_a_launcher_module_by_kilnds_link_without_a_call(kil
     assert not _artifacts_in(tmp_path / "new-files")
 
 
+def test_a_strict_process_whose_kernels_come_from_local_files_builds_launchers_through_kilnd(
+        kilnd, kiln_env, libcuda_dir):  # noqa: F811
+    env = dict(kiln_env, LD_LIBRARY_PATH=str(libcuda_dir))
+    run_probe(env, "unloadable-launcher", "put")
+    before = kilnd.stats()
+    result = probe_json(run_probe(dict(env, KILN_STRICT="1"), "unloadable-launcher", "build", str(libcuda_dir)))
+    # Everything came from local files until the module in the cache failed
+    # to load, so nothing had activated Kiln: still kilnd built it, not the
+    # machine's C compiler (which an embedded Python, lacking Python.h, fails).
+    assert result["grpc_imported_before_build"] is False
+    assert kilnd.stats().launcher_builds > before.launcher_builds
+    assert result["machine_compiles"] == 0
+    assert result["launch"] is True
+
+
+def test_kilns_build_hook_is_set_only_while_kiln_is_enabled_and_the_user_has_none(base_env, kiln_env):
+    show = ("import json, kiln, triton.knobs as knobs\n"
+            "hook = knobs.build.impl\n"
+            "states = [hook is not None]\n"
+            "kiln.disable()\n"
+            "states.append(knobs.build.impl is None)\n"
+            "kiln.enable()\n"
+            "states.append(knobs.build.impl is hook)\n"
+            "kiln.disable()\n"
+            "knobs.build.impl = print\n"
+            "kiln.enable()\n"
+            "states.append(knobs.build.impl is print)\n"
+            "print(json.dumps(states))\n")
+    states = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=kiln_env, check=True)
+    # Set as triton.knobs is imported, gone with disable(), back with enable(),
+    # and never in place of the user's own.
+    assert json.loads(states.stdout) == [True, True, True, True]
+    stock = subprocess.run([sys.executable, "-c", "import triton.knobs as k; print(k.build.impl)"],
+                           capture_output=True, text=True, env=base_env, check=True)
+    assert stock.stdout.strip() == "None"
+
+
 def test_cache_manager_keys_decode_to_the_hex_kilnd_keys_by():
     from triton.runtime.cache import _base32
 

@@ -15,6 +15,8 @@ TRITON = (
     ("triton.compiler.compiler", "kiln._deferred_texts:install"),
     # What generated a launcher's source, which kilnd builds it from.
     ("triton.backends.nvidia.driver", "kiln._launcher_origin:follow"),
+    # Modules are built by kilnd even in a process that has not activated Kiln.
+    ("triton.knobs", "kiln._build_hook:install"),
 )
 
 INDUCTOR = (

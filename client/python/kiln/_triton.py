@@ -6,7 +6,8 @@
 - The stages hook (knobs.runtime.add_stages_inspection_hook; on 3.5 a wrapper
   of CUDABackend.add_stages): TTIR, TTGIR and LLIR run here as in stock; the
   LLIR goes to kilnd, and the later stages return kilnd's results.
-- knobs.build.impl: launcher and cuda_utils modules are built by kilnd.
+- knobs.build.impl (_build_hook, set as triton.knobs is imported): launcher
+  and cuda_utils modules are built by kilnd.
 
 Installed once per process, on the first use of the cache manager that needs
 kilnd (which the environment variable carries into subprocesses), so importing
@@ -25,7 +26,8 @@ import threading
 
 import grpc
 
-from . import _api, _cache, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin, _paths, _service
+from . import (_api, _build_hook, _cache, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin,
+               _paths, _service)
 
 log = logging.getLogger("kiln")
 
@@ -62,8 +64,7 @@ def _install():
         _service.fall_back(str(error))
         return False
     _install_stages_hook()
-    if hasattr(knobs, "build") and hasattr(knobs.build, "impl"):
-        knobs.build.impl = build_module
+    _build_hook.claim(knobs)  # again after kiln.disable(), which released it
     log.debug("kiln hooks installed (triton %s)", triton.__version__)
     return True
 
@@ -74,8 +75,6 @@ def uninstall():
         if _installed:
             if hasattr(knobs.runtime, "add_stages_inspection_hook"):
                 knobs.runtime.add_stages_inspection_hook = None
-            if getattr(knobs.build, "impl", None) is build_module:
-                knobs.build.impl = None
             _unwrap_add_stages()
             _frontend.unguard_frontends()
         _installed = None
@@ -172,7 +171,7 @@ class RemoteCacheManager(CacheManager):
         self._group = _frontend.begin(self._hex)
         response = self._lookup_or_claim()
         if not response.found:
-            if getattr(getattr(knobs, "build", None), "impl", None) is build_module:
+            if getattr(getattr(knobs, "build", None), "impl", None) is _build_hook.build:
                 _early_launchers.start(_stub())  # built while the kernel compiles
             return None  # the stages hook sends the compile to kilnd
         files = _hit_files("triton", self._hex, response.entry)
@@ -472,7 +471,7 @@ def _origin(name, source):
 
 
 def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
-    """knobs.build.impl: kilnd builds the module (and caches it for every process)."""
+    """_build_hook.build's work: kilnd builds the module (and caches it for every process)."""
     if not _installed:
         return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
     try:
