@@ -24,7 +24,8 @@ absl::StatusOr<std::vector<std::string>> WindowsCommand(const CCompiler& compile
   // sysconfig names <prefix>\Include even where an embedded Python has none.
   const fs::path prefix = fs::path(request.abi.include_dir).parent_path();
   absl::StatusOr<PythonBuildFiles> python =
-      FindPythonBuildFiles(prefix, request.abi.version, environment.kiln_python_dir);
+      FindPythonBuildFiles(prefix, request.abi.version, environment.kiln_python_dirs,
+                           FoundCompiler{*compiler.windows, compiler.path});
   if (!python.ok()) return python.status();
   std::vector<std::string> include_dirs = request.include_dirs;
   include_dirs.push_back(scratch.string());

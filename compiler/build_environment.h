@@ -59,15 +59,16 @@ struct BuildEnvironment {
   // Linux: the CUDA toolkit's link stubs (libcuda.so), for a machine without
   // a GPU driver (see LinkStubWithoutDriver).
   std::vector<std::filesystem::path> cuda_stub_dirs;
-  // Python headers and import libraries Kiln provides for embedded Pythons
-  // (platform::KilnPythonDir).
-  std::filesystem::path kiln_python_dir;
+  // Python headers and import libraries Kiln provides for embedded Pythons,
+  // each dir holding 3.XY\{include,libs}: the installer's
+  // (platform::KilnPythonDir), then the headers carried beside kilnd.exe.
+  std::vector<std::filesystem::path> kiln_python_dirs;
 };
 
 // `triton_dirs`: the triton packages of the toolchains registered at start;
 // on Windows the TinyCC that triton-windows bundles there is the last resort.
 absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(
-    const std::string& configured_compiler, const std::filesystem::path& kiln_python_dir,
+    const std::string& configured_compiler, const std::vector<std::filesystem::path>& kiln_python_dirs,
     const std::vector<std::filesystem::path>& triton_dirs = {});
 
 // The command that builds `request` (its source written to

@@ -16,14 +16,14 @@ constexpr absl::Duration kVersionTimeout = absl::Seconds(20);
 
 // Triton for Linux bundles no C compiler, so `triton_dirs` adds nothing here.
 absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& configured_compiler,
-                                                          const fs::path& kiln_python_dir,
+                                                          const std::vector<fs::path>& kiln_python_dirs,
                                                           const std::vector<fs::path>&) {
   std::vector<std::string> candidates;
   if (const char* cc = std::getenv("CC"); cc != nullptr && cc[0] != '\0') candidates.push_back(cc);
   if (!configured_compiler.empty()) candidates.push_back(configured_compiler);
   candidates.insert(candidates.end(), {"tcc", "gcc", "clang", "cc"});
   BuildEnvironment environment;
-  environment.kiln_python_dir = kiln_python_dir;
+  environment.kiln_python_dirs = kiln_python_dirs;
   for (const std::string& candidate : candidates) {
     const fs::path path = FindOnPath(candidate);
     if (path.empty() || environment.compilers.size() == 2) continue;

@@ -56,11 +56,11 @@ std::string FirstLine(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<BuildEnvironment> DiscoverBuildEnvironment(const std::string& configured_compiler,
-                                                          const fs::path& kiln_python_dir,
+                                                          const std::vector<fs::path>& kiln_python_dirs,
                                                           const std::vector<fs::path>& triton_dirs) {
   const WindowsEnvironment environment = EnvironmentSnapshot();
   BuildEnvironment build;
-  build.kiln_python_dir = kiln_python_dir;
+  build.kiln_python_dirs = kiln_python_dirs;
   absl::StatusOr<FoundCompiler> found;
   if (!configured_compiler.empty()) {
     // launcher_cc names the compiler; its file name says which kind it is.

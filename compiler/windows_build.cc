@@ -1,6 +1,7 @@
 #include "compiler/windows_build.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -107,19 +108,50 @@ absl::StatusOr<CudaToolkit> FindCudaOnWindows(const WindowsEnvironment& environm
 
 absl::StatusOr<PythonBuildFiles> FindPythonBuildFiles(const fs::path& prefix,
                                                       absl::string_view version,
-                                                      const fs::path& kiln_python_dir) {
+                                                      const std::vector<fs::path>& kiln_python_dirs,
+                                                      const FoundCompiler& compiler) {
   const std::string library = absl::StrCat("python", absl::StrReplaceAll(version, {{".", ""}}));
-  for (const fs::path& root : {prefix, kiln_python_dir / std::string(version)}) {
-    if (fs::exists(root / "include" / "Python.h") &&
-        fs::exists(root / "libs" / (library + ".lib"))) {
-      return PythonBuildFiles{root / "include", root / "libs", library};
+  std::vector<fs::path> roots = {prefix};
+  for (const fs::path& dir : kiln_python_dirs) roots.push_back(dir / std::string(version));
+  PythonBuildFiles found{{}, {}, library};
+  for (const fs::path& root : roots) {
+    if (found.include_dir.empty() && fs::exists(root / "include" / "Python.h")) {
+      found.include_dir = root / "include";
+    }
+    if (found.library_dir.empty() && fs::exists(root / "libs" / (library + ".lib"))) {
+      found.library_dir = root / "libs";
     }
   }
+  // tcc.exe looks in its own lib\ for -lpython313 and takes a .def there.
+  const fs::path tcc_library = compiler.path.parent_path() / "lib" / (library + ".def");
+  const bool tiny = compiler.kind == WindowsCompiler::kTinyCC;
+  if (found.library_dir.empty() && tiny && fs::exists(tcc_library)) {
+    found.library_dir = tcc_library.parent_path();
+  }
+  if (!found.include_dir.empty() && !found.library_dir.empty()) return found;
+
+  std::vector<std::string> missing;
+  if (found.include_dir.empty()) missing.push_back("include\\Python.h");
+  if (found.library_dir.empty()) {
+    missing.push_back(tiny ? absl::StrCat("libs\\", library, ".lib (or ", tcc_library.string(), ")")
+                           : absl::StrCat("libs\\", library, ".lib"));
+  }
+  std::set<std::string> carried;
+  for (const fs::path& dir : kiln_python_dirs) {
+    for (const fs::path& versioned : VersionedDirs(dir, "3.")) {
+      if (fs::exists(versioned / "include" / "Python.h")) carried.insert(versioned.filename().string());
+    }
+  }
+  std::vector<std::string> looked;
+  for (const fs::path& root : roots) looked.push_back(root.string());
   return absl::FailedPreconditionError(absl::StrFormat(
-      "Python %s at %s has no include\\Python.h and libs\\%s.lib (an embedded Python ships "
-      "without them), and Kiln has no copy under %s; run the Kiln installer for this Python "
-      "(deploy/windows) so it provides them",
-      version, prefix.string(), library, (kiln_python_dir / std::string(version)).string()));
+      "no %s for Python %s (looked in %s). An embedded Python ships without them, and Kiln "
+      "carries %s. Copy include\\ and libs\\ from python.org's installer of Python %s into %s, "
+      "or run Kiln's installer (install-kiln.ps1) for this Python, which provides them",
+      absl::StrJoin(missing, " and "), version, absl::StrJoin(looked, "; "),
+      carried.empty() ? std::string("no Python headers here")
+                      : absl::StrCat("headers for Python ", absl::StrJoin(carried, ", "), " only"),
+      version, prefix.string()));
 }
 
 absl::StatusOr<FoundCompiler> FindCompilerOnWindows(const WindowsEnvironment& environment,

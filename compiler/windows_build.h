@@ -37,17 +37,9 @@ absl::StatusOr<CudaToolkit> FindCudaOnWindows(const WindowsEnvironment& environm
 
 struct PythonBuildFiles {
   std::filesystem::path include_dir;  // has Python.h
-  std::filesystem::path library_dir;  // has python3XY.lib
+  std::filesystem::path library_dir;  // has python3XY.lib, or for TinyCC python3XY.def
   std::string library;                // "python312"
 };
-
-// Python.h and python3XY.lib for the Python installed at `prefix` (version
-// "3.12"). Embedded Pythons (ComfyUI's python_embeded) ship neither: then
-// Kiln's own copy under `kiln_python_dir`\3.12\{include,libs} is used, so the
-// user never copies folders by hand. FAILED_PRECONDITION says what is missing.
-absl::StatusOr<PythonBuildFiles> FindPythonBuildFiles(const std::filesystem::path& prefix,
-                                                      absl::string_view version,
-                                                      const std::filesystem::path& kiln_python_dir);
 
 enum class WindowsCompiler { kMsvc, kClang, kTinyCC };
 
@@ -62,6 +54,18 @@ struct FoundCompiler {
 absl::StatusOr<FoundCompiler> FindCompilerOnWindows(const WindowsEnvironment& environment,
                                                     const std::filesystem::path& vs_install_dir,
                                                     const std::filesystem::path& triton_dir);
+
+// Python.h and an import library for the Python installed at `prefix`
+// (version "3.13"), for `compiler` to build its launchers with. Embedded
+// Pythons (ComfyUI's python_embeded) ship neither, so after `prefix`\include
+// and `prefix`\libs come Kiln's copies, each `kiln_python_dirs`\3.13\{include,
+// libs}: the installer's, then the headers Kiln's release carries. TinyCC
+// links with the python313.def that triton-windows ships beside tcc.exe
+// (lib\), so for it headers are all that must be found. FAILED_PRECONDITION
+// says what is missing, where it looked, and how to provide it.
+absl::StatusOr<PythonBuildFiles> FindPythonBuildFiles(
+    const std::filesystem::path& prefix, absl::string_view version,
+    const std::vector<std::filesystem::path>& kiln_python_dirs, const FoundCompiler& compiler);
 
 // The command that builds `source` into the extension module `output`,
 // linking `libraries` by name ("cuda", "python312"): MSVC `/O2 /LD ... /link

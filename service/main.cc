@@ -126,7 +126,9 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   }
   absl::StatusOr<kiln::compiler::BuildEnvironment> build_environment =
       kiln::compiler::DiscoverBuildEnvironment(
-          config.launcher_cc, kiln::platform::KilnPythonDir(config.scope), triton_dirs);
+          config.launcher_cc,
+          {kiln::platform::KilnPythonDir(config.scope), kiln::ExecutableDir() / "python"},
+          triton_dirs);
   std::unique_ptr<kiln::compiler::LauncherBuilder> launcher_builder;
   if (build_environment.ok()) {
     for (const kiln::compiler::CCompiler& compiler : build_environment->compilers) {

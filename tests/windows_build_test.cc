@@ -83,25 +83,65 @@ TEST(WindowsCudaTest, UsesTheCudaFilesTritonWindowsBundlesBeforeProgramFiles) {
 
 TEST(WindowsPythonTest, EmbeddedPythonUsesKilnsOwnHeadersAndImportLibrary) {
   testing::TestDir dir;
+  const FoundCompiler cl{WindowsCompiler::kMsvc, dir.path() / "VC" / "cl.exe"};
+  const std::vector<fs::path> kiln = {dir.path() / "kiln"};
   const fs::path installed = dir.path() / "Python312";
   Touch(installed / "include" / "Python.h");
   Touch(installed / "libs" / "python312.lib");
-  absl::StatusOr<PythonBuildFiles> files = FindPythonBuildFiles(installed, "3.12", dir.path() / "kiln");
+  absl::StatusOr<PythonBuildFiles> files = FindPythonBuildFiles(installed, "3.12", kiln, cl);
   ASSERT_TRUE(files.ok()) << files.status();
   EXPECT_EQ(files->include_dir, installed / "include");
   EXPECT_EQ(files->library, "python312");
 
   const fs::path embedded = dir.path() / "ComfyUI" / "python_embeded";
   Touch(embedded / "python.exe");
-  absl::StatusOr<PythonBuildFiles> missing = FindPythonBuildFiles(embedded, "3.12", dir.path() / "kiln");
+  absl::StatusOr<PythonBuildFiles> missing = FindPythonBuildFiles(embedded, "3.12", kiln, cl);
   EXPECT_TRUE(absl::IsFailedPrecondition(missing.status()));
   EXPECT_NE(missing.status().message().find("python312.lib"), absl::string_view::npos);
+  EXPECT_NE(missing.status().message().find("install-kiln.ps1"), absl::string_view::npos);
 
   Touch(dir.path() / "kiln" / "3.12" / "include" / "Python.h");
   Touch(dir.path() / "kiln" / "3.12" / "libs" / "python312.lib");
-  files = FindPythonBuildFiles(embedded, "3.12", dir.path() / "kiln");
+  files = FindPythonBuildFiles(embedded, "3.12", kiln, cl);
   ASSERT_TRUE(files.ok()) << files.status();
   EXPECT_EQ(files->library_dir, dir.path() / "kiln" / "3.12" / "libs");
+}
+
+// ComfyUI's python_embeded with nothing but Kiln installed: headers from the
+// release beside kilnd.exe, the import library from triton-windows' TinyCC.
+TEST(WindowsPythonTest, TinyCCNeedsOnlyHeadersBesideTheDefTritonShips) {
+  testing::TestDir dir;
+  const fs::path embedded = dir.path() / "python_embeded";
+  Touch(embedded / "python.exe");
+  const fs::path tcc_dir = embedded / "Lib" / "site-packages" / "triton" / "runtime" / "tcc";
+  const FoundCompiler tcc{WindowsCompiler::kTinyCC, tcc_dir / "tcc.exe"};
+  const FoundCompiler cl{WindowsCompiler::kMsvc, dir.path() / "VC" / "cl.exe"};
+  const std::vector<fs::path> kiln = {dir.path() / "ProgramData" / "kiln" / "python",
+                                      dir.path() / "Kiln" / "python"};
+  Touch(tcc_dir / "lib" / "python313.def");
+  Touch(kiln[1] / "3.13" / "include" / "Python.h");
+  Touch(kiln[1] / "3.14" / "include" / "Python.h");
+
+  absl::StatusOr<PythonBuildFiles> files = FindPythonBuildFiles(embedded, "3.13", kiln, tcc);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->include_dir, kiln[1] / "3.13" / "include");
+  EXPECT_EQ(files->library_dir, tcc_dir / "lib");
+  EXPECT_EQ(files->library, "python313");
+
+  // MSVC cannot link a .def: it still needs python313.lib, and says so.
+  absl::StatusOr<PythonBuildFiles> msvc = FindPythonBuildFiles(embedded, "3.13", kiln, cl);
+  EXPECT_TRUE(absl::IsFailedPrecondition(msvc.status()));
+  EXPECT_NE(msvc.status().message().find("libs\\python313.lib"), absl::string_view::npos);
+
+  // A version Kiln carries no headers for: what is missing, what Kiln has, the fix.
+  Touch(tcc_dir / "lib" / "python312.def");
+  absl::StatusOr<PythonBuildFiles> older = FindPythonBuildFiles(embedded, "3.12", kiln, tcc);
+  ASSERT_TRUE(absl::IsFailedPrecondition(older.status()));
+  const std::string message(older.status().message());
+  EXPECT_NE(message.find("no include\\Python.h for Python 3.12"), std::string::npos) << message;
+  EXPECT_NE(message.find("headers for Python 3.13, 3.14 only"), std::string::npos) << message;
+  EXPECT_NE(message.find("installer of Python 3.12 into " + embedded.string()), std::string::npos) << message;
+  EXPECT_EQ(message.find(".def"), std::string::npos) << "the .def was found: " << message;
 }
 
 TEST(WindowsCompilerTest, PrefersMsvcThenClangThenTritonsTinyCC) {
@@ -159,7 +199,7 @@ TEST(WindowsCommandTest, LauncherBuildForAnEmbeddedPythonLinksKilnsCopyOfItsLibr
   Touch(embedded / "python.exe");
   const fs::path kiln_python = dir.path() / "kiln" / "python";
   BuildEnvironment environment;
-  environment.kiln_python_dir = kiln_python;
+  environment.kiln_python_dirs = {kiln_python};
   environment.cuda_include_dirs = {dir.path() / "CUDA" / "include"};
   environment.cuda_library_dirs = {dir.path() / "CUDA" / "lib" / "x64"};
   CCompiler cl;
@@ -176,7 +216,7 @@ TEST(WindowsCommandTest, LauncherBuildForAnEmbeddedPythonLinksKilnsCopyOfItsLibr
   absl::StatusOr<std::vector<std::string>> missing =
       LauncherCompileCommand(cl, environment, request, scratch);
   EXPECT_TRUE(absl::IsFailedPrecondition(missing.status())) << missing.status();
-  EXPECT_NE(missing.status().message().find("deploy/windows"), absl::string_view::npos);
+  EXPECT_NE(missing.status().message().find("install-kiln.ps1"), absl::string_view::npos);
 
   Touch(kiln_python / "3.12" / "include" / "Python.h");
   Touch(kiln_python / "3.12" / "libs" / "python312.lib");

@@ -473,6 +473,13 @@ function Install-Kiln {
         Write-Host '    already there'
     } else {
         foreach ($file in $files) { Copy-Item -LiteralPath $file -Destination $InstallDir -Force }
+        # CPython's headers, which kilnd.exe looks for beside itself for embedded Pythons' launchers.
+        $headers = Join-Path $KilnDir 'python'
+        if (Test-Path -LiteralPath $headers -PathType Container) {
+            $installedHeaders = Join-Path $InstallDir 'python'
+            if (Test-Path -LiteralPath $installedHeaders) { Remove-Item -LiteralPath $installedHeaders -Recurse -Force }
+            Copy-Item -LiteralPath $headers -Destination $installedHeaders -Recurse
+        }
     }
 
     Write-Step "Writing $ConfigPath"

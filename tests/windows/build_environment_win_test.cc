@@ -46,7 +46,7 @@ TEST(WindowsBuildEnvironmentTest, FindsMsvcFromTheDeveloperPromptAndTheCudaToolk
   SetEnvironmentVariableW(L"CUDA_PATH", cuda.c_str());
 
   const fs::path kiln_python = platform::KilnPythonDir(platform::Scope::kMachine);
-  absl::StatusOr<BuildEnvironment> environment = DiscoverBuildEnvironment("", kiln_python);
+  absl::StatusOr<BuildEnvironment> environment = DiscoverBuildEnvironment("", {kiln_python});
   ASSERT_TRUE(environment.ok()) << environment.status();
   ASSERT_EQ(environment->compilers.size(), 1u);
   const CCompiler& compiler = environment->compilers.front();
@@ -55,12 +55,12 @@ TEST(WindowsBuildEnvironmentTest, FindsMsvcFromTheDeveloperPromptAndTheCudaToolk
   EXPECT_EQ(compiler.version, kBanner) << "the version is part of the launcher's cache key";
   EXPECT_EQ(environment->cuda_include_dirs, std::vector<fs::path>{cuda / "include"});
   EXPECT_EQ(environment->cuda_library_dirs, std::vector<fs::path>{cuda / "lib" / "x64"});
-  EXPECT_EQ(environment->kiln_python_dir, kiln_python);
+  EXPECT_EQ(environment->kiln_python_dirs, std::vector<fs::path>{kiln_python});
 
   // Without CUDA there is nothing to link the launcher against: say where we looked.
   SetEnvironmentVariableW(L"CUDA_PATH", nullptr);
   SetEnvironmentVariableW(L"ProgramFiles", (dir.path() / "empty").c_str());
-  absl::StatusOr<BuildEnvironment> no_cuda = DiscoverBuildEnvironment("", kiln_python);
+  absl::StatusOr<BuildEnvironment> no_cuda = DiscoverBuildEnvironment("", {kiln_python});
   EXPECT_TRUE(absl::IsFailedPrecondition(no_cuda.status())) << no_cuda.status();
   EXPECT_NE(no_cuda.status().message().find("CUDA_PATH"), absl::string_view::npos);
 }
@@ -79,13 +79,13 @@ TEST(WindowsBuildEnvironmentTest, FallsBackToTheTinyCCInsideTriton) {
   SetEnvironmentVariableW(L"VCToolsInstallDir", nullptr);
   SetEnvironmentVariableW(L"CUDA_PATH", cuda.c_str());
 
-  absl::StatusOr<BuildEnvironment> without_triton = DiscoverBuildEnvironment("", fs::path());
+  absl::StatusOr<BuildEnvironment> without_triton = DiscoverBuildEnvironment("", {});
   EXPECT_TRUE(absl::IsFailedPrecondition(without_triton.status())) << without_triton.status();
   EXPECT_NE(without_triton.status().message().find("Visual Studio Build Tools"),
             absl::string_view::npos);
 
   absl::StatusOr<BuildEnvironment> environment =
-      DiscoverBuildEnvironment("", fs::path(), {fs::path("C:\\no-triton-here"), triton});
+      DiscoverBuildEnvironment("", {}, {fs::path("C:\\no-triton-here"), triton});
   ASSERT_TRUE(environment.ok()) << environment.status();
   const CCompiler& compiler = environment->compilers.front();
   EXPECT_EQ(compiler.windows, WindowsCompiler::kTinyCC);
@@ -97,7 +97,7 @@ TEST(WindowsBuildEnvironmentTest, FallsBackToTheTinyCCInsideTriton) {
 
 TEST(WindowsBuildEnvironmentTest, AConfiguredCompilerThatDoesNotRunIsNamed) {
   absl::StatusOr<BuildEnvironment> environment =
-      DiscoverBuildEnvironment("C:\\no\\such\\clang.exe", fs::path());
+      DiscoverBuildEnvironment("C:\\no\\such\\clang.exe", {});
   EXPECT_TRUE(absl::IsFailedPrecondition(environment.status())) << environment.status();
   EXPECT_NE(environment.status().message().find("clang.exe"), absl::string_view::npos);
 }

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import REPO, local_app_data, new_wine_prefix, start_persistent_wineserver, windows_path
+from conftest import REPO, linux_path, local_app_data, new_wine_prefix, start_persistent_wineserver, windows_path
 
 PROBE = REPO / "tests" / "python" / "client_probe.py"
 
@@ -177,3 +177,74 @@ def test_two_processes_at_once_start_one_kilnd_and_compile_each_kernel_once(
         assert len(kilnd_processes(wine)) == 1
     finally:
         subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)
+
+
+def stand_in_nvcuda(wine, python_embeded, tmp_path):
+    """nvcuda.dll in the prefix's system32, where the GPU driver puts it. There
+    is no GPU driver under Wine, so this stands in for it: every function
+    triton-windows' cuda.def names, each answering CUDA_ERROR_NO_DEVICE. What is
+    tested is that the launcher links and loads, not that it launches."""
+    cuda_def = python_embeded.parent / "site-packages" / "triton" / "runtime" / "tcc" / "lib" / "cuda.def"
+    names = cuda_def.read_text().split("EXPORTS", 1)[1].split()
+    source = tmp_path / "nvcuda.c"
+    source.write_text("".join(f"__declspec(dllexport) int {name}(void) {{ return 100; }}\n" for name in names))
+    dll = Path(wine["WINEPREFIX"]) / "drive_c" / "windows" / "system32" / "nvcuda.dll"
+    subprocess.run(["x86_64-w64-mingw32-gcc", "-shared", "-o", str(dll), str(source)], check=True)
+    return dll
+
+
+def unix_path(wine, windows):
+    """Where a path python.exe printed (C:\\..., Z:\\..., \\\\?\\C:\\...) lies on Linux."""
+    windows = windows.removeprefix("\\\\?\\")
+    if windows[:2].upper() == "Z:":
+        return Path(windows[2:].replace("\\", "/"))
+    return linux_path(wine, windows)
+
+
+def imported_dlls(module):
+    """The DLLs a PE file imports, from its import table, lower-case."""
+    dumped = subprocess.run(["x86_64-w64-mingw32-objdump", "-p", str(module)], capture_output=True, text=True,
+                            check=True).stdout
+    return {line.split(":", 1)[1].strip().lower() for line in dumped.splitlines() if "DLL Name:" in line}
+
+
+def test_a_launcher_for_python_embeded_is_built_by_kilnd_exe_and_served_to_every_process(
+        wine, binaries, python_embeded, python_embed, per_user_config, tmp_path):
+    # ComfyUI's python_embeded has neither include\Python.h nor libs\python3XY.lib.
+    assert not (python_embeded.parent / "include").exists() and not (python_embeded.parent / "libs").exists()
+    stand_in_nvcuda(wine, python_embeded, tmp_path)
+    kiln_env = dict(KILN="1", KILN_STRICT="1", KILN_KILND=windows_path(binaries[0]))
+    tag = "".join(python_embed.split(".")[:2])
+    before = kilnd_stats(wine, binaries) if kilnd_processes(wine) else {}
+
+    def launcher(cache):
+        cache.mkdir(parents=True)
+        return run_python(dict(wine, TRITON_CACHE_DIR=windows_path(cache), **kiln_env), python_embeded,
+                          windows_path(PROBE), "launcher", "triton")
+
+    status, output = launcher(tmp_path / "cache")
+    if tag == "312":
+        # Kiln carries no CPython 3.12 headers (scripts/windows-python-headers
+        # says why): strict mode names what is missing and the fix.
+        assert status != 0
+        assert "KilnUnavailable" in output and "no include\\Python.h" in output and "Python 3.12" in output, output
+        assert "install-kiln.ps1" in output and "headers for Python 3.13 only" in output, output
+        return
+    assert status == 0, output[-6000:]
+    result = json.loads(output.strip().splitlines()[-1])
+    # Loaded (the stand-in nvcuda.dll answers its imports) through the client's hook: strict, so no fallback.
+    assert result["launch"] is True
+    module = unix_path(wine, result["path"])
+    assert module.name.endswith(f".cp{tag}-win_amd64.pyd"), module
+    assert {f"python{tag}.dll", "nvcuda.dll"} <= imported_dlls(module), imported_dlls(module)
+    stats = kilnd_stats(wine, binaries)
+    assert int(stats.get("launcher_builds", 0)) - int(before.get("launcher_builds", 0)) == 1, stats
+
+    # Another process, with an empty Triton cache: kilnd.exe's module, not a new build.
+    status, output = launcher(tmp_path / "another-cache")
+    assert status == 0, output[-6000:]
+    assert json.loads(output.strip().splitlines()[-1])["launch"] is True
+    again = kilnd_stats(wine, binaries)
+    assert int(again.get("launcher_builds", 0)) == int(stats.get("launcher_builds", 0)), again
+    log = (local_app_data(wine) / "kiln" / "logs" / "kilnd.log").read_text()
+    assert "[warning]" not in log and "[error]" not in log, log
