@@ -385,6 +385,8 @@ def test_status_reports_service_toolchain_and_cache(kilnd, kiln_env):
     assert "kilnd 0.1.0" in result.stdout
     assert "registered" in result.stdout
     assert "hits" in result.stdout
+    # kilnd built a module for this Python, and it loaded here.
+    assert "launchers: kilnd builds them, and this Python loads them" in result.stdout, result.stdout
 
 
 def test_shipped_api_descriptor_matches_the_proto(tmp_path):

@@ -224,11 +224,13 @@ def test_a_launcher_for_python_embeded_is_built_by_kilnd_exe_and_served_to_every
 
     status, output = launcher(tmp_path / "cache")
     if tag == "312":
+        _, said = run_python(dict(wine, **kiln_env), python_embeded, "-m", "kiln", "status")
         # Kiln carries no CPython 3.12 headers (scripts/windows-python-headers
-        # says why): strict mode names what is missing and the fix.
+        # says why): strict mode names what is missing and the fix, as does status.
         assert status != 0
         assert "KilnUnavailable" in output and "no include\\Python.h" in output and "Python 3.12" in output, output
         assert "install-kiln.ps1" in output and "headers for Python 3.13 only" in output, output
+        assert "launchers: WILL FAIL" in said and "Python 3.12" in said, said
         return
     assert status == 0, output[-6000:]
     result = json.loads(output.strip().splitlines()[-1])
@@ -246,5 +248,7 @@ def test_a_launcher_for_python_embeded_is_built_by_kilnd_exe_and_served_to_every
     assert json.loads(output.strip().splitlines()[-1])["launch"] is True
     again = kilnd_stats(wine, binaries)
     assert int(again.get("launcher_builds", 0)) == int(stats.get("launcher_builds", 0)), again
+    _, said = run_python(dict(wine, **kiln_env), python_embeded, "-m", "kiln", "status")
+    assert "launchers: kilnd builds them, and this Python loads them" in said, said
     log = (local_app_data(wine) / "kiln" / "logs" / "kilnd.log").read_text()
     assert "[warning]" not in log and "[error]" not in log, log

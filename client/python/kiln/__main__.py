@@ -6,6 +6,7 @@ python -m kiln prewarm FILE --target cuda:89 [--target ...]: compile a bundle's
 kernels (`kiln export`) for other GPUs, so their clients start warm."""
 
 import argparse
+import os
 import sys
 
 
@@ -30,6 +31,7 @@ def status():
     mine = [t for t in toolchains if t.triton_key == key]
     state = "registered" if mine else "not registered yet (it registers on this Python's first compile)"
     print(f"toolchain: triton {triton.__version__} at {sys.executable}: {state}")
+    print(f"launchers: {launcher_readiness(stub)}")
     lookups = stats.hits + stats.misses
     rate = 100.0 * stats.hits / lookups if lookups else 0.0
     print(f"cache:     {stats.entries} entries, {stats.stored_bytes / 2**20:.1f} MiB; "
@@ -52,6 +54,52 @@ def status():
     if stats.misses_by_reason:
         print("misses:    " + ", ".join(f"{r.count} {r.reason}" for r in stats.misses_by_reason))
     return 0
+
+
+# A module of nothing: what a launcher build of this Python needs (Python.h,
+# its import library, a C compiler), and no more.
+_PROBE_MODULE = "kiln_launcher_probe"
+_PROBE_SOURCE = """#include <Python.h>
+static struct PyModuleDef probe = {PyModuleDef_HEAD_INIT, "kiln_launcher_probe", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_kiln_launcher_probe(void) { return PyModule_Create(&probe); }
+"""
+
+
+def launcher_readiness(stub):
+    """Whether kilnd builds launcher modules that this Python loads, and why
+    not: kilnd builds a module of nothing for it (once; it is cached), and this
+    process imports it. An embedded Python (no Python.h) is where this fails."""
+    import hashlib
+    import importlib.util
+
+    import grpc
+
+    from . import _early_launchers, _paths
+
+    request = _early_launchers.request(_PROBE_MODULE, _PROBE_SOURCE, [], [], [], None)
+    try:
+        response = stub.BuildLauncher(request, timeout=300)
+    except grpc.RpcError as error:
+        return f"WILL FAIL: kilnd answered {error.code().name}: {error.details()}"
+    if response.WhichOneof("result") == "error":
+        return f"WILL FAIL: {response.error.message}\n{response.error.log}".rstrip()
+    # Kept in Kiln's files, by content: Windows cannot delete a loaded module,
+    # and the next status loads the same bytes from the same file.
+    data = response.module.data
+    folder = os.path.join(_paths.files_dir(), "launcher-probe", hashlib.sha256(data).hexdigest()[:32])
+    path = os.path.join(folder, _PROBE_MODULE + request.python_abi.ext_suffix)
+    try:
+        if not os.path.exists(path):
+            os.makedirs(folder, exist_ok=True)
+            part = f"{path}.{os.getpid()}.part"
+            with open(part, "wb") as module:
+                module.write(data)
+            os.replace(part, path)
+        spec = importlib.util.spec_from_file_location(_PROBE_MODULE, path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    except Exception as error:  # noqa: BLE001  (any failure to load is the answer)
+        return f"WILL FAIL: kilnd's module does not load here ({type(error).__name__}: {error})"
+    return "kilnd builds them, and this Python loads them"
 
 
 def misses(last, as_json):
