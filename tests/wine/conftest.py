@@ -94,3 +94,23 @@ def runner(env, executable):
                                  f"{result.stdout}{result.stderr}")
         return result
     return run
+
+
+@pytest.fixture(scope="session")
+def hold_open(tmp_path_factory):
+    """hold(env, *paths): tests/wine/hold_open.c (built with mingw-w64) holding
+    `paths` open in Wine prefix `env`, as a virus scanner does; its process,
+    which lets go when its stdin closes."""
+    executable = tmp_path_factory.mktemp("hold_open") / "hold_open.exe"
+    subprocess.run(["x86_64-w64-mingw32-gcc", "-municode", "-O2", "-o", str(executable),
+                    str(Path(__file__).with_name("hold_open.c"))], check=True)
+    lists = tmp_path_factory.mktemp("held")
+
+    def hold(env, *paths):
+        listed = lists / f"{len(list(lists.iterdir()))}.txt"
+        listed.write_text("".join(windows_path(path) + "\n" for path in paths), encoding="utf-8")
+        process = subprocess.Popen(["wine", str(executable), "@" + windows_path(listed)], env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline().strip() == "held", f"hold_open could not open all of {listed}"
+        return process
+    return hold

@@ -13,6 +13,7 @@ when its stdout or stderr is a regular file (pipes here), and Python's
 _wmi.pyd aborts Wine 8 when `platform` is queried (left out of the layout)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -252,3 +253,121 @@ def test_a_launcher_for_python_embeded_is_built_by_kilnd_exe_and_served_to_every
     assert "launchers: kilnd builds them, and this Python loads them" in said, said
     log = (local_app_data(wine) / "kiln" / "logs" / "kilnd.log").read_text()
     assert "[warning]" not in log and "[error]" not in log, log
+
+
+# --- Windows' cache pains, each next to what stock triton-windows does ------
+
+def only_once(python_embed):
+    if python_embed != "3.13.0":
+        pytest.skip("Windows' file and path rules are the same for every Python: tested with 3.13 only")
+
+
+def outcome(status, output):
+    """What a run gave, for the figures: "ok", or its last line of error."""
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    return "ok" if status == 0 else f"failed: {lines[-1] if lines else status}"
+
+
+def artifact_files(root):
+    """The files under `root`, but for the directories of its indexes."""
+    return [path for path in root.rglob("*") if path.is_file() and not {"index", "links", "hits"} & set(path.parts)]
+
+
+def test_files_a_scanner_holds_open_while_a_process_writes_the_same_kernel_are_no_failure(
+        wine, binaries, python_embeded, python_embed, per_user_config, hold_open, tmp_path):
+    """A virus scanner holds every file of the cache open (no FILE_SHARE_DELETE)
+    while a second process must write the same kernels again: stock's group
+    files are gone (as when two processes compile one kernel at once), Kiln's
+    indexes are gone (the client's and kilnd.exe's)."""
+    only_once(python_embed)
+    stock_cache = tmp_path / "stock-cache"
+    stock, _ = suite(wine, python_embeded, stock_cache)
+    for group in stock_cache.rglob("__grp__*"):
+        group.unlink()
+    holder = hold_open(wine, *artifact_files(stock_cache))
+    try:
+        stock_again = run_python(dict(wine, TRITON_CACHE_DIR=windows_path(stock_cache)), python_embeded,
+                                 windows_path(PROBE), "suite")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+    kiln_env = dict(KILN="1", KILN_STRICT="1", KILN_KILND=windows_path(binaries[0]))
+    files = local_app_data(wine) / "kiln" / "files"  # the client's, and kilnd.exe's served files
+    kiln_cache = tmp_path / "kiln-cache"
+    suite(wine, python_embeded, kiln_cache, **kiln_env)
+    shutil.rmtree(files / "index")
+    shutil.rmtree(files / "links", ignore_errors=True)
+    held = artifact_files(files) + artifact_files(kiln_cache)
+    assert held, "Kiln wrote no files to hold"
+    holder = hold_open(wine, *held)
+    try:
+        again, _ = suite(wine, python_embeded, kiln_cache, **kiln_env)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert again["kernels"] == stock["kernels"]
+    print(f"{len(held)} files held open, kernels written again: stock {outcome(*stock_again)}; Kiln ok")
+
+
+def test_triton_and_kiln_files_under_a_base_directory_of_over_200_characters(
+        wine, binaries, python_embeded, python_embed, per_user_config, tmp_path):
+    only_once(python_embed)
+    base = tmp_path / "ComfyUI_windows_portable"
+    while len(windows_path(base)) < 210:
+        base = base / "a_folder_with_a_long_name_as_users_make_them"
+    stock_cache = base / "triton-stock"
+    stock_cache.mkdir(parents=True)
+    stock = run_python(dict(wine, TRITON_CACHE_DIR=windows_path(stock_cache)), python_embeded,
+                       windows_path(PROBE), "suite")
+    kiln_env = dict(KILN="1", KILN_STRICT="1", KILN_KILND=windows_path(binaries[0]),
+                    KILN_FILES_DIR=windows_path(base / "kiln-files"))
+    cold, _ = suite(wine, python_embeded, base / "triton-kiln", **kiln_env)
+    warm, _ = suite(wine, python_embeded, base / "triton-kiln-warm", **kiln_env)
+    assert warm["kernels"] == cold["kernels"] and warm["frontend_runs"] == 0
+    if stock[0] == 0:
+        assert cold["kernels"] == json.loads(stock[1].strip().splitlines()[-1])["kernels"]
+    longest = max(len(windows_path(path)) for path in base.rglob("*"))
+    print(f"base directory of {len(windows_path(base))} characters, longest path {longest}: "
+          f"stock {outcome(*stock)}; Kiln ok, cold and warm")
+
+
+def test_a_user_profile_whose_name_has_a_space(binaries, release, python_embeded, python_embed,
+                                               tmp_path_factory):
+    """ComfyUI portable unpacked in C:\\Users\\Comfy User, Kiln's per-user
+    install in its AppData\\Local\\Programs\\Kiln, every cache on its defaults."""
+    only_once(python_embed)
+    prefix = tmp_path_factory.mktemp("spaced-profile")
+    wine = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=",
+                USER="Comfy User")
+    subprocess.run(["wineboot", "--init"], env=wine, capture_output=True, timeout=300)
+    subprocess.run(["wineserver", "-w"], env=wine, timeout=300)
+    start_persistent_wineserver(wine)
+    try:
+        profile = prefix / "drive_c" / "users" / "Comfy User"
+        assert profile.is_dir(), list((prefix / "drive_c" / "users").iterdir())
+        python = profile / "ComfyUI_windows_portable" / "python_embeded" / "python.exe"
+        shutil.copytree(python_embeded.parent, python.parent, symlinks=True)
+        kiln_dir = profile / "AppData" / "Local" / "Programs" / "Kiln"
+        shutil.copytree(release[1], kiln_dir)
+        config = profile / "AppData" / "Local" / "kiln" / "kilnd.conf"
+        config.parent.mkdir(parents=True)
+        windows_python = "C:\\users\\Comfy User\\ComfyUI_windows_portable\\python_embeded\\python.exe"
+        config.write_text(f"toolchain = {windows_python}\r\n")
+        probe = windows_path(PROBE)
+        env = {k: v for k, v in wine.items() if k != "TRITON_CACHE_DIR"}
+        stock = run_python(env, python, probe, "suite")
+        kiln_env = dict(env, KILN="1", KILN_STRICT="1",
+                        KILN_KILND="C:\\users\\Comfy User\\AppData\\Local\\Programs\\Kiln\\kilnd.exe")
+        runs = [run_python(kiln_env, python, probe, "suite") for _ in range(2)]
+        for status, output in runs:
+            assert status == 0, output[-6000:]
+        cold, warm = (json.loads(output.strip().splitlines()[-1]) for _, output in runs)
+        assert warm["kernels"] == cold["kernels"] and warm["frontend_runs"] == 0
+        if stock[0] == 0:
+            assert cold["kernels"] == json.loads(stock[1].strip().splitlines()[-1])["kernels"]
+        assert (profile / "AppData" / "Local" / "kiln" / "kiln.db").exists()
+        assert windows_python in (profile / "AppData" / "Local" / "kiln" / "logs" / "kilnd.log").read_text()
+        print(f"profile 'C:\\users\\Comfy User': stock {outcome(*stock)}; Kiln ok, cold and warm")
+    finally:
+        subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)

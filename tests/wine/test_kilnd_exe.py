@@ -9,7 +9,6 @@ import re
 import subprocess
 import time
 import zipfile
-from pathlib import Path
 
 import pytest
 from kiln import _api, _paths, _service
@@ -85,21 +84,6 @@ def test_a_call_without_the_token_is_refused(kilnd, kiln):
 
 
 
-@pytest.fixture(scope="module")
-def hold_open(tmp_path_factory, wine):
-    """Starts tests/wine/hold_open.c (built with mingw-w64) on some files; returns its process."""
-    executable = tmp_path_factory.mktemp("hold_open") / "hold_open.exe"
-    subprocess.run(["x86_64-w64-mingw32-gcc", "-municode", "-O2", "-o", str(executable),
-                    str(Path(__file__).with_name("hold_open.c"))], check=True)
-
-    def hold(*paths):
-        process = subprocess.Popen(["wine", str(executable), *map(windows_path, paths)], env=wine,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert process.stdout.readline().strip() == "held"
-        return process
-    return hold
-
-
 def test_files_another_process_holds_open_are_left_and_reused_not_fatal(wine, kilnd, kiln, hold_open, tmp_path):
     """A virus scanner or backup agent holding a cache file open must not stop
     kilnd: eviction leaves the file, a new put of the same content reuses it,
@@ -116,7 +100,7 @@ def test_files_another_process_holds_open_are_left_and_reused_not_fatal(wine, ki
     stored = local_app_data(wine) / "kiln" / "blobs" / digest[:2] / digest
     assert served.read_bytes() == content and stored.exists()
 
-    holder = hold_open(served, stored)
+    holder = hold_open(wine, served, stored)
     try:
         assert kiln("gc", "0").returncode == 0
         assert kiln("get", "tests", "held", check=False).returncode == 1  # evicted, though its files stay
