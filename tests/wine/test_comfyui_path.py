@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import REPO, linux_path, local_app_data, new_wine_prefix, start_persistent_wineserver, windows_path
+from conftest import (REPO, linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver,
+                      windows_path)
 
 PROBE = REPO / "tests" / "python" / "client_probe.py"
 
@@ -177,6 +178,38 @@ def test_two_processes_at_once_start_one_kilnd_and_compile_each_kernel_once(
         assert int(kilnd_stats(wine, binaries)["compiles"]) == 30
         assert len(kilnd_processes(wine)) == 1
     finally:
+        subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)
+
+
+def test_kilnd_exe_as_a_windows_service_with_python_embeded_registered_serves_the_suite(
+        binaries, python_embeded, tmp_path_factory, tmp_path):
+    """The installer's way: kilnd.exe a service of Wine's SCM, on the machine's
+    data directory, python_embeded registered in %ProgramData%\\kiln\\kilnd.conf;
+    the client finds it through the machine's endpoint file and starts none."""
+    wine = new_wine_prefix(tmp_path_factory, "comfyservice")
+    start_persistent_wineserver(wine)
+    try:
+        config = linux_path(wine, r"C:\ProgramData\kiln\kilnd.conf")
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f"toolchain = {windows_path(python_embeded)}\r\n")
+        runner(wine, binaries[0])("install")
+        runner(wine, binaries[0])("start")
+        assert "SERVING" in runner(wine, binaries[1])("health", "--wait", "120").stdout
+        stock, stock_seconds = suite(wine, python_embeded, tmp_path / "stock-cache")
+        kiln_env = dict(KILN="1", KILN_STRICT="1")
+        cold, cold_seconds = suite(wine, python_embeded, tmp_path / "kiln-cache", **kiln_env)
+        warm, warm_seconds = suite(wine, python_embeded, tmp_path / "empty-cache", **kiln_env)
+        print(f"suite of 30 compiles under Wine, per process, kilnd.exe a running service: stock "
+              f"{stock_seconds:.1f} s, kiln cold {cold_seconds:.1f} s ({cold_seconds / stock_seconds:.2f}x, "
+              f"{(cold_seconds - stock_seconds) / 30 * 1e3:+.0f} ms a kernel), kiln warm with an empty Triton "
+              f"cache {warm_seconds:.1f} s ({warm_seconds / stock_seconds:.2f}x)")
+        assert cold["kernels"] == stock["kernels"] and warm["kernels"] == stock["kernels"]
+        assert warm["frontend_runs"] == 0
+        assert int(kilnd_stats(wine, binaries)["compiles"]) == 30
+        assert len(kilnd_processes(wine)) == 1, "the client started a kilnd.exe of its own"
+        assert linux_path(wine, r"C:\ProgramData\kiln\kiln.db").exists()
+    finally:
+        subprocess.run(["wine", "sc", "delete", "kilnd"], env=wine, capture_output=True, timeout=60)
         subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)
 
 
