@@ -99,8 +99,9 @@ def disable():
     os.environ.pop("KILN", None)
     if "kiln._cache" in sys.modules:
         sys.modules["kiln._cache"].release_knob()
-    if "kiln._build_hook" in sys.modules:  # set before, or without, kiln._triton's import
-        sys.modules["kiln._build_hook"].release()
+    for hook in ("kiln._build_hook", "kiln._stages_hook"):  # set before, or without, kiln._triton's import
+        if hook in sys.modules:
+            sys.modules[hook].release()
     if "kiln._triton" in sys.modules:
         sys.modules["kiln._triton"].uninstall()
 

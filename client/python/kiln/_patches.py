@@ -17,6 +17,8 @@ TRITON = (
     ("triton.backends.nvidia.driver", "kiln._launcher_origin:follow"),
     # Modules are built by kilnd even in a process that has not activated Kiln.
     ("triton.knobs", "kiln._build_hook:install"),
+    # Kernel keys are the same before Kiln activates as after (Triton 3.7+).
+    ("triton.knobs", "kiln._stages_hook:install"),
 )
 
 INDUCTOR = (

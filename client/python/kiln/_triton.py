@@ -3,8 +3,9 @@
 - RemoteCacheManager, behind _cache.KilnCacheManager (TRITON_CACHE_MANAGER):
   lookups go to kilnd; a hit returns Triton's group of files without running
   the frontend; a miss may claim the kernel (others wait for this compile).
-- The stages hook (knobs.runtime.add_stages_inspection_hook; on 3.5 a wrapper
-  of CUDABackend.add_stages): TTIR, TTGIR and LLIR run here as in stock; the
+- The stages hook (knobs.runtime.add_stages_inspection_hook, set as
+  triton.knobs is imported by _stages_hook; on 3.5 a wrapper of
+  CUDABackend.add_stages): TTIR, TTGIR and LLIR run here as in stock; the
   LLIR goes to kilnd, and the later stages return kilnd's results.
 - knobs.build.impl (_build_hook, set as triton.knobs is imported): launcher
   and cuda_utils modules are built by kilnd.
@@ -27,7 +28,7 @@ import threading
 import grpc
 
 from . import (_api, _build_hook, _cache, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin,
-               _paths, _service)
+               _paths, _service, _stages_hook)
 
 log = logging.getLogger("kiln")
 
@@ -73,8 +74,7 @@ def uninstall():
     global _installed
     with _install_lock:
         if _installed:
-            if hasattr(knobs.runtime, "add_stages_inspection_hook"):
-                knobs.runtime.add_stages_inspection_hook = None
+            _stages_hook.release()
             _unwrap_add_stages()
             _frontend.unguard_frontends()
         _installed = None
@@ -401,9 +401,7 @@ def _usable(backend, language):
 
 
 def stages_hook(*args):
-    if not args:
-        # Newer Triton asks the hook for a key that enters its cache key.
-        return "kiln", hashlib.sha256(b"kiln-stages-v1").hexdigest()
+    """Kiln's stages for a compile (_stages_hook asks for them)."""
     backend, stages, options, language = args[:4]
     if not _installed:
         return None
@@ -422,7 +420,7 @@ _original_add_stages = None
 def _install_stages_hook():
     global _original_add_stages
     if hasattr(knobs.runtime, "add_stages_inspection_hook"):
-        knobs.runtime.add_stages_inspection_hook = stages_hook
+        _stages_hook.claim(knobs)  # again after kiln.disable(), which released it
         return
     # Triton 3.5: wrap the CUDA backend's add_stages.
     from triton.backends.nvidia.compiler import CUDABackend
