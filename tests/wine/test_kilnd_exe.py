@@ -50,7 +50,14 @@ def test_the_zip_holds_what_the_installer_installs(release):
     with zipfile.ZipFile(archive) as opened:
         names = sorted(name.removeprefix("kiln-windows-x64/") for name in opened.namelist() if not name.endswith("/"))
     wheel = next(name for name in names if name.startswith("kiln_triton-") and name.endswith("-py3-none-any.whl"))
-    assert names == sorted(["kilnd.exe", "kiln.exe", "kiln_worker.py", "install-kiln.ps1", "README.md", wheel])
+    # CPython's headers for launcher builds in an embedded Python, with their license.
+    headers = [name for name in names if name.startswith("python/")]
+    assert "python/3.13/include/Python.h" in headers and "python/3.13/include/pyconfig.h" in headers
+    assert "python/3.13/LICENSE" in headers
+    assert all(name.startswith("python/3.13/include/") or name in ("python/3.13/LICENSE", "python/3.13/SOURCE")
+               for name in headers), headers
+    assert [name for name in names if name not in headers] == sorted(
+        ["kilnd.exe", "kiln.exe", "kiln_worker.py", "install-kiln.ps1", "README.md", wheel])
 
 
 def test_kilnd_serves_on_its_per_user_defaults(wine, kilnd, kiln):
