@@ -451,6 +451,25 @@ def test_client_starts_the_users_kilnd_once_when_none_is_running(base_env, tmp_p
             os.kill(pid, 15)
 
 
+def test_a_kilnd_that_cannot_be_started_is_a_clear_error_and_never_the_programs(base_env, tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    missing = tmp_path / "no-such-dir" / "kilnd"
+    env = dict(base_env, KILN="1", KILN_KILND=str(missing), XDG_RUNTIME_DIR=str(runtime),
+               XDG_CACHE_HOME=str(tmp_path / "cache"))
+    # Not strict: the program gets stock Triton and one warning naming the cause.
+    result = run_probe(env, "first")
+    assert list(probe_json(result)["kernels"]) == ["add_fp32-sm90"]
+    assert result.stderr.count("could not start kilnd") == 1, result.stderr[-3000:]
+    assert str(missing) in result.stderr and "KILN_KILND" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    # Strict: KilnUnavailable, naming it.
+    strict = run_probe(dict(env, KILN_STRICT="1"), "first", check=False)
+    assert strict.returncode != 0
+    assert "KilnUnavailable" in strict.stderr and "could not start kilnd" in strict.stderr, strict.stderr[-3000:]
+    assert "FileNotFoundError" not in strict.stderr.splitlines()[-1]
+
+
 def test_an_unsupported_triton_is_refused_with_a_clear_message(base_env, kilnd):
     env = dict(base_env, KILN_ENDPOINT=f"unix:{kilnd.socket}")
     code = "import triton; triton.__version__ = '3.4.0'; import kiln; print(kiln.enable(), kiln.is_enabled())"

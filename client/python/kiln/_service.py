@@ -235,7 +235,12 @@ def _autostart():
         if connection is not None:
             return connection
         log.info("starting %s", kilnd)
-        _spawn_detached(kilnd)
+        try:
+            _spawn_detached(kilnd)
+        except OSError as error:  # no such file, not executable, ...: Kiln's failure, never the program's
+            source = "KILN_KILND" if os.environ.get("KILN_KILND") else "PATH"
+            raise KilnUnavailable(f"could not start kilnd {kilnd} (from {source}): {error}; set KILN_KILND to "
+                                  "kilnd's path, or start kilnd yourself") from error
         deadline = time.monotonic() + _AUTOSTART_DEADLINE
         while time.monotonic() < deadline:
             connection = _ready_connection(_paths.default_endpoint(), 0.5)
