@@ -10,10 +10,12 @@
 - knobs.build.impl (_build_hook, set as triton.knobs is imported): launcher
   and cuda_utils modules are built by kilnd.
 
-Installed once per process, on the first use of the cache manager that needs
-kilnd (which the environment variable carries into subprocesses), so importing
-kiln costs an interpreter nothing until Triton compiles or misses its local
-index.
+Kiln activates once per process (connects to kilnd; on 3.5 wraps the
+backend), on the first use of the cache manager that needs kilnd (which the
+environment variable carries into subprocesses), so importing kiln costs an
+interpreter nothing until Triton compiles or misses its local index. The two
+knob hooks are in place before that: the build hook activates Kiln when a
+module is to be built, the stages hook runs Kiln's stages once it is active.
 """
 
 import functools
