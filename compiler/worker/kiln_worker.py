@@ -124,9 +124,28 @@ def client_environment(env):
     yield
 
 
+# --- where the Tritons this worker runs differ (3.4 to 3.9) ----------------------
+
+def triton_key():
+    """The key of this Triton install, part of every kernel's key: in
+    triton.runtime.cache from 3.5, in triton.compiler.compiler before."""
+    try:
+        from triton.runtime.cache import triton_key as key_of_install
+    except ImportError:  # Triton 3.4
+        from triton.compiler.compiler import triton_key as key_of_install
+    return key_of_install()
+
+
+def can_print_ptxas_log(knobs):
+    """knobs.nvidia.dump_ptxas_log (3.5+) makes make_cubin print ptxas's -v
+    report; Triton 3.4 deletes it unread, so its compiles report none."""
+    return hasattr(knobs.nvidia, "dump_ptxas_log")
+
+
+# --- jobs ------------------------------------------------------------------------
+
 def hello(_header, _parts):
     from triton.backends import backends
-    from triton.runtime.cache import triton_key
 
     return {
         "ok": True,
@@ -287,6 +306,8 @@ def _run_ptxas_stage(compile_ir, module, metadata):
     """make_cubin deletes ptxas's -v report unless asked to print it: capture the print."""
     from triton import knobs
 
+    if not can_print_ptxas_log(knobs):
+        return compile_ir(module, metadata), ""
     captured = io.StringIO()
     previous = knobs.nvidia.dump_ptxas_log
     knobs.nvidia.dump_ptxas_log = True
@@ -409,8 +430,6 @@ def _retarget(header, parts):
     the recorded key once the rest of that key is rebuilt exactly (same
     Triton, ptxas, options and env), so the new key is the one a client of
     `target` computes."""
-    from triton.runtime.cache import triton_key
-
     # A malformed recording raises here; retarget() refuses it.
     recorded = json.loads(header["key_inputs_json"])
     if not isinstance(recorded, dict):

@@ -11,10 +11,10 @@ import sys
 
 
 def status():
-    from triton.runtime.cache import triton_key
     import triton
 
     from . import _api, _paths, _service
+    from ._triton_versions import triton_key
 
     endpoint = _paths.default_endpoint()
     token_note = f" (token from {endpoint.endpoint_file})" if endpoint.token else ""

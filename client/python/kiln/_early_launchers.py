@@ -48,7 +48,7 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 def request(name, source, library_dirs, include_dirs, libraries, origin):
     """The kiln.v1.BuildLauncherRequest for a module Triton builds from `source`."""
-    from triton.runtime.cache import triton_key
+    from ._triton_versions import triton_key
 
     return _api.BuildLauncherRequest(
         module_name=name, c_source=source,

@@ -32,6 +32,8 @@ import threading
 import uuid
 import warnings
 
+from . import _triton_versions
+
 # This process, for kilnd's claims: asking again for a key it holds takes the
 # claim over instead of waiting on itself.
 CLAIMANT = uuid.uuid4().hex
@@ -121,16 +123,13 @@ def _device_name(target):
 def _device_readers():
     """(owner, attribute, how its result names the device) of what the frontend
     calls to ask for this machine's GPU."""
-    from triton.language import target_info
-
-    readers = [(target_info, "current_target", _device_name)]
-    try:
-        from triton.language.semantic import TritonSemantic
-    except ImportError:
-        return readers
-    if "_has_native_tma" in TritonSemantic.__dict__:
-        current_target = getattr(target_info.current_target, "__wrapped__", target_info.current_target)
-        readers.append((TritonSemantic, "_has_native_tma", lambda _: _device_name(current_target())))
+    readers = []
+    for owner, attribute in _triton_versions.frontend_device_readers():
+        if attribute == "current_target":
+            current_target = getattr(owner.current_target, "__wrapped__", owner.current_target)
+            readers.append((owner, attribute, _device_name))
+        else:  # a yes/no about the device: named by the target it asked for
+            readers.append((owner, attribute, lambda _: _device_name(current_target())))
     return readers
 
 

@@ -13,13 +13,17 @@ import ast
 import os
 import threading
 
+from . import _triton_versions
+
 _generated = threading.local()
 
 
 def follow(driver):
     """Wraps the nvidia driver's make_launcher, once; costs a kernel load two attribute stores."""
-    make_launcher = getattr(driver, "make_launcher", None)
-    if make_launcher is None or getattr(make_launcher, "_kiln_follows", False):
+    if not _triton_versions.has_launcher_per_kernel(driver):
+        return
+    make_launcher = driver.make_launcher
+    if getattr(make_launcher, "_kiln_follows", False):
         return
 
     def following(*args):

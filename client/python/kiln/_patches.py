@@ -6,6 +6,7 @@ interpreter under KILN=1 imports nothing of Kiln's at start but this table."""
 TRITON = (
     # What stock works out again in every process, remembered across processes.
     ("triton.runtime.cache", "kiln._triton_memos:install_triton_key"),
+    ("triton.compiler.compiler", "kiln._triton_memos:install_triton_key"),  # Triton 3.4
     ("triton.knobs", "kiln._triton_memos:install_tool_versions"),
     ("triton.backends.nvidia.compiler", "kiln._triton_memos:install_ptxas_version"),
     ("triton.runtime.build", "kiln._triton_memos:install_platform_key"),

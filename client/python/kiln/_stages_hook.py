@@ -17,7 +17,7 @@ active (_triton); until then, or when it fell back, Triton's own.
 import os
 import sys
 
-from . import _MANAGER
+from . import _MANAGER, _triton_versions
 
 # (what compile() adds to the kernel's key, what the JIT adds to its in-memory key)
 KEY = ("", "")
@@ -42,11 +42,10 @@ def install(knobs):
 
 def claim(knobs):
     """Sets the hook, unless the user set their own (their pipeline then runs
-    stock, cached through Kiln). Triton 3.5 has no such knob (_triton wraps
-    the backend instead)."""
-    runtime = getattr(knobs, "runtime", None)
-    if runtime is not None and getattr(runtime, "add_stages_inspection_hook", False) is None:
-        runtime.add_stages_inspection_hook = stages
+    stock, cached through Kiln). Before Triton 3.6 there is no such knob
+    (_triton wraps the backend instead)."""
+    if _triton_versions.has_stages_knob(knobs) and knobs.runtime.add_stages_inspection_hook is None:
+        knobs.runtime.add_stages_inspection_hook = stages
 
 
 def claimed(knobs):

@@ -30,7 +30,7 @@ import threading
 import grpc
 
 from . import (_api, _build_hook, _cache, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin,
-               _paths, _service, _stages_hook)
+               _paths, _service, _stages_hook, _triton_versions)
 
 log = logging.getLogger("kiln")
 
@@ -39,8 +39,6 @@ from triton import knobs  # noqa: E402
 from triton.runtime.cache import CacheManager, FileCacheManager  # noqa: E402
 
 MANAGER = "kiln._cache:KilnCacheManager"
-_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
-SUPPORTED = _VERSION >= (3, 5)
 
 _install_lock = threading.Lock()
 _installed = None  # None: not tried; True: hooks in place; False: stock Triton
@@ -58,8 +56,9 @@ def active():
 
 
 def _install():
-    if not SUPPORTED:
-        _service.fall_back(f"triton {triton.__version__} is not supported (Kiln needs 3.5 or newer)")
+    unsupported = _triton_versions.unsupported_reason()
+    if unsupported:
+        _service.fall_back(unsupported)
         return False
     try:
         _service.connect()
@@ -364,7 +363,7 @@ class _RemoteCompile:
         """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
         if it failed, else None with self.artifacts and `metadata` filled in."""
         from triton._C.libtriton import get_cache_invalidating_env_vars
-        from triton.runtime.cache import triton_key
+        from ._triton_versions import triton_key
 
         target = self.backend.target
         options_json, env = json.dumps(self.options.__dict__), get_cache_invalidating_env_vars()
@@ -421,10 +420,10 @@ _original_add_stages = None
 
 def _install_stages_hook():
     global _original_add_stages
-    if hasattr(knobs.runtime, "add_stages_inspection_hook"):
+    if _triton_versions.has_stages_knob(knobs):
         _stages_hook.claim(knobs)  # again after kiln.disable(), which released it
         return
-    # Triton 3.5: wrap the CUDA backend's add_stages.
+    # Triton 3.4 and 3.5: wrap the CUDA backend's add_stages.
     from triton.backends.nvidia.compiler import CUDABackend
 
     _original_add_stages = CUDABackend.add_stages

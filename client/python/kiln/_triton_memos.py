@@ -47,7 +47,7 @@ import sysconfig
 import threading
 import time
 
-from . import _files, _index, _paths
+from . import _files, _index, _paths, _triton_versions
 
 log = logging.getLogger("kiln")
 
@@ -334,7 +334,10 @@ def _leave_the_allocator_as_hashing_does():
 
 
 def install_triton_key(cache_module):
-    """triton.runtime.cache.triton_key, remembered for this Triton install."""
+    """triton_key() of the module that defines it (_triton_versions), remembered
+    for this Triton install."""
+    if not _triton_versions.defines_triton_key(cache_module):
+        return
     original = cache_module.triton_key
     if getattr(original, "_kiln_memo", False):
         return
@@ -399,10 +402,8 @@ def install_ptxas_version(nvidia_compiler):
     from triton import knobs
 
     run_ptxas = getattr(original, "__wrapped__", original)
-    # Triton 3.6 picks ptxas by arch (get_ptxas_version(arch=80), get_ptxas(arch));
-    # 3.5 has one ptxas and neither takes an argument.
     version_signature = inspect.signature(run_ptxas)
-    ptxas_takes_arch = bool(inspect.signature(nvidia_compiler.get_ptxas).parameters)
+    ptxas_takes_arch = _triton_versions.ptxas_is_per_arch(nvidia_compiler)
 
     @functools.lru_cache()
     def get_ptxas_version(*args, **kwargs):
