@@ -492,11 +492,58 @@ def _split_top_level(text):
     return parts
 
 
-def _name_location(value):
-    """The name Triton's frontend gave a value, as a location (printed with a
-    uniquing suffix, "%acc_23"); none for values it left unnamed."""
+def _argument_location(value, origin):
+    """The location Triton's frontend gave a loop's block argument: the one
+    the builder gave it (`origin`: an iter_arg's is its initial value's, the
+    induction variable's the loop's), inside the name the frontend gave the
+    value (printed with a uniquing suffix, "%acc_23"; none for %argN)."""
     name = value[1:]
-    return "" if re.fullmatch(r"arg\d+", name) else ' loc("%s")' % re.sub(r"_\d+$", "", name)
+    if re.fullmatch(r"arg\d+", name):
+        return " loc(%s)" % origin if origin else ""
+    name = '"%s"' % re.sub(r"_\d+$", "", name)
+    return " loc(%s(%s))" % (name, origin) if origin else " loc(%s)" % name
+
+
+_LOCATION_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)$", re.MULTILINE)
+_NAMED_LOCATION = re.compile(r'^"(?:[^"\\]|\\.)*"\((.*)\)$')
+_DEFINITION = re.compile(r"^\s*(%[\w$.]+)(?::\d+)? = ")
+
+
+def _unnamed_location(location, aliases):
+    """A loop's location as the builder made it, before the frontend named it
+    after its results (each result wraps it in one more name)."""
+    for _ in range(64):  # a loop has few results; the bound only guards a cycle of aliases
+        location = aliases.get(location, location)
+        named = _NAMED_LOCATION.match(location)
+        if named is None:
+            return location
+        location = named.group(1)
+    return None
+
+
+_ALIAS_REFERENCE = re.compile(r"#loc\d*\b")
+
+
+def _inline_location(location, aliases):
+    """`location` with its aliases written out: a block argument's location
+    may not refer to an alias defined further down, as the op locations do."""
+    for _ in range(64):  # aliases nest a few deep; the bound only guards a cycle
+        written_out = _ALIAS_REFERENCE.sub(lambda alias: aliases.get(alias.group(0), alias.group(0)), location)
+        if written_out == location:
+            return location
+        location = written_out
+    return None
+
+
+def _locations_of_definitions(lines):
+    """value -> the location of the op that defines it, for single-line ops."""
+    found = {}
+    for line in lines:
+        definition = _DEFINITION.match(line)
+        before, marker, location = line.rpartition(" loc(")
+        if definition and marker and location.endswith(")"):
+            found[definition.group(1)] = location[:-1]
+    return found
 
 
 def restore_loop_names(text):
@@ -508,6 +555,8 @@ def restore_loop_names(text):
     that does not have the expected shape is returned as it is."""
     lines = text.split("\n")
     out = list(lines)
+    aliases = dict(_LOCATION_ALIAS.findall(text))
+    defined_at = _locations_of_definitions(lines)
     for number, line in enumerate(lines):
         loop = _SCF_FOR.match(line)
         if loop is None:
@@ -521,9 +570,13 @@ def restore_loop_names(text):
         if closing is None or len(types) != len(carried) or any(len(pair) != 2 for pair in carried):
             return text
         iv_type = loop.group("ivtype")
+        op_location = closing.group("loc")  # ' loc(#loc60)'
+        loop_location = _unnamed_location(op_location[len(" loc("):-1], aliases) if op_location else None
         operands = [loop.group("lb"), loop.group("ub"), loop.group("step")] + [init for _, init in carried]
-        arguments = ["%s: %s%s" % (loop.group("iv"), iv_type, _name_location(loop.group("iv")))] + \
-            ["%s: %s%s" % (name, type_, _name_location(name)) for (name, _), type_ in zip(carried, types)]
+        origins = [loop_location] + [defined_at.get(init.split("#")[0]) for _, init in carried]
+        origins = [_inline_location(origin, aliases) if origin else None for origin in origins]
+        arguments = ["%s: %s%s" % (value, type_, _argument_location(value, origin)) for value, type_, origin
+                     in zip([loop.group("iv")] + [name for name, _ in carried], [iv_type] + types, origins)]
         results = loop.group("results") + " = " if loop.group("results") else ""
         out[number] = '%s%s"scf.for"(%s) ({\n%s^bb0(%s):' % (indent, results, ", ".join(operands), indent,
                                                              ", ".join(arguments))

@@ -130,7 +130,6 @@ PARTS = (
     ("triton.backends.compiler", "GPUTarget"),
     ("triton.backends.nvidia.compiler", "CUDABackend.add_stages"),
     ("triton.backends.nvidia.compiler", "get_ptxas_version"),
-    ("triton.backends.nvidia.driver", "compile_module_from_src"),
     ("triton._C.libtriton", "get_cache_invalidating_env_vars"),
 )
 
