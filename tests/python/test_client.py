@@ -384,6 +384,7 @@ def test_status_reports_service_toolchain_and_cache(kilnd, kiln_env):
                             env=kiln_env, check=True)
     assert "kilnd 0.1.0" in result.stdout
     assert "registered" in result.stdout
+    assert "support:   tested (Kiln is tested with triton 3.4 to 3.9)" in result.stdout
     assert "hits" in result.stdout
     # kilnd built a module for this Python, and it loaded here.
     assert "launchers: kilnd builds them, and this Python loads them" in result.stdout, result.stdout
@@ -409,23 +410,6 @@ def test_cubins_are_also_where_inductors_static_launcher_looks(kiln_env, tmp_pat
     assert not list((tmp_path / "other-cache").glob("*/*.cubin"))
     run_probe(kiln_env, "suite", "--as-inductor")
     assert len(cubins()) == len(stock_suite)
-
-
-TRITON35 = REPO / ".venv-triton35" / "bin" / "python"
-
-
-@pytest.mark.skipif(not TRITON35.exists(), reason="scripts/setup-python makes .venv-triton35")
-def test_triton_3_5_compiles_through_kilnd_and_equals_its_stock(kilnd, base_env, tmp_path):
-    def suite(env):
-        result = subprocess.run([str(TRITON35), str(PROBE), "suite"], capture_output=True, text=True, env=env)
-        assert result.returncode == 0, result.stderr[-4000:]
-        return probe_json(result)
-
-    stock = suite(dict(base_env, TRITON_CACHE_DIR=str(tmp_path / "stock35")))
-    before = kilnd.stats().compiles
-    through_kilnd = suite(dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"))
-    assert through_kilnd["kernels"] == stock["kernels"]
-    assert kilnd.stats().compiles - before == len(stock["kernels"])
 
 
 def test_client_starts_the_users_kilnd_once_when_none_is_running(base_env, tmp_path):

@@ -3,19 +3,20 @@ the launchers' platform key),
 remembered across processes by the client (kiln/_triton_memos.py): the real
 triton package, in real processes with and without Kiln."""
 
+import importlib.metadata
 import json
 import os
 import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import hermetic
 from conftest import BUILD, Kilnd
 from kiln import _api, _triton_memos
+from test_triton_versions import VERSIONS, python_of
 
 # Computes what the memos stand in for, and says what it read and ran to get it
 # (Python's audit events: every open() and every subprocess).
@@ -33,7 +34,10 @@ from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend, get_ptxas_version
 from triton.runtime.build import platform_key
-from triton.runtime.cache import triton_key
+try:
+    from triton.runtime.cache import triton_key
+except ImportError:  # Triton 3.4
+    from triton.compiler.compiler import triton_key
 key = triton_key()
 print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(), "platform_key": platform_key(),
                   "ptxas_release": knobs.nvidia.ptxas.version,
@@ -42,9 +46,10 @@ print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(), "plat
 """
 
 
-TRITON35 = Path(__file__).resolve().parents[2] / ".venv-triton35" / "bin" / "python"
-# Triton 3.6 (this interpreter's) and 3.5, whose ptxas functions take no arch.
-PYTHONS = [sys.executable] + ([str(TRITON35)] if TRITON35.exists() else [])
+# This interpreter's Triton, and each other version of the matrix (3.4 keeps
+# triton_key() elsewhere; before 3.6 the ptxas functions take no arch).
+PYTHONS = [sys.executable] + [str(python_of(version)) for version in VERSIONS
+                              if version != importlib.metadata.version("triton")]
 
 
 def _run(tmp_path, kiln, python=sys.executable, kilnd=None, files="files", **env):

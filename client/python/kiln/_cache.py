@@ -13,7 +13,7 @@ import sys
 from triton import knobs
 from triton.runtime.cache import CacheManager
 
-from . import _MANAGER, _files, _index
+from . import _MANAGER, _files, _index, _triton_versions
 from ._deferred_texts import HitGroup
 
 
@@ -63,7 +63,9 @@ class KilnCacheManager(CacheManager):
     def __init__(self, key, override=False, dump=False):
         self.key = key
         self._hex = hex_key(key)
-        self._local = not (override or dump)  # dump and override dirs are stock Triton's
+        # Dump and override dirs are stock Triton's; so is every file of a
+        # Triton Kiln does not support (_triton falls back, with its warning).
+        self._local = not (override or dump) and _triton_versions.supported()
         self._override, self._dump = override, dump
         self._over_kilnd = None
 

@@ -152,6 +152,17 @@ def missing_parts():
     return missing
 
 
+_supported = None
+
+
+def supported():
+    """unsupported_reason() is None, worked out once per process."""
+    global _supported
+    if _supported is None:
+        _supported = unsupported_reason() is None
+    return _supported
+
+
 def unsupported_reason():
     """Why Kiln cannot serve this Triton (None when it can), for the one warning."""
     import triton
