@@ -1,9 +1,11 @@
 """Every Triton that current torch pins (requirements-triton-matrix.txt), each in
 a venv of its own (.venv-triton/VERSION, made by scripts/setup-python) with the
 client installed, each with a real kilnd whose toolchain it is: the kernel
-suite equal to that Triton's stock, a new process that hits every kernel with
-no compile and no frontend, a recording for sm80 prewarmed for sm90, failing
-kernels raised as stock raises them, and `kiln misses` naming what changed.
+suite equal to that Triton's stock from two processes at once that compile
+each kernel once, a new process that hits every kernel with no compile and no
+frontend, a recording for sm80 prewarmed for sm90, launcher modules built by
+kilnd and served to a new process, failing kernels raised as stock raises
+them, and `kiln misses` naming what changed.
 The full suite of the other test files runs on the main version only."""
 
 import json
@@ -15,6 +17,7 @@ import pytest
 
 import hermetic
 from conftest import BUILD, REPO, Kilnd
+from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 from test_misses import PROGRAM as MISSES_PROGRAM
 
 PROBE = Path(__file__).with_name("client_probe.py")
@@ -34,12 +37,19 @@ def version(request):
     return request.param
 
 
-def probe(version, env, *args, check=True):
-    result = subprocess.run([str(python_of(version)), str(PROBE), *args], capture_output=True, text=True, env=env,
-                            timeout=900)
-    if check:
-        assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.splitlines()[-1]) if result.returncode == 0 else None
+def start_probe(version, env, *args):
+    return subprocess.Popen([str(python_of(version)), str(PROBE), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def probe(version, env, *args):
+    return finish(start_probe(version, env, *args))
+
+
+def finish(process):
+    out, err = process.communicate(timeout=900)
+    assert process.returncode == 0, err[-4000:]
+    return json.loads(out.splitlines()[-1])
 
 
 def kiln(kilnd, *args):
@@ -70,13 +80,15 @@ def test_the_suite_equals_stock_and_a_new_process_and_a_prewarmed_target_hit_eve
     kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={python_of(version)}", "--compile-workers=2")
     try:
         def through_kiln(run, mode):
-            return probe(version, dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
-                                       TRITON_CACHE_DIR=str(tmp_path / f"c-{run}"),
-                                       KILN_FILES_DIR=str(tmp_path / f"f-{run}")), mode)
+            return start_probe(version, dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+                                             TRITON_CACHE_DIR=str(tmp_path / f"c-{run}"),
+                                             KILN_FILES_DIR=str(tmp_path / f"f-{run}")), mode)
 
-        recorded = through_kiln("sm80", "suite-sm80")
+        # Two processes at once: each kernel compiled once, both get stock's.
+        recorders = [through_kiln(f"sm80-{i}", "suite-sm80") for i in range(2)]
         sm80 = {name: kernel for name, kernel in stock.items() if name.endswith("-sm80")}
-        assert recorded["kernels"] == sm80
+        for recorder in recorders:
+            assert finish(recorder)["kernels"] == sm80
         assert kilnd.stats().compiles == len(sm80)
 
         bundle = tmp_path / "sm80.kilnbundle"
@@ -86,9 +98,23 @@ def test_the_suite_equals_stock_and_a_new_process_and_a_prewarmed_target_hit_eve
                "0 failed" in prewarmed, prewarmed
 
         # A new process, with no local files: every kernel of both targets from kilnd, stock's byte for byte.
-        fresh = through_kiln("fresh", "suite")
+        fresh = finish(through_kiln("fresh", "suite"))
         assert fresh["kernels"] == stock
         assert fresh["frontend_runs"] == 0 and kilnd.stats().compiles == 2 * len(sm80)
+    finally:
+        assert kilnd.stop() == 0
+
+
+def test_kilnd_builds_the_launcher_module_and_a_new_process_is_served_it(version, tmp_path, libcuda_dir):  # noqa: F811
+    """Up to 3.6 a launcher per kernel signature, from 3.7 cuda_utils (client_probe's launcher mode)."""
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={python_of(version)}")
+    try:
+        for run in ("first", "fresh"):
+            env = dict(hermetic.stock_env(), KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+                       LD_LIBRARY_PATH=str(libcuda_dir), TRITON_CACHE_DIR=str(tmp_path / f"c-{run}"),
+                       KILN_FILES_DIR=str(tmp_path / f"f-{run}"))
+            assert probe(version, env, "launcher", str(libcuda_dir))["launch"] is True
+            assert kilnd.stats().launcher_builds == 1  # the new process was served the first one's
     finally:
         assert kilnd.stop() == 0
 
