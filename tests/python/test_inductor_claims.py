@@ -1,7 +1,8 @@
 """torch.compile in several processes at once through one kilnd: inductor's
 FX graphs and AOTAutograd graphs are compiled by one process and loaded by the
 others (single flight), and nobody waits on a claimant that died or failed.
-Real torch (inductor compiling for the CPU, .venv-torch), real kilnd."""
+Real torch (inductor compiling for the CPU, .venv-torch; the first two tests
+also on the newest torch, .venv-torch-newest), real kilnd."""
 
 import json
 import re
@@ -16,6 +17,10 @@ import hermetic
 from conftest import REPO, Kilnd
 
 PYTHON = REPO / ".venv-torch" / "bin" / "python"
+# torch 2.15, which pins Triton 3.9: the newest torch, for the tests that say
+# most about its caches (scripts/setup-python makes it beside .venv-torch).
+NEWEST_TORCH = REPO / ".venv-torch-newest" / "bin" / "python"
+BOTH_TORCHES = pytest.mark.parametrize("python", [PYTHON, NEWEST_TORCH], ids=["torch2.11", "torch2.15"])
 PROGRAM = REPO / "tests" / "python" / "inductor_graph_program.py"
 GRAPHS = 3  # the program's FX graphs: inference, training forward and backward
 AOT_GRAPHS = 2  # its AOTAutograd graphs: inference, training
@@ -41,9 +46,9 @@ def _env(tmp_path, name, kilnd=None):
 class Program:
     """One inductor_graph_program.py process; its stderr lines are timed as they come."""
 
-    def __init__(self, tmp_path, name, kilnd, *flags, env=None):
+    def __init__(self, tmp_path, name, kilnd, *flags, env=None, python=PYTHON):
         self.lines = []  # (monotonic time, line) of stderr
-        self.process = subprocess.Popen([str(PYTHON), str(PROGRAM), str(tmp_path / "start"), *flags],
+        self.process = subprocess.Popen([str(python), str(PROGRAM), str(tmp_path / "start"), *flags],
                                         env=dict(_env(tmp_path, name, kilnd), **(env or {})), stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)
         self.stdout = []
@@ -95,8 +100,9 @@ def _waited_hits(kilnd):
     return sum(n.waited_hits for n in kilnd.stats().lookups_by_namespace if n.namespace.endswith("/inductor"))
 
 
-def test_processes_started_together_compile_each_graph_once(kilnd, tmp_path):
-    programs = [Program(tmp_path, f"p{i}", kilnd) for i in range(3)]
+@BOTH_TORCHES
+def test_processes_started_together_compile_each_graph_once(kilnd, tmp_path, python):
+    programs = [Program(tmp_path, f"p{i}", kilnd, python=python) for i in range(3)]
     results = _start_together(tmp_path, programs)
     logs = "\n\n".join(p.log() for p in programs)
     for result in results:
@@ -111,12 +117,13 @@ def test_processes_started_together_compile_each_graph_once(kilnd, tmp_path):
     assert _waited_hits(kilnd) >= 2, kilnd.stats()
 
 
-def test_a_process_whose_graphs_all_hit_starts_no_compile_workers(kilnd, tmp_path):
+@BOTH_TORCHES
+def test_a_process_whose_graphs_all_hit_starts_no_compile_workers(kilnd, tmp_path, python):
     (tmp_path / "start").touch()
     # Two compile threads: inductor's pool is on whatever the machine's CPU count.
     pool = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
-    stock = [Program(tmp_path, "stock", None, "--ask-pool", env=pool).result() for _ in range(2)]
-    compiled, loaded = (Program(tmp_path, name, kilnd, "--ask-pool", env=pool).result()
+    stock = [Program(tmp_path, "stock", None, "--ask-pool", env=pool, python=python).result() for _ in range(2)]
+    compiled, loaded = (Program(tmp_path, name, kilnd, "--ask-pool", env=pool, python=python).result()
                         for name in ("compiles", "loads"))
     for result in stock + [compiled, loaded]:
         assert "error" not in result and result["inference_equal"] and result["training_equal"], result
