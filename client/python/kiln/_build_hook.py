@@ -32,8 +32,8 @@ def install(knobs):
 
 
 def claim(knobs):
-    """Sets knobs.build.impl, unless the user set their own. Triton before 3.5
-    has no such knob (Kiln does not support it)."""
+    """Sets knobs.build.impl, unless the user set their own. Tritons older
+    than Kiln supports may have no such knob."""
     settings = getattr(knobs, "build", None)
     if settings is not None and getattr(settings, "impl", False) is None:
         settings.impl = build

@@ -20,7 +20,6 @@ module is to be built, the stages hook runs Kiln's stages once it is active.
 
 import functools
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -452,8 +451,7 @@ def _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries):
     with _install_lock:
         saved, knobs.build.impl = knobs.build.impl, None
         try:
-            parameters = inspect.signature(build._build).parameters
-            extra = [[]] if "ccflags" in parameters else []
+            extra = [[]] if _triton_versions.build_takes_ccflags(build) else []
             return build._build(name, src, srcdir, library_dirs, include_dirs, libraries, *extra)
         finally:
             knobs.build.impl = saved

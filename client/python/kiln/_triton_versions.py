@@ -102,6 +102,13 @@ def has_launcher_per_kernel(driver_module):
     return callable(getattr(driver_module, "make_launcher", None))
 
 
+def build_takes_ccflags(build_module):
+    """triton.runtime.build._build takes the C compiler's extra flags from 3.5."""
+    import inspect
+
+    return "ccflags" in inspect.signature(build_module._build).parameters
+
+
 # --- ptxas ---------------------------------------------------------------------
 
 def ptxas_is_per_arch(nvidia_compiler):
