@@ -150,6 +150,10 @@ const std::vector<Setting>& Settings() {
       {"worker_idle_seconds",
        "idle workers but the last of each toolchain exit after this long (600)",
        Integer(&Config::worker_idle_seconds, 1, 86400)},
+      {"exit_when_idle_seconds",
+       "stop after this long with no call in progress, 0 for never (0); the client "
+       "starts its per-user kilnd with 1800, as sccache's server stops when idle",
+       Integer(&Config::exit_when_idle_seconds, 0, 31536000)},
       {"launcher_cc", "C compiler for launcher modules (default: $CC, then tcc, gcc, clang)",
        Text(&Config::launcher_cc)},
       {"worker_script", "path of kiln_worker.py (default: beside kilnd)",

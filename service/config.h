@@ -70,6 +70,7 @@ struct Config {
   int compile_workers = 0;  // per toolchain; 0 = CPU count
   int compile_timeout_seconds = 600;
   int worker_idle_seconds = 600;
+  int exit_when_idle_seconds = 0;  // 0: never
   int claim_timeout_seconds = 60;
   std::string launcher_cc;         // C compiler for launcher builds; empty = discover
   std::filesystem::path worker_script;  // empty = kiln_worker.py beside kilnd

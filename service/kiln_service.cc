@@ -188,14 +188,17 @@ grpc::ServerUnaryReactor* KilnService::ServeAsync(grpc::CallbackServerContext* c
                                                   Handler handler) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  activity_.Begin();
   const absl::StatusOr<Caller> caller = Authenticate(*context);
   if (!caller.ok()) {
     rpc_stats_.Record(rpc, absl::Now() - start, false);
+    activity_.End();
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
   handler(*caller, [this, reactor, rpc, start](const absl::Status& status) {
     rpc_stats_.Record(rpc, absl::Now() - start, status.ok());
+    activity_.End();
     if (IsServerSideError(status)) {
       spdlog::error("[req {}] {} failed: {}", next_request_id_.fetch_add(1), RpcName(rpc),
                     status.ToString());

@@ -101,6 +101,8 @@ class KilnService final : public v1::Kiln::CallbackService {
   // What GetStats answers, and the same as a Prometheus text page (metrics_listen).
   absl::Status FillStats(v1::GetStatsResponse& response) const;
   absl::StatusOr<std::string> MetricsText() const;
+  // How long no call has been in progress (exit_when_idle_seconds).
+  absl::Duration IdleAt(absl::Time now) const { return activity_.IdleAt(now); }
 
  private:
   // Compiles `request` (which must outlive `finish`) for `caller` into
@@ -150,6 +152,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   const TcpAccess tcp_access_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
+  CallActivity activity_;
   MissLog miss_log_;
   mutable std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> lookups_waited_{0};

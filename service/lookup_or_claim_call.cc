@@ -19,7 +19,9 @@ class KilnService::LookupOrClaimCall final
       public std::enable_shared_from_this<LookupOrClaimCall> {
  public:
   LookupOrClaimCall(KilnService& service, const v1::LookupRequest& request)
-      : service_(service), request_(request) {}
+      : service_(service), request_(request) {
+    service_.activity_.Begin();
+  }
 
   void Start(const grpc::CallbackServerContext& context) {
     self_ = shared_from_this();
@@ -90,7 +92,10 @@ class KilnService::LookupOrClaimCall final
     RequestFinishLocked(grpc::Status::CANCELLED);
   }
 
-  void OnDone() override { self_.reset(); }
+  void OnDone() override {
+    service_.activity_.End();
+    self_.reset();
+  }
 
  private:
   // The one response (or an error). A claimant's call stays open after it.

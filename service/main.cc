@@ -2,6 +2,7 @@
 // service's stop control on Windows), then finishes in-flight requests and
 // closes the database.
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/subprocess.h"
@@ -204,7 +206,24 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   }
   ready();
 
+  // A kilnd started for one user (the client's autostart) stops once idle.
+  absl::Notification stopping;
+  std::thread idle_watch;
+  if (config.exit_when_idle_seconds > 0) {
+    const absl::Duration limit = absl::Seconds(config.exit_when_idle_seconds);
+    idle_watch = std::thread([&] {
+      while (!stopping.WaitForNotificationWithTimeout(std::min(limit / 4, absl::Seconds(1)))) {
+        if (server->IdleAt(absl::Now()) >= limit) {
+          signals.Request(absl::StrFormat("no call for %d s (exit_when_idle_seconds)",
+                                          config.exit_when_idle_seconds));
+          return;
+        }
+      }
+    });
+  }
   const std::string signal_name = signals.Wait();
+  stopping.Notify();
+  if (idle_watch.joinable()) idle_watch.join();
   spdlog::info("{} received: finishing in-flight requests", signal_name);
   metrics.reset();
   server->Shutdown(kShutdownGrace);

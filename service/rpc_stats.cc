@@ -40,4 +40,20 @@ void RpcStats::AppendTo(v1::GetStatsResponse& response) const {
   }
 }
 
+void CallActivity::Begin() {
+  std::lock_guard lock(mutex_);
+  ++in_progress_;
+}
+
+void CallActivity::End() {
+  std::lock_guard lock(mutex_);
+  --in_progress_;
+  last_ended_ = absl::Now();
+}
+
+absl::Duration CallActivity::IdleAt(absl::Time now) const {
+  std::lock_guard lock(mutex_);
+  return in_progress_ > 0 ? absl::ZeroDuration() : now - last_ended_;
+}
+
 }  // namespace kiln::service

@@ -4,8 +4,10 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/latency_histogram.h"
 #include "kiln/v1/kiln.pb.h"
@@ -56,6 +58,23 @@ class RpcStats {
     std::atomic<uint64_t> errors{0};
   };
   std::array<PerRpc, static_cast<size_t>(Rpc::kCount)> rpcs_;
+};
+
+// Whether any call is in progress, and since when none has been: a kilnd
+// started for one user stops after exit_when_idle_seconds without calls. A
+// call counts from its start to its end, so a long compile, or a claim held
+// open while its claimant compiles, keeps kilnd busy however long it takes.
+class CallActivity {
+ public:
+  void Begin();
+  void End();
+  // How long no call has been in progress at `now`; zero while one is.
+  absl::Duration IdleAt(absl::Time now) const;
+
+ private:
+  mutable std::mutex mutex_;
+  int in_progress_ = 0;                 // guarded by mutex_
+  absl::Time last_ended_ = absl::Now();  // guarded by mutex_
 };
 
 }  // namespace kiln::service

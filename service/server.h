@@ -73,6 +73,8 @@ class KilnServer {
   int tcp_port() const { return tcp_port_; }
   // The statistics as a Prometheus page (metrics_listen).
   absl::StatusOr<std::string> MetricsText() const { return service_->MetricsText(); }
+  // How long no call has been in progress (exit_when_idle_seconds).
+  absl::Duration IdleAt(absl::Time now) const { return service_->IdleAt(now); }
   // gRPC targets clients can use, e.g. "unix:/run/user/1000/kiln/kilnd.sock".
   const std::vector<std::string>& endpoints() const { return endpoints_; }
 

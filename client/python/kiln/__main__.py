@@ -30,6 +30,13 @@ def status():
     endpoint = _paths.default_endpoint()
     token_note = f" (token from {endpoint.endpoint_file})" if endpoint.token else ""
     print(f"endpoint:  {endpoint.describe()}{token_note}")
+    startable = _service.kilnd_to_start()
+    if not endpoint.is_user_default:
+        print("autostart: none (the endpoint is not this user's default)")
+    elif startable:
+        print(f"autostart: {startable[0]} (from {startable[1]}), when none answers")
+    else:
+        print("autostart: none (no KILN_KILND, no kilnd in this wheel, none on PATH)")
     try:
         stub = _service.connect(endpoint, autostart=False).stub
     except _service.KilnUnavailable as error:

@@ -160,9 +160,30 @@ class Connection:
             channel.close()
 
 
-def _kilnd_binary():
+# The kilnd of a platform wheel of kiln-triton, beside its worker.
+WHEEL_KILND = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin",
+                           "kilnd.exe" if sys.platform == "win32" else "kilnd")
+# A kilnd the client starts stops after this long with no call (kilnd's
+# exit_when_idle_seconds); KILN_IDLE_EXIT_SECONDS sets it, 0 for never.
+_IDLE_EXIT_SECONDS = "1800"
+
+
+def kilnd_to_start():
+    """(path, where it came from) of the kilnd the client starts when none
+    answers: KILN_KILND, else the one of this wheel, else kilnd on PATH; None
+    when there is none."""
     configured = os.environ.get("KILN_KILND")
-    return configured if configured else shutil.which("kilnd")
+    if configured:
+        return configured, "KILN_KILND"
+    if os.path.isfile(WHEEL_KILND):
+        return WHEEL_KILND, "the kiln-triton wheel"
+    on_path = shutil.which("kilnd")
+    return (on_path, "PATH") if on_path else None
+
+
+def _kilnd_binary():
+    found = kilnd_to_start()
+    return found[0] if found else None
 
 
 def _lock(path):
@@ -216,7 +237,11 @@ def _spawn_detached(kilnd):
                   | subprocess.CREATE_NO_WINDOW}
     else:
         detach = {"start_new_session": True}
-    subprocess.Popen([kilnd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    idle = os.environ.get("KILN_IDLE_EXIT_SECONDS", _IDLE_EXIT_SECONDS)
+    if not idle.isdigit():
+        raise KilnUnavailable(f"KILN_IDLE_EXIT_SECONDS={idle!r} is not a whole number of seconds; "
+                              "set it to the seconds a kilnd the client starts may stay idle, or 0 for never")
+    subprocess.Popen([kilnd, f"--exit-when-idle-seconds={idle}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      close_fds=True, env=env, **detach)
 
 
@@ -238,7 +263,7 @@ def _autostart():
         try:
             _spawn_detached(kilnd)
         except OSError as error:  # no such file, not executable, ...: Kiln's failure, never the program's
-            source = "KILN_KILND" if os.environ.get("KILN_KILND") else "PATH"
+            source = kilnd_to_start()[1]
             raise KilnUnavailable(f"could not start kilnd {kilnd} (from {source}): {error}; set KILN_KILND to "
                                   "kilnd's path, or start kilnd yourself") from error
         deadline = time.monotonic() + _AUTOSTART_DEADLINE
@@ -277,7 +302,8 @@ def connect(endpoint=None, autostart=True):
         hint = (" (or the TLS handshake failed: KILN_CA_FILE must name the CA that signed kilnd's "
                 "certificate, and KILN_CLIENT_CERT a certificate signed by the CA kilnd trusts)")
     else:
-        hint = "" if _kilnd_binary() else " (no kilnd on PATH to start; set KILN_KILND)"
+        hint = "" if _kilnd_binary() else (" (no kilnd to start: none on PATH, and this kiln-triton is the "
+                                           "pure-Python wheel; set KILN_KILND, or install a platform wheel)")
     raise KilnUnavailable(f"kilnd is not reachable at {endpoint.describe()}{hint}")
 
 
