@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import REPO, kilnd_processes_with
+from built_wheels import build_wheels
+from conftest import kilnd_processes_with
 
 PROBE = Path(__file__).with_name("client_probe.py")
 MAX_WHEEL_BYTES = 40 * 2**20
@@ -25,18 +26,9 @@ MAX_WHEEL_BYTES = 40 * 2**20
 
 @pytest.fixture(scope="session")
 def wheels(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheels")
-    made = subprocess.run([str(REPO / "scripts" / "build-wheels"), str(out)], capture_output=True, text=True,
-                          timeout=1800)
-    assert made.returncode == 0, made.stderr[-4000:]
-    paths = [Path(line) for line in made.stdout.splitlines()]
-    assert all(path.parent == out and path.exists() for path in paths), made.stdout
-    by_platform = {}
-    for path in paths:
-        tag = path.name[:-len(".whl")].split("-")[-1]
-        by_platform["manylinux" if tag.startswith("manylinux") else tag] = path
-    assert set(by_platform) == {"any", "manylinux", "win_amd64"}, paths
-    return by_platform
+    built = build_wheels(tmp_path_factory.mktemp("wheels"))
+    assert set(built) == {"any", "manylinux", "win_amd64"}, built
+    return built
 
 
 def wheel_tags(path):

@@ -3,6 +3,7 @@ unpacked, the kilnd.exe and kiln.exe inside it, and Wine prefixes of their own.
 
 Needs scripts/windows-build first; KILN_WINDOWS_BUILD_DIR names the build."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -77,6 +78,19 @@ def start_persistent_wineserver(env):
     subprocess.run(["wineserver", "-p"], env=env, check=True)
     subprocess.run(["wine", "cmd", "/c", "exit"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=120)
+
+
+@contextlib.contextmanager
+def prefix_with_services(tmp_path_factory, name):
+    """A Wine prefix of its own whose services keep running between commands;
+    afterwards the kilnd service is deleted and the prefix's wineserver ended."""
+    env = new_wine_prefix(tmp_path_factory, name)
+    start_persistent_wineserver(env)
+    try:
+        yield env
+    finally:
+        subprocess.run(["wine", "sc", "delete", "kilnd"], env=env, capture_output=True, timeout=60)
+        subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
 
 
 def local_app_data(env):

@@ -14,19 +14,15 @@ import grpc
 import pytest
 from kiln import _api, _paths, _service
 
-from conftest import linux_path, new_wine_prefix, runner, start_persistent_wineserver, windows_path
+from conftest import linux_path, prefix_with_services, runner, windows_path
 
 SERVICE_DATA = r"C:\ProgramData\kiln"
 
 
 @pytest.fixture(scope="module")
 def wine(tmp_path_factory):
-    """A Wine prefix of its own whose services keep running between commands."""
-    env = new_wine_prefix(tmp_path_factory, "serviceprefix")
-    start_persistent_wineserver(env)
-    yield env
-    subprocess.run(["wine", "sc", "delete", "kilnd"], env=env, capture_output=True, timeout=60)
-    subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
+    with prefix_with_services(tmp_path_factory, "serviceprefix") as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

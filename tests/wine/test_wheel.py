@@ -5,31 +5,24 @@ no config), which compiles the suite as stock triton-windows does, serves a
 new process, and stops by itself once idle; `python -m kiln service install`
 from the same Python gives a running service that the next process uses."""
 
-import subprocess
 import time
 
 import pytest
 
-from conftest import REPO, linux_path, local_app_data, new_wine_prefix, start_persistent_wineserver, windows_path
+from built_wheels import build_wheels
+from conftest import linux_path, local_app_data, prefix_with_services, windows_path
 from test_comfyui_path import NEWEST, kilnd_processes, make_python_embeded, run_python, suite
 
 
 @pytest.fixture(scope="module")
 def windows_wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheels")
-    made = subprocess.run([str(REPO / "scripts" / "build-wheels"), str(out)], capture_output=True, text=True,
-                          timeout=1800)
-    assert made.returncode == 0, made.stderr[-4000:]
-    return next(line for line in made.stdout.splitlines() if line.endswith("-win_amd64.whl"))
+    return build_wheels(tmp_path_factory.mktemp("wheels"))["win_amd64"]
 
 
 @pytest.fixture(scope="module")
 def wine(tmp_path_factory):
-    env = new_wine_prefix(tmp_path_factory, "wheelprefix")
-    start_persistent_wineserver(env)
-    yield env
-    subprocess.run(["wine", "sc", "delete", "kilnd"], env=env, capture_output=True, timeout=60)
-    subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
+    with prefix_with_services(tmp_path_factory, "wheelprefix") as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
