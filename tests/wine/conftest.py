@@ -5,6 +5,7 @@ Needs scripts/windows-build first; KILN_WINDOWS_BUILD_DIR names the build."""
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -61,12 +62,50 @@ def linux_path(env, path):
     return Path(env["WINEPREFIX"], "drive_c", *windows.parts[1:])
 
 
+def wine_env(prefix):
+    return dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
+
+
+# A prefix that `wineboot --init` made is about 720 MB, nearly all of it
+# Wine's DLLs, which no test writes: each test's prefix is a copy of one made
+# once, sharing those files through hard links. Twenty fresh prefixes filled
+# a CI runner's disk (14 GB) and took a wineboot of 20-30 s each.
+SHARED_FILE_BYTES = 64 * 1024
+_booted_prefix = None
+
+
+def _copy_prefix(source, target):
+    """Copies a Wine prefix: symbolic links as links (dosdevices, the user's
+    folders), small files (the registry, .ini files, which Wine rewrites)
+    as copies, large ones as hard links."""
+    for folder, subfolders, files in os.walk(source):
+        into = target / Path(folder).relative_to(source)
+        into.mkdir(exist_ok=True)
+        for name in subfolders + files:
+            origin, copy = Path(folder, name), into / name
+            if origin.is_symlink():
+                copy.symlink_to(os.readlink(origin))
+                if name in subfolders:
+                    subfolders.remove(name)
+            elif name in files:
+                if origin.stat().st_size >= SHARED_FILE_BYTES:
+                    os.link(origin, copy)
+                else:
+                    shutil.copy2(origin, copy)
+
+
 def new_wine_prefix(tmp_path_factory, name):
+    """A Wine prefix of the test's own, as `wineboot --init` makes it."""
+    global _booted_prefix
+    if _booted_prefix is None:
+        booted = tmp_path_factory.mktemp("booted-prefix")
+        env = wine_env(booted)
+        subprocess.run(["wineboot", "--init"], env=env, capture_output=True, timeout=300)
+        subprocess.run(["wineserver", "-w"], env=env, timeout=300)
+        _booted_prefix = booted
     prefix = tmp_path_factory.mktemp(name)
-    env = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
-    subprocess.run(["wineboot", "--init"], env=env, capture_output=True, timeout=300)
-    subprocess.run(["wineserver", "-w"], env=env, timeout=300)
-    return env
+    _copy_prefix(_booted_prefix, prefix)
+    return wine_env(prefix)
 
 
 def start_persistent_wineserver(env):

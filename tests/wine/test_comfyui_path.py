@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import (REPO, linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver,
+from conftest import (REPO, linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver, wine_env,
                       windows_path)
 
 PROBE = REPO / "tests" / "python" / "client_probe.py"
@@ -432,8 +432,7 @@ def test_a_user_profile_whose_name_has_a_space(binaries, release, python_embeded
     install in its AppData\\Local\\Programs\\Kiln, every cache on its defaults."""
     only_once(toolchain)
     prefix = tmp_path_factory.mktemp("spaced-profile")
-    wine = dict(os.environ, WINEPREFIX=str(prefix), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=",
-                USER="Comfy User")
+    wine = dict(wine_env(prefix), USER="Comfy User")
     subprocess.run(["wineboot", "--init"], env=wine, capture_output=True, timeout=300)
     subprocess.run(["wineserver", "-w"], env=wine, timeout=300)
     start_persistent_wineserver(wine)
