@@ -86,7 +86,9 @@ absl::Status SpawnDetached(const std::vector<std::string>& argv,
 // The absolute path of an executable found on PATH, or empty.
 std::filesystem::path FindOnPath(absl::string_view program);
 
-// The directory of the running executable.
+// The running executable, or empty if the system cannot say.
+std::filesystem::path ExecutablePath();
+// Its directory (the working directory if the system cannot say).
 std::filesystem::path ExecutableDir();
 
 }  // namespace kiln

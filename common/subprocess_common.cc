@@ -43,4 +43,9 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
   return result;
 }
 
+std::filesystem::path ExecutableDir() {
+  const std::filesystem::path self = ExecutablePath();
+  return self.empty() ? std::filesystem::current_path() : self.parent_path();
+}
+
 }  // namespace kiln

@@ -275,10 +275,10 @@ fs::path FindOnPath(absl::string_view program) {
   return {};
 }
 
-fs::path ExecutableDir() {
+fs::path ExecutablePath() {
   std::error_code error;
   const fs::path self = fs::read_symlink("/proc/self/exe", error);
-  return error ? fs::current_path() : self.parent_path();
+  return error ? fs::path() : self;
 }
 
 }  // namespace kiln

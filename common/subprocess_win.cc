@@ -458,12 +458,12 @@ fs::path FindOnPath(absl::string_view program) {
   return {};
 }
 
-fs::path ExecutableDir() {
+fs::path ExecutablePath() {
   std::wstring buffer(32768, L'\0');
   const DWORD length = GetModuleFileNameW(nullptr, buffer.data(), static_cast<DWORD>(buffer.size()));
-  if (length == 0) return fs::current_path();
+  if (length == 0) return {};
   buffer.resize(length);
-  return fs::path(buffer).parent_path();
+  return fs::path(buffer);
 }
 
 }  // namespace kiln

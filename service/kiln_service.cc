@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/fmt_absl.h"
 #include "common/status_macros.h"
+#include "common/subprocess.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
 #include "service/metrics_text.h"
@@ -106,6 +107,7 @@ KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistr
       toolchains_(toolchains),
       coordinator_(coordinator),
       data_dir_(std::move(data_dir)),
+      executable_(ExecutablePath().string()),
       tcp_access_(std::move(tcp_access)),
       miss_log_(data_dir_.empty() ? std::filesystem::path()
                                   : std::filesystem::path(data_dir_) / "miss-history.pb"),
@@ -476,6 +478,7 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
   response->set_server_version(KILN_VERSION);
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
   response->set_data_dir(data_dir_);
+  response->set_executable(executable_);
   const CoordinatorStats compiles = coordinator_.Stats();
   response->set_compiles(compiles.compiles);
   response->set_compile_cache_hits(compiles.compile_cache_hits);

@@ -149,6 +149,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   compiler::ToolchainRegistry& toolchains_;
   CompileCoordinator& coordinator_;
   const std::string data_dir_;
+  const std::string executable_;
   const TcpAccess tcp_access_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;

@@ -495,13 +495,14 @@ absl::StatusOr<v1::VerifyResponse> Client::Verify() {
 std::string FormatStats(const v1::GetStatsResponse& stats) {
   const uint64_t lookups = stats.hits() + stats.misses();
   std::string text = absl::StrFormat(
-      "kilnd %s, up %.0f s, data dir %s\n"
+      "kilnd %s (%s), up %.0f s, data dir %s\n"
       "cache:   %d entries, %d blobs, %s stored, %s on disk of %s\n"
       "lookups: %d hits, %d misses (hit rate %.1f%%), %d puts\n"
       "evicted: %d entries; dropped as corrupt: %d\n"
       "compile: %d run by workers, %d cache hits, %d joined a running compile, %d failed\n"
       "workers: %d started, %d lost, %d live; launchers: %d built, %d cache hits\n",
-      stats.server_version(), stats.uptime_seconds(), stats.data_dir(), stats.entries(),
+      stats.server_version(), stats.executable(), stats.uptime_seconds(), stats.data_dir(),
+      stats.entries(),
       stats.blobs(), FormatByteSize(stats.stored_bytes()), FormatByteSize(stats.disk_bytes()),
       FormatByteSize(stats.max_size_bytes()),
       stats.hits(), stats.misses(),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import Kilnd, kilnd_processes_with, tcp_kilnd
+from conftest import BUILD, Kilnd, kilnd_processes_with, tcp_kilnd
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
 PROBE = Path(__file__).parent / "client_probe.py"
@@ -383,6 +383,8 @@ def test_status_reports_service_toolchain_and_cache(kilnd, kiln_env):
     result = subprocess.run([sys.executable, "-m", "kiln", "status"], capture_output=True, text=True,
                             env=kiln_env, check=True)
     assert "kilnd 0.1.0" in result.stdout
+    # The binary serving, not merely one the client could start.
+    assert f"binary:    {(BUILD / 'service' / 'kilnd').resolve()}" in result.stdout.splitlines(), result.stdout
     assert "registered" in result.stdout
     assert "support:   tested (Kiln is tested with triton 3.4 to 3.9)" in result.stdout
     assert "hits" in result.stdout
@@ -413,8 +415,6 @@ def test_cubins_are_also_where_inductors_static_launcher_looks(kiln_env, tmp_pat
 
 
 def test_client_starts_the_users_kilnd_once_when_none_is_running(base_env, tmp_path):
-    from conftest import BUILD
-
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_KILND=str(BUILD / "service" / "kilnd"),

@@ -102,6 +102,9 @@ def test_a_fresh_venv_with_triton_and_the_manylinux_wheel_starts_its_kilnd_which
         assert suite("first", **kiln_env)["kernels"] == stock["kernels"]
         started = kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))
         assert len(started) == 1 and Path(os.readlink(f"/proc/{started[0]}/exe")) == wheel_kilnd
+        status = subprocess.run([str(python), "-m", "kiln", "status"], capture_output=True, text=True, timeout=60,
+                                env=dict(base, **kiln_env))
+        assert f"binary:    {wheel_kilnd} (this kiln-triton wheel's)" in status.stdout, status.stdout + status.stderr
         second = suite("second", KILN_FILES_DIR=str(tmp_path / "other-files"), **kiln_env)
         assert second["kernels"] == stock["kernels"] and second["frontend_runs"] == 0
         # Idle for KILN_IDLE_EXIT_SECONDS: it stops by itself, cleanly.

@@ -61,6 +61,9 @@ def test_kiln_service_install_from_the_same_python_gives_a_service_the_next_proc
     assert kilnd_processes(wine) == []  # the per-user kilnd.exe of the test above has stopped
     status, said = run_python(wine, python, "-m", "kiln", "service", "install")
     assert status == 0, said
+    # Wine keeps no file's owner or access list (it maps them to mode bits),
+    # so only that the calls succeeded shows here; Windows applies them.
+    assert r"only Administrators may change C:\Program Files\Kiln and C:\ProgramData\kiln\kilnd.conf" in said, said
     assert linux_path(wine, r"C:\Program Files\Kiln\kilnd.exe").exists()
     config = linux_path(wine, r"C:\ProgramData\kiln\kilnd.conf").read_text()
     assert f"toolchain = {windows_path(python)}" in config, config
@@ -70,6 +73,8 @@ def test_kiln_service_install_from_the_same_python_gives_a_service_the_next_proc
     # The next process finds the service through the machine's endpoint file, and starts no kilnd of its own.
     through_service, _ = suite(wine, python, tmp_path / "service-cache", KILN="1", KILN_STRICT="1")
     assert through_service["kernels"] == stock["kernels"]
+    status, said = run_python(dict(wine, KILN="1"), python, "-m", "kiln", "status")
+    assert "binary:    C:\\Program Files\\Kiln\\kilnd.exe" in said.splitlines(), said
     running = kilnd_processes(wine)
     assert len(running) == 1
     command_line = open(f"/proc/{running[0]}/cmdline", "rb").read().decode(errors="replace")

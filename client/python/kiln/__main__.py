@@ -46,6 +46,7 @@ def status():
         return 1
     stats = stub.GetStats(_api.GetStatsRequest(), timeout=10)
     print(f"service:   kilnd {stats.server_version}, up {stats.uptime_seconds:.0f} s, data dir {stats.data_dir}")
+    print(f"binary:    {stats.executable}{_service.kilnd_origin(stats.executable)}")
     key = triton_key()
     toolchains = stub.ListToolchains(_api.ListToolchainsRequest(), timeout=10).toolchains
     mine = [t for t in toolchains if t.triton_key == key]

@@ -9,6 +9,8 @@ install   copies kilnd.exe, kiln.exe, the worker and CPython's headers to
           rewrites), adds `toolchain = <this python.exe>` and
           `allowed_user = <you>` to %ProgramData%\\kiln\\kilnd.conf (keeping
           every line there), registers the `kilnd` service and starts it.
+          Only Administrators may change the folder and kilnd.conf (what the
+          service runs), as install-kiln.ps1 leaves them.
           Again after an upgrade: the service is stopped, its files replaced.
 uninstall stops and removes the service and %ProgramFiles%\\Kiln; the cache and
           the configuration in %ProgramData%\\kiln stay.
@@ -22,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import _service
+from . import _service, _windows_acl
 
 _SERVICE_FILES = ("kilnd.exe", "kiln.exe", "kiln_worker.py")
 
@@ -93,11 +95,22 @@ def add_settings(path, settings):
 def install():
     source = _wheel_bin()
     target = install_dir()
+    config = config_path()
+    # Everything that can fail without changing the machine comes first.
+    if config.parent.exists():
+        stranger = _windows_acl.untrusted_owner(config.parent)
+        if stranger:
+            raise ServiceError(f"{config.parent} belongs to {stranger}, not to Administrators, so whoever that is "
+                               "could change what the service runs. If you do not know why, delete the folder and "
+                               "run this again; if it is meant to be, make Administrators its owner (icacls "
+                               f'"{config.parent}" /setowner *S-1-5-32-544) and run this again')
     installed = target / "kilnd.exe"
     if installed.exists():  # an upgrade: a running kilnd.exe cannot be replaced
         _run(installed, "stop", check=False)
         _wait_for_files_released(installed)
     target.mkdir(parents=True, exist_ok=True)
+    # Before anything is copied in, so that every file gets the folder's rules.
+    _windows_acl.restrict_to_administrators(target, folder=True)
     # Plain copies: nothing here needs the source's times, and copy2's
     # CopyFile2 (Python 3.12+) is missing from Wine, where the tests run.
     for name in _SERVICE_FILES:
@@ -106,12 +119,15 @@ def install():
         shutil.copytree(source / "python", target / "python", copy_function=shutil.copyfile, dirs_exist_ok=True)
     print(f"installed kilnd.exe, kiln.exe and the worker in {target}")
     settings = [("toolchain", sys.executable)]
-    if _current_user():
-        settings.append(("allowed_user", _current_user()))
-    for line in add_settings(config_path(), settings) or ["nothing to add"]:
-        print(f"{config_path()}: {line}")
+    user = _current_user()
+    if user:
+        settings.append(("allowed_user", user))
+    for line in add_settings(config, settings) or ["nothing to add"]:
+        print(f"{config}: {line}")
+    _windows_acl.restrict_to_administrators(config, folder=False)
+    print(f"only Administrators may change {target} and {config}")
     if _run(installed, "status", check=False).returncode not in (0, 3):  # 3: registered, stopped
-        _run(installed, "install", "--config", str(config_path()))
+        _run(installed, "install", "--config", str(config))
     _run(installed, "start")
     print("the kilnd service is started; processes with KILN=1 use it (python -m kiln status)")
 

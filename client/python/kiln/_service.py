@@ -181,9 +181,19 @@ def kilnd_to_start():
     return (on_path, "PATH") if on_path else None
 
 
-def _kilnd_binary():
-    found = kilnd_to_start()
-    return found[0] if found else None
+def kilnd_origin(executable):
+    """' (where it came from)' for the binary of a running kilnd, when it is
+    one the client knows; '' otherwise."""
+    def same(path):
+        try:
+            return bool(path) and os.path.samefile(path, executable)
+        except OSError:
+            return False
+    if same(os.environ.get("KILN_KILND")):
+        return " (KILN_KILND)"
+    if same(WHEEL_KILND):
+        return " (this kiln-triton wheel's)"
+    return ""
 
 
 def _lock(path):
@@ -250,9 +260,10 @@ def _autostart():
     else lock, connect again, spawn, and poll until a deadline (ccache's
     storage-helper protocol). The endpoint is resolved afresh each poll: on
     Windows the new kilnd writes a new port and token."""
-    kilnd = _kilnd_binary()
-    if kilnd is None:
+    startable = kilnd_to_start()
+    if startable is None:
         return None
+    kilnd, source = startable
     directory = _paths.runtime_dir()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _lock(directory / "autostart.lock"):
@@ -263,7 +274,6 @@ def _autostart():
         try:
             _spawn_detached(kilnd)
         except OSError as error:  # no such file, not executable, ...: Kiln's failure, never the program's
-            source = kilnd_to_start()[1]
             raise KilnUnavailable(f"could not start kilnd {kilnd} (from {source}): {error}; set KILN_KILND to "
                                   "kilnd's path, or start kilnd yourself") from error
         deadline = time.monotonic() + _AUTOSTART_DEADLINE
@@ -302,7 +312,7 @@ def connect(endpoint=None, autostart=True):
         hint = (" (or the TLS handshake failed: KILN_CA_FILE must name the CA that signed kilnd's "
                 "certificate, and KILN_CLIENT_CERT a certificate signed by the CA kilnd trusts)")
     else:
-        hint = "" if _kilnd_binary() else (" (no kilnd to start: none on PATH, and this kiln-triton is the "
+        hint = "" if kilnd_to_start() else (" (no kilnd to start: none on PATH, and this kiln-triton is the "
                                            "pure-Python wheel; set KILN_KILND, or install a platform wheel)")
     raise KilnUnavailable(f"kilnd is not reachable at {endpoint.describe()}{hint}")
 
