@@ -70,6 +70,12 @@ std::filesystem::path KilnPythonDir(Scope scope = Scope::kUser);
 absl::Status EnsurePrivateDirectory(const std::filesystem::path& dir,
                                     const std::vector<std::string>& readers = {});
 
+// Lets members of `group` reach the Unix socket at `path`, which a machine
+// kilnd serves its users on: the socket 0660 and its directory 0750, both of
+// that group (kilnd's own account must be in it). Windows refuses: there,
+// allowed_user names who may use a machine kilnd.
+absl::Status ShareLocalSocket(const std::filesystem::path& path, const std::string& group);
+
 // True when something accepts connections on the local socket at `path`; a
 // socket file left by a crashed process answers false.
 bool LocalSocketAcceptsConnections(const std::filesystem::path& path);

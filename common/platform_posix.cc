@@ -1,5 +1,6 @@
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -124,6 +125,34 @@ absl::Status EnsurePrivateDirectory(const fs::path& dir, const std::vector<std::
   if ((info.st_mode & 077) != 0 && chmod(dir.c_str(), 0700) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s is accessible by other users and chmod 0700 failed: %s", dir.string(), ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShareLocalSocket(const fs::path& path, const std::string& group) {
+  std::vector<char> buffer(16384);
+  struct group entry {};
+  struct group* found = nullptr;
+  if (getgrnam_r(group.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 ||
+      found == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "local_socket_group: there is no group named '%s'; create it (groupadd --system %s) or "
+        "remove the setting",
+        group, group));
+  }
+  const fs::path dir = path.parent_path();
+  for (const auto& [target, mode] : {std::pair{dir, 0750}, std::pair{path, 0660}}) {
+    if (chown(target.c_str(), static_cast<uid_t>(-1), found->gr_gid) != 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "local_socket_group: cannot give %s to group %s: %s; kilnd's account (uid %d) must be "
+          "in that group (usermod -aG %s, or Group= in its systemd unit)",
+          target.string(), group, ErrnoText(), geteuid(), group));
+    }
+    if (chmod(target.c_str(), static_cast<mode_t>(mode)) != 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "local_socket_group: cannot open %s to group %s: %s", target.string(), group,
+          ErrnoText()));
+    }
   }
   return absl::OkStatus();
 }

@@ -205,6 +205,13 @@ absl::Status EnsurePrivateDirectory(const fs::path& dir, const std::vector<std::
   return absl::OkStatus();
 }
 
+absl::Status ShareLocalSocket(const fs::path& path, const std::string& group) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "local_socket_group %s (for %s) is a Linux setting; on Windows, allowed_user names the "
+      "accounts that may use a machine kilnd",
+      group, PathText(path)));
+}
+
 bool LocalSocketAcceptsConnections(const fs::path& path) {
   // kilnd serves Windows clients through the endpoint file by default, but a
   // configured local_socket is an AF_UNIX socket (Windows 10 1803 and later).

@@ -77,6 +77,9 @@ const std::vector<Setting>& Settings() {
          return absl::OkStatus();
        }},
       {"local_socket", "path of the per-user Unix socket, or 'none'", Text(&Config::local_socket)},
+      {"local_socket_group",
+       "Linux: a group whose members may use local_socket (a machine kilnd's users)",
+       Text(&Config::local_socket_group)},
       {"endpoint_file",
        "where to write the 127.0.0.1 port and access token for local clients, or 'none'",
        Text(&Config::endpoint_file)},
@@ -262,6 +265,12 @@ absl::Status ValidateConfig(const Config& config) {
     return absl::InvalidArgumentError(
         "kilnd would listen nowhere: local_socket and endpoint_file are 'none' and tcp_listen is "
         "empty; set one");
+  }
+  if (!config.local_socket_group.empty() && config.local_socket == "none") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "local_socket_group '%s' shares the local socket, but local_socket is 'none'; set "
+        "local_socket (e.g. /run/kiln/kilnd.sock) or remove local_socket_group",
+        config.local_socket_group));
   }
   const bool identifies_clients = !config.tls_client_ca.empty() || !config.client_tokens.empty();
   if (!config.tcp_listen.empty()) {

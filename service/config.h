@@ -22,6 +22,9 @@ struct Config {
   std::filesystem::path log_dir;  // empty: data_dir/logs
   // The per-user local socket; "none" disables it (the default on Windows).
   std::string local_socket;
+  // A group whose members may connect to local_socket (POSIX; empty: only
+  // kilnd's own account may).
+  std::string local_socket_group;
   // Where kilnd writes the loopback port and access token local clients use
   // (the Windows transport); "none" disables that listener (the POSIX default).
   std::string endpoint_file;

@@ -165,7 +165,10 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   kiln::service::ServerOptions server_options;
   server_options.claim_limits = {absl::Seconds(config.claim_timeout_seconds),
                                  absl::Seconds(config.compile_timeout_seconds)};
-  if (config.local_socket != "none") server_options.local_socket = config.local_socket;
+  if (config.local_socket != "none") {
+    server_options.local_socket = config.local_socket;
+    server_options.local_socket_group = config.local_socket_group;
+  }
   if (config.endpoint_file != "none") {
     server_options.endpoint_file = config.endpoint_file;
     server_options.local_port = config.local_port;

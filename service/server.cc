@@ -237,6 +237,9 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
         options.local_socket.empty() ? "" : absl::StrCat("unix:", options.local_socket, " "),
         options.tcp_address));
   }
+  if (!options.local_socket_group.empty()) {
+    RETURN_IF_ERROR(platform::ShareLocalSocket(options.local_socket, options.local_socket_group));
+  }
   if (!options.tcp_address.empty()) {
     server->connection_cap_->SetPort(server->tcp_port_);
     const std::string host = options.tcp_address.substr(0, options.tcp_address.rfind(':'));

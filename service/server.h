@@ -16,8 +16,10 @@
 namespace kiln::service {
 
 struct ServerOptions {
-  // Unix socket path; empty for none. Its directory is made private (0700).
+  // Unix socket path; empty for none. Its directory is made private (0700),
+  // or open to the members of local_socket_group (platform::ShareLocalSocket).
   std::string local_socket;
+  std::string local_socket_group;
   // "HOST:PORT" (port 0 picks a free one); empty for none. Callers check
   // loopback-vs-remote policy before (ValidateConfig).
   std::string tcp_address;

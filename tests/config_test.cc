@@ -58,6 +58,18 @@ TEST(ConfigTest, MissingConfigFileIsAClearError) {
   EXPECT_NE(parsed.status().message().find("/nonexistent/kilnd.conf"), absl::string_view::npos);
 }
 
+TEST(ConfigTest, ASocketGroupNeedsASocket) {
+  Config config = DefaultConfig();
+  config.tcp_listen = "127.0.0.1:7733";
+  config.local_socket = "none";
+  config.local_socket_group = "kiln";
+  absl::Status status = ValidateConfig(config);
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_NE(status.message().find("local_socket is 'none'"), absl::string_view::npos) << status;
+  config.local_socket = "/run/kiln/kilnd.sock";
+  EXPECT_TRUE(ValidateConfig(config).ok());
+}
+
 TEST(ConfigTest, RemoteListenersNeedAllowRemoteFromTheFile) {
   Config config = DefaultConfig();
   config.tcp_listen = "0.0.0.0:7733";

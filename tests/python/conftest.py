@@ -15,6 +15,7 @@ BUILD = Path(os.environ.get("KILN_BUILD_DIR", REPO / "build"))
 sys.path[:0] = [str(Path(__file__).parent), str(REPO / "tests")]
 
 import hermetic  # noqa: E402
+from built_wheels import build_wheels  # noqa: E402
 
 # Before any test or fixture runs: none of them reaches this account's kilnd,
 # caches or files (a no-op under scripts/test, which did it already).
@@ -150,3 +151,11 @@ def fresh_kilnd(tmp_path):
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory):
+    """kiln-triton's wheels (scripts/build-wheels): {"any" | "manylinux" | "win_amd64": path}."""
+    built = build_wheels(tmp_path_factory.mktemp("wheels"))
+    assert set(built) == {"any", "manylinux", "win_amd64"}, built
+    return built

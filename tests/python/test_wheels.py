@@ -14,21 +14,12 @@ import time
 import zipfile
 from pathlib import Path
 
-import pytest
 
 import hermetic
-from built_wheels import build_wheels
 from conftest import kilnd_processes_with
 
 PROBE = Path(__file__).with_name("client_probe.py")
 MAX_WHEEL_BYTES = 40 * 2**20
-
-
-@pytest.fixture(scope="session")
-def wheels(tmp_path_factory):
-    built = build_wheels(tmp_path_factory.mktemp("wheels"))
-    assert set(built) == {"any", "manylinux", "win_amd64"}, built
-    return built
 
 
 def wheel_tags(path):
