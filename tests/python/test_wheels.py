@@ -40,7 +40,8 @@ def test_each_wheel_carries_what_its_platform_needs_under_its_tags(wheels):
 
     tags, purelib = wheel_tags(wheels["manylinux"])
     assert tags and all(re.fullmatch(r"py3-none-manylinux_2_\d+_x86_64", tag) for tag in tags) and not purelib
-    assert {"kiln/bin/kilnd", "kiln/bin/kiln", "kiln/bin/kiln_worker.py"} <= names["manylinux"]
+    assert {"kiln/bin/kilnd", "kiln/bin/kiln", "kiln/bin/kiln_worker.py", "kiln/bin/kilnd.system.service"} \
+        <= names["manylinux"]
     assert any(re.match(r"kiln_triton\.libs/libgrpc\+\+-\w+\.so", name) for name in names["manylinux"])
     # The tag claims no glibc older than the binaries' symbols need, nor one
     # newer than this machine's (auditwheel's policy also weighs libstdc++'s

@@ -123,13 +123,16 @@ def _device_name(target):
 def _device_readers():
     """(owner, attribute, how its result names the device) of what the frontend
     calls to ask for this machine's GPU."""
+    found = _triton_versions.frontend_device_readers()
+    # The unwatched current_target, to name the device a yes/no answer was about.
+    current_target = next((getattr(owner.current_target, "__wrapped__", owner.current_target)
+                           for owner, attribute in found if attribute == "current_target"), None)
     readers = []
-    for owner, attribute in _triton_versions.frontend_device_readers():
+    for owner, attribute in found:
         if attribute == "current_target":
-            current_target = getattr(owner.current_target, "__wrapped__", owner.current_target)
             readers.append((owner, attribute, _device_name))
         else:  # a yes/no about the device: named by the target it asked for
-            readers.append((owner, attribute, lambda _: _device_name(current_target())))
+            readers.append((owner, attribute, lambda _, read=current_target: _device_name(read())))
     return readers
 
 

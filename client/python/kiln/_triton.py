@@ -55,7 +55,7 @@ def active():
 
 
 def _install():
-    unsupported = _triton_versions.unsupported_reason()
+    unsupported = _triton_versions.cached_unsupported_reason()
     if unsupported:
         _service.fall_back(unsupported)
         return False

@@ -159,15 +159,18 @@ def missing_parts():
     return missing
 
 
-_supported = None
+_reason_found = []  # [unsupported_reason()] once worked out in this process
+
+
+def cached_unsupported_reason():
+    """unsupported_reason(), worked out once per process: the Triton does not change."""
+    if not _reason_found:
+        _reason_found.append(unsupported_reason())
+    return _reason_found[0]
 
 
 def supported():
-    """unsupported_reason() is None, worked out once per process."""
-    global _supported
-    if _supported is None:
-        _supported = unsupported_reason() is None
-    return _supported
+    return cached_unsupported_reason() is None
 
 
 def unsupported_reason():
