@@ -2,6 +2,7 @@
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
 usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
+                       autotune-warmup|autotune-warmup-failing|
                        unloadable-launcher put|build LIBCUDA_DIR|
                        deferred-texts|text-gone|
                        frontend-error|device-dependent|
@@ -15,6 +16,7 @@ import io
 import json
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -28,12 +30,14 @@ from triton.compiler import compiler as triton_compiler  # noqa: E402
 import kernel_suite  # noqa: E402
 
 frontend_runs = 0
+frontend_threads = set()  # names of the threads the frontend ran in
 _make_ir = triton_compiler.ASTSource.make_ir
 
 
 def _counting_make_ir(self, *args, **kwargs):
     global frontend_runs
     frontend_runs += 1
+    frontend_threads.add(threading.current_thread().name.rsplit("_", 1)[0])
     return _make_ir(self, *args, **kwargs)
 
 
@@ -447,6 +451,29 @@ def _kill_kilnd_at(spec, pid):
     _service.Connection.__init__ = connection_that_kills
 
 
+def autotune_warmup(failing=False):
+    """An autotuned kernel's compile-only warmup (Autotuner.warmup) of 4
+    configs for sm90, as a program precompiles before its first call: each
+    config's kernel; with `failing`, one config fails a static_assert, and
+    what warmup raised."""
+    from triton.runtime.driver import driver
+
+    import autotuned_kernels
+
+    driver.set_active(autotuned_kernels.CompileOnlyDriver())
+    kernel = autotuned_kernels.FAILING_MATMUL if failing else autotuned_kernels.MATMUL
+    tensor = autotuned_kernels.StandInTensor()
+    try:
+        compiled = kernel.warmup(tensor, tensor, tensor, 64, grid=(1, ))
+    except Exception as error:  # what the program gets, stock or Kiln
+        return {"error": type(error).__name__, "message": str(error).splitlines()[-1]}
+    kernels = {}
+    for config, kernel_compiled in zip(kernel.configs, compiled):
+        kernels[str(config)] = {"hash": kernel_compiled.hash,
+                                "asm": {ext: digest(kernel_compiled.asm[ext]) for ext in ("ttgir", "ptx", "cubin")}}
+    return {"kernels": kernels, "frontend_threads": sorted(frontend_threads)}
+
+
 def main():
     if "--kill-kilnd-at" in sys.argv:
         at = sys.argv.index("--kill-kilnd-at")
@@ -478,7 +505,9 @@ def main():
               "deferred-texts": deferred_texts, "text-gone": text_gone,
               "frontend-error": frontend_error, "where-warning": where_warning,
               "override": lambda: override(sys.argv[2]), "put-file": put_file,
-              "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3])}[mode]()
+              "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3]),
+              "autotune-warmup": autotune_warmup,
+              "autotune-warmup-failing": lambda: autotune_warmup(failing=True)}[mode]()
     result["frontend_runs"] = frontend_runs
     import os
 

@@ -20,6 +20,8 @@ TRITON = (
     ("triton.knobs", "kiln._build_hook:install"),
     # Kernel keys are the same before Kiln activates as after (Triton 3.7+).
     ("triton.knobs", "kiln._stages_hook:install"),
+    # An autotuned kernel's configs compiled at once.
+    ("triton.runtime.autotuner", "kiln._autotune_ahead:install"),
 )
 
 INDUCTOR = (

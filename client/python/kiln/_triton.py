@@ -70,6 +70,12 @@ def _install():
     return True
 
 
+def active_or_untried():
+    """False once this process fell back to stock Triton; True before Kiln has
+    been tried (it activates on the first compile) and while it serves."""
+    return _installed is not False
+
+
 def uninstall():
     global _installed
     with _install_lock:

@@ -1,0 +1,126 @@
+"""Cold autotuning, time to first result (bench/autotune_program.py: a GEMM
+with 16 configs, a normalization with 8), each run a fresh process with an
+empty Triton cache, in rounds that interleave:
+
+  stock           stock Triton (the autotuner compiles each config as it benchmarks it)
+  stock-threads   stock Triton, every config first compiled in N threads (--threads, 16)
+  kiln-serial     Kiln against a fresh kilnd, configs compiled one by one (KILN_AUTOTUNE_AHEAD=0)
+  kiln            Kiln against a fresh kilnd, configs compiled at once (kiln/_autotune_ahead.py)
+  kiln-warm       the last kilnd again, from a fresh process with no local files
+
+Prints each kind's median and its ratio to stock, and whether every run chose
+the same best configs and computed correct results. Run on the GPU machine:
+
+  python3 bench/autotune_gpu_bench.py gpu_bundle [--rounds 3] [--threads 16]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+from gpu_bundle import install_client  # noqa: E402
+
+PROGRAM = Path(__file__).resolve().with_name("autotune_program.py")
+KINDS = ("stock", "stock-threads", "kiln-serial", "kiln", "kiln-warm")
+# KILN_* settings of the Kiln runs, from this process's environment as
+# BENCH_KILN_* (BENCH_KILN_DEBUG=1 shows when the configs compiled ahead were done).
+EXTRA_KILN_ENV = {name[len("BENCH_"):]: value for name, value in os.environ.items() if name.startswith("BENCH_KILN_")}
+
+
+class Kilnd:
+    def __init__(self, bundle, directory):
+        self.bundle, self.directory = bundle, directory
+        self.env = dict(os.environ, LD_LIBRARY_PATH=str(bundle / "lib"),
+                        KILN_ENDPOINT=f"unix:{directory / 'kilnd.sock'}")
+        self.process = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={directory / 'data'}",
+                                         f"--local-socket={directory / 'kilnd.sock'}", f"--toolchain={sys.executable}"],
+                                        env=self.env, stdout=open(directory / "kilnd.log", "w"),
+                                        stderr=subprocess.STDOUT)
+        subprocess.run([str(bundle / "kiln"), "health", "--wait", "60"], env=self.env, check=True)
+
+    def stats(self):
+        return subprocess.run([str(self.bundle / "kiln"), "stats"], env=self.env, capture_output=True,
+                              text=True).stdout
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
+def run(kind, work, threads, kilnd=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
+    env.update(TRITON_CACHE_DIR=str(work / "triton"), KILN_FILES_DIR=str(work / "files"))
+    args = []
+    if kind == "stock-threads":
+        args = ["--precompile-threads", str(threads)]
+    if kilnd is not None:
+        env.update(KILN="1", KILN_STRICT="1", KILN_ENDPOINT=kilnd.env["KILN_ENDPOINT"])
+        if kind == "kiln-serial":
+            env["KILN_AUTOTUNE_AHEAD"] = "0"
+        env.update(EXTRA_KILN_ENV)
+    result = subprocess.run([sys.executable, str(PROGRAM), *args], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{result.stderr[-4000:]}")
+    for line in result.stderr.splitlines():
+        if "compiled ahead" in line:
+            print(f"  {kind}: {line}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds of run, comma-separated (stock always)")
+    options = parser.parse_args()
+    kinds = [kind for kind in KINDS if kind == "stock" or kind in options.kinds.split(",")]
+    hermetic.enter()  # none of this account's kilnd, caches or files
+    bundle = options.bundle.resolve()
+    install_client(bundle)
+    root = Path(tempfile.mkdtemp(prefix="kiln-autotune-"))
+    results = {kind: [] for kind in kinds}
+    for number in range(options.rounds):
+        for kind in kinds:
+            if kind == "kiln-warm":  # run with kiln's kilnd, below
+                continue
+            work = root / f"{number}-{kind}"
+            work.mkdir()
+            if kind in ("kiln-serial", "kiln"):
+                kilnd = Kilnd(bundle, work)
+                results[kind].append(run(kind, work, options.threads, kilnd))
+                if kind == "kiln" and "kiln-warm" in kinds:
+                    warm = work.parent / f"{number}-kiln-warm"
+                    warm.mkdir()
+                    results["kiln-warm"].append(run("kiln-warm", warm, options.threads, kilnd))
+                    print(kilnd.stats().splitlines()[4])  # compile: N run by workers, ...
+                kilnd.stop()
+            else:
+                results[kind].append(run(kind, work, options.threads))
+        print(f"round {number + 1}: " + ", ".join(
+            f"{kind} {results[kind][-1]['seconds']:.2f} s (benchmarks {results[kind][-1]['benchmark_seconds']:.2f})"
+            for kind in kinds))
+
+    stock = statistics.median(r["seconds"] for r in results["stock"])
+    print(f"\ncores: {os.cpu_count()}, threads for stock-threads: {options.threads}, rounds: {options.rounds}")
+    for kind in kinds:
+        seconds = statistics.median(r["seconds"] for r in results[kind])
+        print(f"{kind:14s} {seconds:7.2f} s  {seconds / stock:5.2f}x stock")
+    every = [r for kind in kinds for r in results[kind]]
+    print("all correct:", all(r["correct"] for r in every))
+    for name in ("gemm_best", "normalize_best"):
+        chosen = {kind: sorted({r[name] for r in results[kind]}) for kind in kinds}
+        print(f"{name}: " + "; ".join(f"{kind}: {' | '.join(configs)}" for kind, configs in chosen.items()))
+
+
+if __name__ == "__main__":
+    main()
