@@ -67,17 +67,21 @@ def wine_env(prefix):
 
 
 # A prefix that `wineboot --init` made is about 720 MB, nearly all of it
-# Wine's DLLs, which no test writes: each test's prefix is a copy of one made
-# once, sharing those files through hard links. Twenty fresh prefixes filled
-# a CI runner's disk (14 GB) and took a wineboot of 20-30 s each.
+# Wine's DLLs under drive_c/windows, which no test writes: each test's prefix
+# is a copy of one made once, sharing those files through hard links. Twenty
+# fresh prefixes filled a CI runner's disk (14 GB) and took a wineboot of
+# 20-30 s each. Nothing else is shared: wineserver rewrites the registry files
+# (system.reg is 1.7 MB) in place, so a service one test registered would
+# appear in every prefix.
 SHARED_FILE_BYTES = 64 * 1024
 _booted_prefix = None
 
 
 def _copy_prefix(source, target):
     """Copies a Wine prefix: symbolic links as links (dosdevices, the user's
-    folders), small files (the registry, .ini files, which Wine rewrites)
-    as copies, large ones as hard links."""
+    folders), Wine's large files under drive_c/windows as hard links, every
+    other file as a copy."""
+    shared = source / "drive_c" / "windows"
     for folder, subfolders, files in os.walk(source):
         into = target / Path(folder).relative_to(source)
         into.mkdir(exist_ok=True)
@@ -88,7 +92,7 @@ def _copy_prefix(source, target):
                 if name in subfolders:
                     subfolders.remove(name)
             elif name in files:
-                if origin.stat().st_size >= SHARED_FILE_BYTES:
+                if origin.is_relative_to(shared) and origin.stat().st_size >= SHARED_FILE_BYTES:
                     os.link(origin, copy)
                 else:
                     shutil.copy2(origin, copy)
