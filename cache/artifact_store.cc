@@ -1146,8 +1146,14 @@ absl::StatusOr<StoreStats> ArtifactStore::Stats() {
   stats.puts = puts_.load();
   stats.evicted_entries = evicted_entries_.load();
   stats.corrupt_entries_dropped = corrupt_entries_dropped_.load();
-  stats.stored_bytes = stored_bytes_.load();
-  stats.disk_bytes = DiskBytes();
+  {
+    // Between writes: a checkpoint moves the WAL's pages into the database
+    // file, and sizing the two while it runs can miss pages in flight; an
+    // eviction batch changes both sizes at once.
+    std::lock_guard lock(writer_mutex_);
+    stats.stored_bytes = stored_bytes_.load();
+    stats.disk_bytes = DiskBytes();
+  }
   stats.max_size_bytes = options_.max_size_bytes;
   stats.puts_refused_disk_full = puts_refused_disk_full_.load();
   {
