@@ -60,26 +60,53 @@ void WorkerPool::Adopt(std::unique_ptr<WorkerProcess> worker) {
     std::lock_guard lock(mutex_);
     ++live_;
     ++stats_.workers_started;
+    idle_.push_back(std::move(worker));
   }
-  Release(std::move(worker));
+  changed_.notify_all();
 }
 
-absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority priority) {
+bool WorkerPool::IsNextLocked(uint64_t ticket) const {
+  const bool interactive_waits = std::any_of(waiting_.begin(), waiting_.end(),
+                                             [](const Waiter& waiter) { return waiter.interactive; });
+  // The requester with the fewest jobs on workers, then the one served least
+  // lately (never: first), then the longest waiting job: round robin among
+  // the processes waiting.
+  const Waiter* next = nullptr;
+  std::pair<int, int64_t> next_rank;
+  for (const Waiter& waiter : waiting_) {  // oldest first
+    // Background jobs take a worker only while no interactive job waits for one.
+    if (interactive_waits && !waiter.interactive) continue;
+    const auto requester = requesters_.find(waiter.requester);
+    const std::pair<int, int64_t> rank =
+        requester == requesters_.end()
+            ? std::pair<int, int64_t>{0, -1}
+            : std::pair<int, int64_t>{requester->second.on_workers, requester->second.last_served};
+    if (next == nullptr || rank < next_rank) {
+      next = &waiter;
+      next_rank = rank;
+    }
+  }
+  return next != nullptr && next->ticket == ticket;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority priority,
+                                                                    const std::string& requester) {
   const int max_workers = options_.max_workers > 0 ? options_.max_workers : DefaultWorkers();
   std::unique_lock lock(mutex_);
   const bool interactive = priority == Priority::kInteractive;
-  if (interactive) ++interactive_waiting_;
+  const uint64_t ticket = next_ticket_++;
+  const auto me = waiting_.insert(waiting_.end(), Waiter{ticket, requester, interactive});
   const uint64_t failures_before = start_failures_;
   bool grew = false;
   absl::Status unservable;
   while (true) {
-    // Background jobs take a worker only while no interactive job waits for one.
-    const bool turn = interactive || interactive_waiting_ == 0;
-    if (turn && !idle_.empty()) break;
+    if (!idle_.empty() && IsNextLocked(ticket)) break;
     // A job that finds no idle worker grows the pool by one, but takes whichever
     // worker is ready first: a busy one usually finishes its job long before a
     // new one has imported triton (seconds, on a machine busy compiling).
-    if (turn && !grew && live_ < max_workers) {
+    const bool may_grow = interactive || std::none_of(waiting_.begin(), waiting_.end(),
+                                                      [](const Waiter& w) { return w.interactive; });
+    if (may_grow && !grew && live_ < max_workers) {
       StartWorkerLocked();
       grew = true;
     }
@@ -89,9 +116,12 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority prio
     }
     changed_.wait(lock);
   }
-  if (interactive) --interactive_waiting_;
-  changed_.notify_all();
+  waiting_.erase(me);
+  changed_.notify_all();  // the next waiter may be one that was behind this one
   if (!unservable.ok()) return unservable;
+  Requester& served = requesters_[requester];
+  ++served.on_workers;
+  served.last_served = static_cast<int64_t>(next_grant_++);
   std::unique_ptr<WorkerProcess> worker = std::move(idle_.back());
   idle_.pop_back();
   return worker;
@@ -131,9 +161,15 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::StartReadyWorker() {
   return worker;
 }
 
-void WorkerPool::Release(std::unique_ptr<WorkerProcess> worker) {
+void WorkerPool::Release(std::unique_ptr<WorkerProcess> worker, const std::string& requester) {
   {
     std::lock_guard lock(mutex_);
+    if (auto served = requesters_.find(requester);
+        served != requesters_.end() && --served->second.on_workers == 0 &&
+        std::none_of(waiting_.begin(), waiting_.end(),
+                     [&](const Waiter& waiter) { return waiter.requester == requester; })) {
+      requesters_.erase(served);  // nothing of it left: a later job starts afresh
+    }
     if (worker->broken()) {
       --live_;
       ++stats_.workers_lost;
@@ -171,9 +207,10 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   request.set_stage(job.stage);
   request.set_options_json(job.options_json);
   request.mutable_env()->insert(job.env.begin(), job.env.end());
+  request.mutable_tool_env()->insert(job.tool_env.begin(), job.tool_env.end());
   request.set_hash(job.hash);
   request.set_metadata_json(job.metadata_json);
-  absl::StatusOr<WorkerReply> reply = Call(request, {{"ir", job.ir}}, job.priority);
+  absl::StatusOr<WorkerReply> reply = Call(request, {{"ir", job.ir}}, job.priority, job.requester);
   if (absl::IsDeadlineExceeded(reply.status())) {
     return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
   }
@@ -197,14 +234,14 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
 }
 
 absl::StatusOr<WorkerReply> WorkerPool::Call(const worker::Request& request, const Parts& parts,
-                                             Priority priority) {
+                                             Priority priority, const std::string& requester) {
   absl::StatusOr<WorkerReply> reply = absl::AbortedError("no worker tried");
   // An idle worker may have died (killed, OOM) since its last job; the job
   // then never ran, so it moves on to another worker.
   for (int attempt = 0; attempt < 3 && absl::IsAborted(reply.status()); ++attempt) {
-    ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire(priority));
+    ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, Acquire(priority, requester));
     reply = worker->Call(request, parts, options_.job_timeout);
-    Release(std::move(worker));
+    Release(std::move(worker), requester);
   }
   std::lock_guard lock(mutex_);
   ++stats_.jobs;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,10 +53,14 @@ struct CompileJob {
   std::string ir;
   std::string options_json;
   std::map<std::string, std::string> env;
+  std::map<std::string, std::string> tool_env;  // the client's ptxas (kiln.v1.CompileRequest.tool_paths)
   std::string hash;  // the client's Triton cache key, recorded in metadata
   // Triton's metadata as the client's earlier stages left it; empty: start
   // from the options (see kiln.v1.CompileRequest.metadata_json).
   std::string metadata_json;
+  // Whose job it is (a process of a trust domain): workers are shared fairly
+  // among requesters when scarce.
+  std::string requester;
 };
 
 // Artifacts named as Triton's cache names them: "<kernel>.ttgir", "<kernel>.json", ...
@@ -150,13 +155,20 @@ class WorkerPool {
   // Runs one job on a worker: on another one if the worker it got had died
   // idle (the job never ran there).
   absl::StatusOr<WorkerReply> Call(const worker::Request& request, const Parts& parts,
-                                   Priority priority);
+                                   Priority priority, const std::string& requester = "");
   // Call for a job whose refusal is the request's fault: INVALID_ARGUMENT with
   // the worker's message; UNAVAILABLE naming `what` when no worker answered.
   absl::StatusOr<WorkerReply> Ask(const worker::Request& request, const Parts& parts,
                                   Priority priority, absl::string_view what);
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire(Priority priority);
-  void Release(std::unique_ptr<WorkerProcess> worker);
+  // A worker for a job of `requester`: when workers are scarce, interactive
+  // jobs first, and among them the requester with the fewest jobs on workers
+  // (then the longest waiting), so one process's burst of compiles does not
+  // make another's single compile wait behind all of it.
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> Acquire(Priority priority,
+                                                         const std::string& requester);
+  void Release(std::unique_ptr<WorkerProcess> worker, const std::string& requester);
+  // Whether the waiter of `ticket` is the one a free worker goes to next.
+  bool IsNextLocked(uint64_t ticket) const;
   void RetireIdleLoop();
   // Starts one more worker on a thread of its own; it joins idle_ once it has
   // imported triton. Called with mutex_ held.
@@ -172,7 +184,19 @@ class WorkerPool {
   int starting_ = 0;                                  // guarded by mutex_
   uint64_t start_failures_ = 0;                       // guarded by mutex_
   absl::Status last_start_failure_;                   // guarded by mutex_
-  int interactive_waiting_ = 0;                       // guarded by mutex_
+  struct Waiter {
+    uint64_t ticket;
+    std::string requester;
+    bool interactive;
+  };
+  std::list<Waiter> waiting_;                          // guarded by mutex_, oldest first
+  uint64_t next_ticket_ = 0;                           // guarded by mutex_
+  struct Requester {
+    int on_workers = 0;       // its jobs running now
+    int64_t last_served = 0;  // when a worker last went to it (a grant count)
+  };
+  absl::flat_hash_map<std::string, Requester> requesters_;  // guarded by mutex_
+  uint64_t next_grant_ = 0;                                  // guarded by mutex_
   bool stopping_ = false;                             // guarded by mutex_
   PoolStats stats_;                                   // guarded by mutex_
   std::thread retirer_;

@@ -1,5 +1,8 @@
 #include "service/compile_coordinator.h"
 
+#include <algorithm>
+#include <array>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <utility>
@@ -38,6 +41,42 @@ std::string CompileKey(const v1::CompileRequest& request) {
        request.cache_key(), absl::StrJoin(env, "\n"), request.metadata_json(), request.ir()},
       std::string(1, '\0'));
   return DigestHex(DigestBytes(Sha256(material)));
+}
+
+// The variables that choose the ptxas Triton runs.
+constexpr std::array<absl::string_view, 2> kToolPathVariables = {"TRITON_PTXAS_PATH",
+                                                                 "TRITON_PTXAS_BLACKWELL_PATH"};
+
+// Whether a compile may run the ptxas the client's Triton runs: always for the
+// service's own local user (it could run it anyway); for anyone else only a
+// ptxas installed in the toolchain's own environment (its site-packages, as
+// torch's is), which whoever registered the toolchain put there: a caller must
+// not make kilnd run a program of its choosing.
+absl::Status CheckToolPaths(const v1::CompileRequest& request, bool same_local_user,
+                            const std::filesystem::path& triton_dir) {
+  for (const auto& [name, value] : request.tool_paths()) {
+    if (std::find(kToolPathVariables.begin(), kToolPathVariables.end(), name) ==
+        kToolPathVariables.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tool_paths names %s; kilnd takes only TRITON_PTXAS_PATH and TRITON_PTXAS_BLACKWELL_PATH",
+          name));
+    }
+    if (same_local_user) continue;
+    std::error_code error;
+    const std::filesystem::path ptxas = std::filesystem::weakly_canonical(value, error);
+    const std::filesystem::path environment =
+        std::filesystem::weakly_canonical(triton_dir.parent_path(), error);
+    const auto [outside, inside] =
+        std::mismatch(environment.begin(), environment.end(), ptxas.begin(), ptxas.end());
+    if (error || triton_dir.empty() || !ptxas.is_absolute() || outside != environment.end()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "this process's Triton runs the ptxas at %s=%s, which kilnd runs only for its own "
+          "user or from the toolchain's environment (%s); unset %s, or use a kilnd of your own "
+          "user",
+          name, value, environment.string(), name));
+    }
+  }
+  return absl::OkStatus();
 }
 
 compiler::Priority PriorityOf(v1::Priority priority) {
@@ -304,6 +343,11 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     done(pool.status());
     return recorded();
   }
+  if (absl::Status tools = CheckToolPaths(request, caller.same_local_user, (*pool)->info().triton_dir);
+      !tools.ok()) {
+    done(tools);
+    return recorded();
+  }
   const std::string shared_key = CompileKey(request);
   const absl::flat_hash_set<std::string> have(request.have_sha256().begin(),
                                               request.have_sha256().end());
@@ -348,8 +392,10 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   job.ir = request.ir();
   job.options_json = request.options_json();
   job.env.insert(request.env().begin(), request.env().end());
+  job.tool_env.insert(request.tool_paths().begin(), request.tool_paths().end());
   job.hash = request.cache_key();
   job.metadata_json = request.metadata_json();
+  job.requester = absl::StrCat(caller.trust_domain, "/", request.requester());
   bool joined = false;
   RunOnce(shared_key, std::move(finish), &joined, [&]() -> absl::StatusOr<Produced> {
     if (std::optional<cache::CacheEntry> fleet = AwaitFleetCompile(shared_key, have)) {

@@ -101,12 +101,28 @@ def _parse_target(spec):
     return GPUTarget(spec["backend"], int(arch) if str(arch).isdigit() else arch, int(spec["warp_size"]))
 
 
-# The environment kilnd started us with, less the cache-invalidating variables:
-# each job runs with exactly the client's set of those.
-_BASE_ENV = {k: v for k, v in os.environ.items() if k not in get_cache_invalidating_env_vars()}
+# The variables that choose the ptxas Triton runs: its version is in the
+# client's key, so a job runs the client's (kilnd checked it), or Triton's own
+# where the client set none, never one kilnd happened to start with.
+_TOOL_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+# The environment kilnd started us with, less the cache-invalidating variables
+# and the tool variables: each job runs with exactly the client's set of those.
+_BASE_ENV = {k: v for k, v in os.environ.items()
+             if k not in get_cache_invalidating_env_vars() and k not in _TOOL_VARIABLES}
 
 
 _applied_env = {}  # the client variables os.environ holds now, on top of _BASE_ENV
+
+
+def _forget_ptxas():
+    """Triton remembers what it learnt of ptxas per arch (or options), not per
+    ptxas: another ptxas must be asked again."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    for name in ("get_ptxas_version", "get_features"):
+        remembered = getattr(nvidia, name, None)
+        if hasattr(remembered, "cache_clear"):
+            remembered.cache_clear()
 
 
 @contextlib.contextmanager
@@ -116,6 +132,8 @@ def client_environment(env):
     changes nothing, where rebuilding os.environ cost 0.4 ms a compile."""
     global _applied_env
     if env != _applied_env:
+        if any(env.get(name) != _applied_env.get(name) for name in _TOOL_VARIABLES):
+            _forget_ptxas()
         os.environ.clear()
         os.environ.update(_BASE_ENV)
         _applied_env = {}
@@ -335,7 +353,7 @@ def compile_job(header, parts):
     except (KeyError, UnicodeDecodeError):
         return _error("invalid_request", "compile request needs the TTIR as UTF-8 text")
     try:
-        with client_environment(header.get("env", {})):
+        with client_environment({**header.get("env", {}), **header.get("tool_env", {})}):
             outputs, timings, ptxas_log = _run_stages(header, ir_text)
     except ValueError as error:
         return _error("compilation_error", str(error))

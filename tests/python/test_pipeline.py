@@ -196,6 +196,48 @@ def test_remote_client_interpreter_path_is_never_run(fresh_kilnd, tmp_path):
     assert not marker.exists()
 
 
+def _ptxas_wrapper(path, marker):
+    """A ptxas that notes each run in `marker` and runs Triton's own."""
+    from triton import knobs
+
+    path.write_text(f'#!/bin/sh\necho "$@" >> {marker}\nexec {knobs.nvidia.ptxas.path} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def test_a_clients_ptxas_runs_for_its_own_user_only(fresh_kilnd, tmp_path):
+    # Its version is in the client's key: the worker runs the ptxas the client's
+    # Triton runs (TRITON_PTXAS_PATH, as inductor sets it to torch's).
+    marker = tmp_path / "ran"
+    ptxas = _ptxas_wrapper(tmp_path / "ptxas", marker)
+    server = fresh_kilnd(f"--toolchain={sys.executable}", "--tcp-listen=127.0.0.1:0")
+    frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[0])
+    request = compile_request(frontend)
+    request.tool_paths["TRITON_PTXAS_PATH"] = str(ptxas)
+    response = server.stub.Compile(request)
+    assert response.WhichOneof("result") == "entry", response.error
+    assert marker.exists() and "sm_80" in marker.read_text()
+
+    # A caller on TCP is not the service's user: a ptxas outside the
+    # toolchain's environment is never run for it.
+    marker.unlink()
+    remote = kiln_pb2.KilnStub(grpc.insecure_channel(server.tcp_address()))
+    request = compile_request(triton_frontend.run_frontend(kernel_suite.SUITE[1], TARGETS[0]))
+    request.tool_paths["TRITON_PTXAS_PATH"] = str(ptxas)
+    with pytest.raises(grpc.RpcError) as error:
+        remote.Compile(request)
+    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "TRITON_PTXAS_PATH" in error.value.details() and "unset" in error.value.details()
+    assert not marker.exists()
+
+    # No other variable travels this way.
+    request = compile_request(frontend)
+    request.tool_paths["LD_PRELOAD"] = str(ptxas)
+    with pytest.raises(grpc.RpcError) as error:
+        server.stub.Compile(request)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
     server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=1", "--compile-timeout-seconds=2")
     (worker,) = server.worker_pids()  # the one registration started
@@ -207,6 +249,34 @@ def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
     retry = server.stub.Compile(compile_request(frontend))
     assert retry.WhichOneof("result") == "entry", retry.error
     assert server.stats().workers_lost == 1
+
+
+def test_a_burst_of_one_process_does_not_hold_back_anothers_compile(fresh_kilnd):
+    # One worker; process A asks for six compiles at once, then process B for
+    # one: the worker's next job after the one it is on is B's, where B would
+    # otherwise have waited behind most of A's burst.
+    server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=1")
+    frontends = [triton_frontend.run_frontend(case, TARGETS[0]) for case in kernel_suite.SUITE[:7]]
+    finished, lock = [], threading.Lock()
+
+    def compile_for(requester, frontend):
+        response = server.stub.Compile(compile_request(frontend, requester=requester))
+        assert response.WhichOneof("result") == "entry", response.error
+        with lock:
+            finished.append(requester)
+
+    burst = [threading.Thread(target=compile_for, args=("host:1", f)) for f in frontends[:6]]
+    for thread in burst:
+        thread.start()
+    deadline = time.time() + 30
+    while server.stats().compiles < 6 and time.time() < deadline:  # all six asked
+        time.sleep(0.05)
+    single = threading.Thread(target=compile_for, args=("host:2", frontends[6]))
+    single.start()
+    for thread in [*burst, single]:
+        thread.join()
+    assert len(finished) == 7
+    assert finished.index("host:2") <= 2, finished
 
 
 def test_idle_workers_retire_but_the_last_one_stays_ready(fresh_kilnd):

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 
@@ -378,7 +379,8 @@ class _RemoteCompile:
             target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
             options_json=options_json, env=env, namespace="triton", cache_key=metadata["hash"],
             local_python_executable=sys.executable, metadata_json=json.dumps(metadata, default=vars),
-            client_artifacts=self._client_artifacts(triton_key(), target, options_json, env))
+            client_artifacts=self._client_artifacts(triton_key(), target, options_json, env),
+            tool_paths=_tool_paths(), requester=_requester())
         response = _stub().Compile(request)
         if self.group is not None:
             self.group.end_claim()  # kilnd ended it with the compile; this closes our side
@@ -398,6 +400,21 @@ class _RemoteCompile:
         if self.group is not None:
             self.group.recorded_by_kilnd = True
         return None
+
+
+# The variables that choose the ptxas this process's Triton runs (inductor
+# sets the first to torch's own): its version is in the kernel's key, so
+# kilnd's worker must run the same one.
+_TOOL_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+
+
+def _tool_paths():
+    return {name: os.environ[name] for name in _TOOL_VARIABLES if os.environ.get(name)}
+
+
+def _requester():
+    """This process, as kilnd shares its workers among processes."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _usable(backend, language):
