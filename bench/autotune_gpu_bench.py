@@ -51,6 +51,22 @@ class Kilnd:
         return subprocess.run([str(self.bundle / "kiln"), "stats"], env=self.env, capture_output=True,
                               text=True).stdout
 
+    def cpu_seconds(self):
+        """CPU kilnd and its worker processes have used so far (Linux /proc)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def used(pid, waited_children):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it ended meanwhile: its parent's waited-for time has it
+                return 0
+            return sum(int(value) for value in fields[11:15 if waited_children else 13]) / ticks
+
+        # Each thread's children: kilnd starts workers from several threads.
+        children = {child for task in Path(f"/proc/{self.process.pid}/task").iterdir()
+                    for child in (task / "children").read_text().split()}
+        return used(self.process.pid, True) + sum(used(child, False) for child in children)
+
     def stop(self):
         self.process.terminate()
         self.process.wait()

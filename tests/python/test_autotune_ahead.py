@@ -18,7 +18,7 @@ def test_configs_compile_at_once_through_kilnd_into_stocks_kernels(base_env, kil
     compiled = probe_json(ahead)
     assert compiled["kernels"] == stock["kernels"]
     # Every config's frontend ran in Kiln's threads, and kilnd compiled each once.
-    assert compiled["frontend_threads"] == ["kiln-autotune"], compiled["frontend_threads"]
+    assert compiled["frontend_threads"] == ["kiln-compile"], compiled["frontend_threads"]
     assert "4 configs compiled ahead" in ahead.stderr, ahead.stderr[-3000:]
     assert kilnd.stats().compiles - compiles_before == 4
 

@@ -28,6 +28,8 @@ process, one after another.
 import functools
 import logging
 
+from kiln import _inductor_threads
+
 log = logging.getLogger("kiln")
 
 _compiling = False  # this process has started compiling a graph: the pool is stock's from now on
@@ -57,13 +59,15 @@ def install_async_compile(module):
 
     def maybe_warm_pool():
         global _warm_asked
+        if _inductor_threads.replaces_pool():
+            return
         if _compiling:
             _warm_pool()
         else:
             _warm_asked = True
 
     def gated(cls):
-        return _compiling and use_process_pool()
+        return _compiling and not _inductor_threads.replaces_pool() and use_process_pool()
 
     gated._kiln_pool_gate = True
     module.maybe_warm_pool = maybe_warm_pool

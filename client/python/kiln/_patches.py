@@ -37,5 +37,8 @@ INDUCTOR = (
     ("torch._dynamo.backends.common", "kiln._inductor_claims:install_aot_module_simplified"),
     # No compile workers for a process whose graphs all come from the cache.
     ("torch._inductor.async_compile", "kiln._inductor_pool:install_async_compile"),
+    # A graph's Triton kernels compiled at once, in Kiln's threads, as each is generated.
+    ("torch._inductor.async_compile", "kiln._inductor_threads:install"),
+    ("torch._inductor.codegen.triton", "kiln._inductor_threads:install_codegen"),
     ("torch._inductor.compile_fx", "kiln._inductor_pool:install_compile_fx"),
 )

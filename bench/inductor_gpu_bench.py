@@ -1,0 +1,123 @@
+"""Cold torch.compile, first call (bench/inductor_program.py), each run a fresh
+process with empty local caches, in rounds that interleave:
+
+  stock-serial    stock, TORCHINDUCTOR_COMPILE_THREADS=1 (as inductor always is on Windows)
+  kiln-serial     Kiln against a fresh kilnd, same setting: a graph's kernels compiled
+                  at once in Kiln's threads (kiln/_inductor_threads.py)
+  kiln-warm       kiln-serial's kilnd again, a fresh process with no local files
+  stock-pool      stock, inductor's default pool of compile processes
+  kiln-pool       Kiln against a fresh kilnd, inductor's pool as in stock
+  kiln-threads    Kiln against a fresh kilnd, Kiln's threads in place of inductor's
+                  pool (KILN_INDUCTOR_AHEAD=pool)
+  kiln-one-by-one Kiln, TORCHINDUCTOR_COMPILE_THREADS=1, KILN_INDUCTOR_AHEAD=0 (not by default)
+
+Prints each kind's median first call and CPU (the program with the processes it
+waited for, plus kilnd and its workers), as ratios to stock-serial and
+stock-pool, the Triton kernels the graphs hold, and whether every run matched
+eager. Run on the GPU machine:
+
+  python3 bench/inductor_gpu_bench.py gpu_bundle [--model deep|transformer] [--rounds 2] [--kinds ...]
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import hermetic  # noqa: E402  (tests/hermetic.py)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+from gpu_bundle import install_client  # noqa: E402
+
+from autotune_gpu_bench import Kilnd  # noqa: E402
+
+PROGRAM = Path(__file__).resolve().with_name("inductor_program.py")
+KINDS = ("stock-serial", "kiln-serial", "kiln-warm", "stock-pool", "kiln-pool", "kiln-threads", "kiln-one-by-one")
+DEFAULT_KINDS = KINDS[:-1]
+SERIAL = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+SETTINGS = {"stock-serial": SERIAL, "kiln-serial": SERIAL, "kiln-warm": SERIAL, "stock-pool": {}, "kiln-pool": {},
+            "kiln-threads": {"KILN_INDUCTOR_AHEAD": "pool"},
+            "kiln-one-by-one": dict(SERIAL, KILN_INDUCTOR_AHEAD="0")}
+EXTRA_KILN_ENV = {name[len("BENCH_"):]: value for name, value in os.environ.items() if name.startswith("BENCH_KILN_")}
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(kind, work, model, kilnd=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR_"))}
+    env.update(TRITON_CACHE_DIR=str(work / "triton"), TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
+               KILN_FILES_DIR=str(work / "files"), **SETTINGS[kind])
+    if kilnd is not None:
+        env.update(KILN="1", KILN_STRICT="1", KILN_ENDPOINT=kilnd.env["KILN_ENDPOINT"], **EXTRA_KILN_ENV)
+    cpu_before, kilnd_before = children_cpu(), kilnd.cpu_seconds() if kilnd else 0
+    result = subprocess.run([sys.executable, str(PROGRAM), model], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{result.stderr[-4000:]}")
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    measured["cpu_s"] = children_cpu() - cpu_before + ((kilnd.cpu_seconds() - kilnd_before) if kilnd else 0)
+    for line in result.stderr.splitlines():
+        if "compiled at once" in line:
+            print(f"  {kind}: {line.strip()}")
+    return measured
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--model", default="deep", choices=("deep", "transformer"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help="which kinds of run, comma-separated")
+    options = parser.parse_args()
+    kinds = [kind for kind in KINDS if kind in options.kinds.split(",")]
+    hermetic.enter()  # none of this account's kilnd, caches or files
+    bundle = options.bundle.resolve()
+    install_client(bundle)
+    root = Path(tempfile.mkdtemp(prefix="kiln-inductor-"))
+    results = {kind: [] for kind in kinds}
+    for number in range(options.rounds):
+        for kind in kinds:
+            if kind == "kiln-warm":  # run with kiln-serial's kilnd, below
+                continue
+            work = root / f"{number}-{kind}"
+            work.mkdir()
+            if kind.startswith("kiln"):
+                kilnd = Kilnd(bundle, work)
+                results[kind].append(run(kind, work, options.model, kilnd))
+                if kind == "kiln-serial" and "kiln-warm" in kinds:
+                    warm = root / f"{number}-kiln-warm"
+                    warm.mkdir()
+                    results["kiln-warm"].append(run("kiln-warm", warm, options.model, kilnd))
+                kilnd.stop()
+            else:
+                results[kind].append(run(kind, work, options.model))
+        print(f"round {number + 1}: " + ", ".join(
+            f"{kind} {results[kind][-1]['first_call_s']:.2f} s (cpu {results[kind][-1]['cpu_s']:.1f})"
+            for kind in kinds if results[kind]), flush=True)
+
+    def median(kind, field):
+        return statistics.median(r[field] for r in results[kind]) if results.get(kind) else None
+
+    print(f"\nmodel: {options.model}, cores: {os.cpu_count()}, rounds: {options.rounds}, "
+          f"Triton kernels: {sorted({r['triton_kernels'] for kind in kinds for r in results[kind]})}")
+    for kind in kinds:
+        base = "stock-pool" if kind in ("kiln-pool", "kiln-threads", "stock-pool") else "stock-serial"
+        seconds, cpu = median(kind, "first_call_s"), median(kind, "cpu_s")
+        line = f"{kind:16s} first call {seconds:7.2f} s  cpu {cpu:7.1f} s"
+        if results.get(base):
+            line += (f"   {seconds / median(base, 'first_call_s'):5.2f}x {base} wall,"
+                     f" {cpu / median(base, 'cpu_s'):5.2f}x cpu")
+        print(line)
+    print("all correct:", all(r["correct"] for kind in kinds for r in results[kind]))
+
+
+if __name__ == "__main__":
+    main()

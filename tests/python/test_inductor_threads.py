@@ -1,0 +1,85 @@
+"""A graph's Triton kernels compiled at once through kilnd where inductor
+compiles them one after another (kiln/_inductor_threads.py): real inductor
+(.venv-torch) and a real kilnd, compile-only for sm90 (no GPU here:
+inductor_kernels_program.py says what stands in). The kernels are stock's,
+byte for byte, each compiled once, in Kiln's threads; a kernel that fails to
+compile fails as in stock; KILN_INDUCTOR_AHEAD=0 and =pool."""
+
+import json
+import subprocess
+
+import pytest
+
+import hermetic
+from conftest import REPO, Kilnd
+
+PYTHON = REPO / ".venv-torch" / "bin" / "python"
+PROGRAM = REPO / "tests" / "python" / "inductor_kernels_program.py"
+KERNELS = 6
+
+
+@pytest.fixture
+def kilnd(tmp_path):
+    server = Kilnd(tmp_path / "kilnd", f"--toolchain={PYTHON}", "--compile-workers=2")
+    yield server
+    assert server.stop() == 0, (server.root / "kilnd.out").read_text()
+
+
+def run(tmp_path, name, *flags, kilnd=None, **settings):
+    env = hermetic.stock_env("TORCHINDUCTOR_")
+    # One directory of kernel modules for all: a cubin's line info names its module's file.
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TRITON_CACHE_DIR=str(tmp_path / name / "triton"),
+               KILN_FILES_DIR=str(tmp_path / name / "kiln-files"), **settings)
+    if kilnd is not None:
+        env.update(KILN="1", KILN_STRICT="1", KILN_DEBUG="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    done = subprocess.run([str(PYTHON), str(PROGRAM), *flags], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_a_graphs_kernels_compile_at_once_through_kilnd_into_stocks_kernels(tmp_path, kilnd):
+    stock, _ = run(tmp_path, "stock", str(KERNELS), "1")
+    assert "error" not in stock, stock
+    assert stock["returned"] == "CachingAutotuner" and stock["compile_threads"] == ["MainThread"]
+    assert len(stock["cubins"]) == KERNELS
+
+    compiled, log = run(tmp_path, "kiln", str(KERNELS), "1", kilnd=kilnd)
+    assert "error" not in compiled, compiled
+    # The module got futures, every config compiled in Kiln's threads, and wait
+    # handed it kernels holding every config: stock's cubins, each compiled once.
+    assert compiled["returned"] == "_Compiling"
+    assert compiled["compile_threads"] == ["kiln-compile"], compiled["compile_threads"]
+    assert compiled["configs_compiled"] == stock["configs_compiled"]
+    assert compiled["cubins"] == stock["cubins"]
+    assert f"{KERNELS} kernels of a graph compiled at once" in log, log[-3000:]
+    configs = sum(stock["configs_compiled"].values())
+    assert kilnd.stats().compiles == configs
+
+
+def test_a_kernel_that_fails_to_compile_fails_as_in_stock(tmp_path, kilnd):
+    stock, _ = run(tmp_path, "stock", "3", "2", "--failing")
+    assert stock["error"].startswith("CompilationError"), stock
+    through_kiln, _ = run(tmp_path, "kiln", "3", "2", "--failing", kilnd=kilnd)
+    assert through_kiln["error"] == stock["error"]
+    # The two kernels that compile were compiled ahead all the same.
+    assert "kiln-compile" in through_kiln["compile_threads"]
+
+
+def test_kiln_inductor_ahead_0_leaves_the_compile_to_inductor(tmp_path, kilnd):
+    serial, _ = run(tmp_path, "serial", "2", "3", kilnd=kilnd, KILN_INDUCTOR_AHEAD="0")
+    assert serial["returned"] == "CachingAutotuner" and serial["compile_threads"] == ["MainThread"]
+
+
+def test_where_inductors_pool_is_not_up_kilns_threads_compile(tmp_path, kilnd):
+    # Two compile threads: stock would start inductor's pool of compile
+    # processes, and compile in the calling thread until it is up. Kiln holds
+    # the pool back outside a graph's compile (_inductor_pool), so its threads
+    # compile; with KILN_INDUCTOR_AHEAD=pool they take the pool's place always.
+    stock, _ = run(tmp_path, "stock", "2", "4", "--compile-threads", "2")
+    assert stock["returned"] == "CachingAutotuner" and stock["compile_threads"] == ["MainThread"]
+    default, _ = run(tmp_path, "default", "2", "4", "--compile-threads", "2", kilnd=kilnd)
+    assert default["returned"] == "_Compiling" and default["compile_threads"] == ["kiln-compile"]
+    assert default["cubins"] == stock["cubins"]
+    in_place, _ = run(tmp_path, "pool", "2", "5", "--compile-threads", "2", kilnd=kilnd, KILN_INDUCTOR_AHEAD="pool")
+    assert in_place["returned"] == "_Compiling" and in_place["compile_threads"] == ["kiln-compile"]
+    assert not default["pool_started"] and not in_place["pool_started"]
