@@ -1,6 +1,7 @@
 #include "service/kiln_service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -326,6 +327,9 @@ grpc::ServerUnaryReactor* KilnService::RecordHits(grpc::CallbackServerContext* c
   return Serve(context, Rpc::kRecordHits, Where::kBlockingPool,
                [this, request, response](const Caller& caller) {
     RETURN_IF_ERROR(ValidateRecordHits(*request));
+    compiled_ahead_.fetch_add(request->compiled_ahead());
+    ahead_microseconds_saved_.fetch_add(
+        static_cast<uint64_t>(std::llround(request->ahead_seconds_saved() * 1e6)));
     ASSIGN_OR_RETURN(uint64_t recorded,
                      store_.RecordHits(ScopedNamespace(caller, request->namespace_()),
                                        {request->keys().begin(), request->keys().end()}));
@@ -479,6 +483,8 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
   response->set_data_dir(data_dir_);
   response->set_executable(executable_);
+  response->set_compiled_ahead(compiled_ahead_.load());
+  response->set_ahead_seconds_saved(static_cast<double>(ahead_microseconds_saved_.load()) / 1e6);
   const CoordinatorStats compiles = coordinator_.Stats();
   response->set_compiles(compiles.compiles);
   response->set_compile_cache_hits(compiles.compile_cache_hits);

@@ -157,6 +157,8 @@ class KilnService final : public v1::Kiln::CallbackService {
   MissLog miss_log_;
   mutable std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> lookups_waited_{0};
+  std::atomic<uint64_t> compiled_ahead_{0};           // clients' reports (RecordHits)
+  std::atomic<uint64_t> ahead_microseconds_saved_{0};
   // A waiter that found the entry its claimant stored: a compile saved.
   void CountWaitedHit(const std::string& ns);
   mutable std::mutex waited_hits_mutex_;

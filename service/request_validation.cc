@@ -134,6 +134,10 @@ absl::Status ValidateRecordHits(const v1::RecordHitsRequest& request) {
     return absl::InvalidArgumentError("record at most 10,000 hits per call; send them in batches");
   }
   for (const std::string& key : request.keys()) RETURN_IF_ERROR(ValidateKey(key));
+  if (!(request.ahead_seconds_saved() >= 0 && request.ahead_seconds_saved() < 1e9)) {
+    return absl::InvalidArgumentError(
+        "ahead_seconds_saved must be a number of seconds, 0 or more (less than 1e9)");
+  }
   return absl::OkStatus();
 }
 

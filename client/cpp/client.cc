@@ -511,6 +511,11 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       stats.compile_cache_hits(), stats.single_flight_joins(), stats.compile_failures(),
       stats.workers_started(), stats.workers_lost(), stats.live_workers(), stats.launcher_builds(),
       stats.launcher_cache_hits());
+  if (stats.compiled_ahead() > 0) {
+    absl::StrAppend(&text, absl::StrFormat("ahead:   %d compiled at once by clients (autotune configs, "
+                                           "graph kernels), %.1f s saved against one by one\n",
+                                           stats.compiled_ahead(), stats.ahead_seconds_saved()));
+  }
   if (stats.tcp_connections_refused() > 0) {
     absl::StrAppend(&text, absl::StrFormat("tcp:     %d connections refused at tcp_max_connections\n",
                                            stats.tcp_connections_refused()));

@@ -279,6 +279,20 @@ def test_a_burst_of_one_process_does_not_hold_back_anothers_compile(fresh_kilnd)
     assert finished.index("host:2") <= 2, finished
 
 
+def test_clients_reports_of_compiles_ahead_add_up_in_the_stats(fresh_kilnd):
+    server = fresh_kilnd()
+    for count, saved in ((4, 1.25), (6, 2.5)):
+        server.stub.RecordHits(kiln_pb2.RecordHitsRequest(namespace="triton", compiled_ahead=count,
+                                                         ahead_seconds_saved=saved))
+    stats = server.stats()
+    assert (stats.compiled_ahead, stats.ahead_seconds_saved) == (10, 3.75)
+    for nonsense in (-1.0, float("nan"), 1e12):
+        with pytest.raises(grpc.RpcError) as error:
+            server.stub.RecordHits(kiln_pb2.RecordHitsRequest(namespace="triton", ahead_seconds_saved=nonsense))
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert server.stats().ahead_seconds_saved == 3.75
+
+
 def test_idle_workers_retire_but_the_last_one_stays_ready(fresh_kilnd):
     server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2", "--worker-idle-seconds=1")
     # Two compiles at once: registration's worker takes one, a second worker

@@ -36,12 +36,11 @@ def _start(tuner, kwargs, configs):
 
     device = driver.active.get_current_device()
     set_device = getattr(driver.active, "set_current_device", None)
-    pool = _compile_threads.pool()
     started = {}
     for config in configs:
         call = {**tuner.nargs, **kwargs, **config.all_kwargs(), "warmup": True}
         call.setdefault("grid", (1, ))
-        started[config] = pool.submit(_compile, tuner.fn, call, device, set_device)
+        started[config] = _compile_threads.submit(_compile, tuner.fn, call, device, set_device)
     if log.isEnabledFor(logging.DEBUG):
         _log_when_done(list(started.values()))
     return started

@@ -13,9 +13,22 @@ autotuned kernel's first result."""
 import os
 import sys
 import threading
+import time
 
 _executor = None
 _executor_lock = threading.Lock()
+
+# What the threads compiled, for kilnd's stats (reported with the hits,
+# _index.flush): each compile's serial cost is what it would take alone, the
+# CPU time of its thread here (not its waits for the GIL or kilnd) plus the
+# stage times kilnd's workers report; the time saved is those added up, less
+# the wall time during which any of them was compiling.
+_account = threading.Lock()
+_running = 0
+_busy_since = 0.0
+_period = [0, 0.0]  # compiles and their serial seconds in the busy period now
+_unreported = [0, 0.0]  # compiles and seconds saved, of busy periods that ended
+_this_thread = threading.local()
 
 
 def serving():
@@ -46,3 +59,50 @@ def pool():
 
             _executor = ThreadPoolExecutor(max_workers=thread_count(), thread_name_prefix="kiln-compile")
         return _executor
+
+
+def submit(function, *args):
+    """Runs function(*args) in the pool, accounted as one compile ahead."""
+    return pool().submit(_accounted, function, *args)
+
+
+def note_remote_seconds(seconds):
+    """Stage seconds kilnd's workers spent on a compile of this thread."""
+    if hasattr(_this_thread, "remote_seconds"):
+        _this_thread.remote_seconds += seconds
+
+
+def has_unreported():
+    return _unreported[0] > 0
+
+
+def take_unreported():
+    """(compiles, seconds saved) since the last call, of busy periods that ended."""
+    with _account:
+        taken = tuple(_unreported)
+        _unreported[:] = [0, 0.0]
+    return taken
+
+
+def _accounted(function, *args):
+    global _running, _busy_since
+    begun, cpu_begun = time.perf_counter(), time.thread_time()
+    _this_thread.remote_seconds = 0.0
+    with _account:
+        if _running == 0:
+            _busy_since = begun
+        _running += 1
+    try:
+        return function(*args)
+    finally:
+        serial = time.thread_time() - cpu_begun + _this_thread.remote_seconds
+        del _this_thread.remote_seconds
+        ended = time.perf_counter()
+        with _account:
+            _running -= 1
+            _period[0] += 1
+            _period[1] += serial
+            if _running == 0:
+                _unreported[0] += _period[0]
+                _unreported[1] += max(0.0, _period[1] - (ended - _busy_since))
+                _period[:] = [0, 0.0]

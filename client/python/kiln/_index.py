@@ -37,7 +37,7 @@ import sys
 import threading
 import uuid
 
-from . import _files, _paths
+from . import _compile_threads, _files, _paths
 
 # Blobs Kiln stores with a Triton kernel's entry besides Triton's own files, so
 # the indexes list them, never part of the group Triton gets (_cache): what the
@@ -169,7 +169,8 @@ def _write_journal(root, hits):
 
 
 def flush(timeout=5.0, at_exit=False):
-    """Hands the hits served here to kilnd: journaled where its files served
+    """Hands the hits served here to kilnd, and what _compile_threads compiled
+    ahead (kilnd's stats): hits journaled where its files served
     them, else sent with RecordHits, which waits (no gRPC import mid-run) until
     this process has gRPC loaded or exits. Statistics only: lost if kilnd is
     unreachable."""
@@ -187,7 +188,8 @@ def flush(timeout=5.0, at_exit=False):
     with _pending_lock:
         batches = dict(_pending)
         _pending.clear()
-    if not batches:
+    compiled_ahead, seconds_saved = _compile_threads.take_unreported()
+    if not batches and not compiled_ahead:
         return
     try:
         from . import _api, _service
@@ -197,6 +199,9 @@ def flush(timeout=5.0, at_exit=False):
             for start in range(0, len(keys), 10000):
                 stub.RecordHits(_api.RecordHitsRequest(namespace=namespace, keys=keys[start:start + 10000]),
                                 timeout=timeout)
+        if compiled_ahead:
+            stub.RecordHits(_api.RecordHitsRequest(namespace="triton", compiled_ahead=compiled_ahead,
+                                                   ahead_seconds_saved=seconds_saved), timeout=timeout)
     except Exception as error:  # statistics only: never the program's problem
         log.debug("local hits not recorded in kilnd: %s", error)
 
@@ -205,5 +210,5 @@ def flush(timeout=5.0, at_exit=False):
 def _flush_at_exit():
     # Only hits from this client's own index make a program that imported
     # no gRPC import it here, at its exit.
-    if _pending or _journal:
+    if _pending or _journal or _compile_threads.has_unreported():
         flush(timeout=1.0, at_exit=True)

@@ -121,7 +121,7 @@ def install(module):
             is_backward = getattr(module.V.graph, "is_backward", False)
             for set_path in tool_paths:
                 set_path()
-            future = _compile_threads.pool().submit(compile_in_thread, kernel_name, source_code)
+            future = _compile_threads.submit(compile_in_thread, kernel_name, source_code)
         except Exception as error:  # inductor's internals moved: stock compiles it
             log.debug("a graph's kernel not compiled ahead: %s: %s", type(error).__name__, error)
             return stock_triton(self, kernel_name, source_code, device_str)

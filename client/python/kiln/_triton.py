@@ -29,8 +29,8 @@ import threading
 
 import grpc
 
-from . import (_api, _build_hook, _cache, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin,
-               _paths, _service, _stages_hook, _triton_versions)
+from . import (_api, _build_hook, _cache, _compile_threads, _early_launchers, _files, _frontend, _index, _key_inputs,
+               _launcher_origin, _paths, _service, _stages_hook, _triton_versions)
 
 log = logging.getLogger("kiln")
 
@@ -384,6 +384,7 @@ class _RemoteCompile:
         response = _stub().Compile(request)
         if self.group is not None:
             self.group.end_claim()  # kilnd ended it with the compile; this closes our side
+        _compile_threads.note_remote_seconds(sum(response.stage_seconds.values()))
         if response.WhichOneof("result") == "error":
             return response.error
         self.artifacts = {}
