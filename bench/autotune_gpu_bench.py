@@ -92,6 +92,15 @@ def run(kind, work, threads, kilnd=None):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def prepare(bundle, prefix):
+    """Enters a home of its own (none of this account's kilnd, caches or files),
+    installs the bundle's client, and makes the runs' directory."""
+    hermetic.enter()
+    bundle = bundle.resolve()
+    install_client(bundle)
+    return bundle, Path(tempfile.mkdtemp(prefix=prefix))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
@@ -100,10 +109,7 @@ def main():
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds of run, comma-separated (stock always)")
     options = parser.parse_args()
     kinds = [kind for kind in KINDS if kind == "stock" or kind in options.kinds.split(",")]
-    hermetic.enter()  # none of this account's kilnd, caches or files
-    bundle = options.bundle.resolve()
-    install_client(bundle)
-    root = Path(tempfile.mkdtemp(prefix="kiln-autotune-"))
+    bundle, root = prepare(options.bundle, "kiln-autotune-")
     results = {kind: [] for kind in kinds}
     for number in range(options.rounds):
         for kind in kinds:

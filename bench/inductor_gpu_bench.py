@@ -26,16 +26,9 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import hermetic  # noqa: E402  (tests/hermetic.py)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
-from gpu_bundle import install_client  # noqa: E402
-
-from autotune_gpu_bench import Kilnd  # noqa: E402
+from autotune_gpu_bench import Kilnd, prepare  # noqa: E402
 
 PROGRAM = Path(__file__).resolve().with_name("inductor_program.py")
 KINDS = ("stock-serial", "kiln-serial", "kiln-warm", "stock-pool", "kiln-pool", "kiln-threads", "kiln-one-by-one")
@@ -78,10 +71,7 @@ def main():
     parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help="which kinds of run, comma-separated")
     options = parser.parse_args()
     kinds = [kind for kind in KINDS if kind in options.kinds.split(",")]
-    hermetic.enter()  # none of this account's kilnd, caches or files
-    bundle = options.bundle.resolve()
-    install_client(bundle)
-    root = Path(tempfile.mkdtemp(prefix="kiln-inductor-"))
+    bundle, root = prepare(options.bundle, "kiln-inductor-")
     results = {kind: [] for kind in kinds}
     for number in range(options.rounds):
         for kind in kinds:
