@@ -71,6 +71,16 @@ class _Compiling:
         return self._finish(self._future)
 
 
+def _bundle_key(kernel, compiled_kernels, source_code):
+    """The static-launch bundle key inductor's parent passes precompile, where
+    its precompile takes one (torch 2.9 and later)."""
+    import inspect
+
+    if "static_triton_bundle_key" not in inspect.signature(kernel.precompile).parameters:
+        return {}
+    return {"static_triton_bundle_key": compiled_kernels.key(source_code)}
+
+
 def _record_metrics(module, kernel_name, kernel, elapsed_us):
     """Inductor's compile-time metrics, as its parent records a pool worker's
     kernel (best effort: they are not worth a failed compile)."""
@@ -134,9 +144,9 @@ def install(module):
                           type(error).__name__, error)
                 kernel = stock_triton(self, kernel_name, source_code, device_str)
                 return kernel.result() if isinstance(kernel, module.CodeCacheFuture) else kernel
-            kernel.set_compile_info(compile_id, is_backward)
-            kernel.precompile(warm_cache_only=False,
-                              static_triton_bundle_key=compiled_kernels.key(source_code))
+            if hasattr(kernel, "set_compile_info"):
+                kernel.set_compile_info(compile_id, is_backward)
+            kernel.precompile(warm_cache_only=False, **_bundle_key(kernel, compiled_kernels, source_code))
             _record_metrics(module, kernel_name, kernel, elapsed_us)
             return kernel
 
