@@ -287,7 +287,7 @@ absl::Status ValidateConfig(const Config& config) {
           "tcp_listen '%s' accepts connections from other machines, so it needs TLS and client "
           "identity: set tls_cert and tls_key (the listener's certificate and key), and "
           "tls_client_ca (clients present certificates it signed) and/or client_tokens (a file "
-          "of tenants' token hashes); see README, Exposing kilnd to a farm",
+          "of tenants' token hashes); see docs/farm.md",
           config.tcp_listen));
     }
   }

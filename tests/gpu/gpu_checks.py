@@ -1,4 +1,4 @@
-"""GPU checks of the Python client, run on the GPU machine (see README):
+"""GPU checks of the Python client, run on the GPU machine (see docs/python-client.md):
 
   python3 tests/gpu/gpu_checks.py gpu_bundle
 
