@@ -8,8 +8,9 @@ empty Triton cache, in rounds that interleave:
   kiln            Kiln against a fresh kilnd, configs compiled at once (kiln/_autotune_ahead.py)
   kiln-warm       the last kilnd again, from a fresh process with no local files
 
-Prints each kind's median and its ratio to stock, and whether every run chose
-the same best configs and computed correct results. Run on the GPU machine:
+Prints each kind's median and its ratio to stock, whether every run chose
+the same best configs and computed correct results, and the three fastest
+configs of each kernel with their timings. Run on the GPU machine:
 
   python3 bench/autotune_gpu_bench.py gpu_bundle [--rounds 3] [--threads 16]
 """
@@ -142,6 +143,10 @@ def main():
     for name in ("gemm_best", "normalize_best"):
         chosen = {kind: sorted({r[name] for r in results[kind]}) for kind in kinds}
         print(f"{name}: " + "; ".join(f"{kind}: {' | '.join(configs)}" for kind, configs in chosen.items()))
+    # How near the choice is: where the fastest configs lie within the
+    # benchmarks' own noise, stock's runs may choose differently too.
+    for name in ("gemm_top", "normalize_top"):
+        print(f"{name}, ms, first round: " + "; ".join(f"{kind}: {', '.join(results[kind][0][name])}" for kind in kinds))
 
 
 if __name__ == "__main__":

@@ -49,12 +49,29 @@ def _matmul(a, b, c, size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K
     tl.store(c + rows[:, None] * size + cols[None, :], acc.to(tl.float16))
 
 
-def autotuned_matmul(sizes, most_m=128):
+def autotuned_matmul(sizes, most_m=128, do_bench=None):
     """An fp16 matmul autotuned over (BLOCK_M, BLOCK_N) `sizes`; a config whose
     BLOCK_M passes `most_m` fails its static_assert when it compiles."""
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": 32, "MOST_M": most_m}, num_warps=4, num_stages=3)
                for m, n in sizes]
-    return triton.autotune(configs=configs, key=["size"])(triton.jit(_matmul))
+    return triton.autotune(configs=configs, key=["size"], do_bench=do_bench)(triton.jit(_matmul))
+
+
+class StandInBenchmark:
+    """Stands in for the GPU's timing of a config (the autotuner's do_bench):
+    milliseconds by (BLOCK_M, BLOCK_N), and the configs in the order they were
+    benchmarked. It runs no kernel: none can run here."""
+
+    def __init__(self, milliseconds):
+        self.milliseconds, self.benchmarked = milliseconds, []
+
+    def __call__(self, kernel_call, quantiles):
+        # The autotuner's kernel_call closes over the config it runs.
+        cells = dict(zip(kernel_call.__code__.co_freevars, (cell.cell_contents for cell in kernel_call.__closure__)))
+        config = cells["config"]
+        self.benchmarked.append(str(config))
+        timing = self.milliseconds[(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])]
+        return [timing] * len(quantiles)
 
 
 MATMUL = autotuned_matmul(((32, 32), (32, 64), (64, 32), (64, 64)))

@@ -2,7 +2,7 @@
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
 usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
-                       autotune-warmup|autotune-warmup-failing|
+                       autotune-warmup|autotune-warmup-failing|autotune-benchmarks|
                        unloadable-launcher put|build LIBCUDA_DIR|
                        deferred-texts|text-gone|
                        frontend-error|device-dependent|
@@ -34,10 +34,17 @@ frontend_threads = set()  # names of the threads the frontend ran in
 _make_ir = triton_compiler.ASTSource.make_ir
 
 
+slow_frontend = ({}, 0.0)  # constexprs, by name, of a kernel whose frontend takes these seconds longer
+
+
 def _counting_make_ir(self, *args, **kwargs):
     global frontend_runs
     frontend_runs += 1
     frontend_threads.add(threading.current_thread().name.rsplit("_", 1)[0])
+    slow_constexprs, seconds = slow_frontend
+    if slow_constexprs and all(self.constants.get((self.fn.arg_names.index(name), )) == value
+                               for name, value in slow_constexprs.items()):
+        time.sleep(seconds)
     return _make_ir(self, *args, **kwargs)
 
 
@@ -474,6 +481,34 @@ def autotune_warmup(failing=False):
     return {"kernels": kernels, "frontend_threads": sorted(frontend_threads)}
 
 
+def autotune_benchmarks():
+    """An autotuned kernel's first call for sm90, its 4 configs benchmarked by
+    a stand-in for the GPU's timings in which two configs tie for the fastest,
+    the frontend of the first config 3 s slower than the others':
+    the configs in the order they were benchmarked, their timings in the order
+    the autotuner keeps them, the config it chose, and how the call ended (no
+    kernel can run here: it fails as it launches the chosen config)."""
+    from triton.runtime.driver import driver
+
+    import autotuned_kernels
+
+    global slow_frontend
+    driver.set_active(autotuned_kernels.CompileOnlyDriver())
+    # The first config compiles last: its benchmark waits for it, not the others'.
+    slow_frontend = ({"BLOCK_M": 32, "BLOCK_N": 32}, 3.0)
+    benchmark = autotuned_kernels.StandInBenchmark({(32, 32): 3.0, (32, 64): 1.0, (64, 32): 2.0, (64, 64): 1.0})
+    kernel = autotuned_kernels.autotuned_matmul(((32, 32), (32, 64), (64, 32), (64, 64)), do_bench=benchmark)
+    tensor = autotuned_kernels.StandInTensor()
+    try:
+        kernel[(1, )](tensor, tensor, tensor, 64)
+        ended = "launched"
+    except Exception as error:  # the launch: no GPU here
+        ended = type(error).__name__
+    return {"benchmarked": benchmark.benchmarked, "timings": [[str(config), timing[0]]
+                                                              for config, timing in kernel.configs_timings.items()],
+            "best": str(kernel.best_config), "ended": ended, "frontend_threads": sorted(frontend_threads)}
+
+
 def main():
     if "--kill-kilnd-at" in sys.argv:
         at = sys.argv.index("--kill-kilnd-at")
@@ -507,7 +542,8 @@ def main():
               "override": lambda: override(sys.argv[2]), "put-file": put_file,
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3]),
               "autotune-warmup": autotune_warmup,
-              "autotune-warmup-failing": lambda: autotune_warmup(failing=True)}[mode]()
+              "autotune-warmup-failing": lambda: autotune_warmup(failing=True),
+              "autotune-benchmarks": autotune_benchmarks}[mode]()
     result["frontend_runs"] = frontend_runs
     import os
 

@@ -2,7 +2,8 @@
 (kiln/_autotune_ahead.py), compile-only for sm90 (no GPU here; the probe's
 driver and tensors stand in): the same kernels as stock, byte for byte, each
 compiled once by kilnd, in the client's threads; a failing config fails as
-stock fails it; KILN_AUTOTUNE_AHEAD=0 compiles them one by one."""
+stock fails it; the benchmarks begin with whichever config is ready and
+choose as stock chooses; KILN_AUTOTUNE_AHEAD=0 compiles them one by one."""
 
 import sys
 
@@ -26,6 +27,24 @@ def test_configs_compile_at_once_through_kilnd_into_stocks_kernels(base_env, kil
     assert after.compiled_ahead - before.compiled_ahead == 4
     assert after.ahead_seconds_saved >= before.ahead_seconds_saved
 
+
+def test_benchmarks_of_configs_compiled_ahead_choose_as_stock(base_env, fresh_kilnd):
+    stock = probe_json(run_probe(base_env, "autotune-benchmarks"))
+    assert stock["benchmarked"] == [config for config, _ in stock["timings"]]  # stock's loop: in order
+    cold = fresh_kilnd(f"--toolchain={sys.executable}")
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_DEBUG="1", KILN_ENDPOINT=f"unix:{cold.socket}")
+    through_kiln = run_probe(env, "autotune-benchmarks")
+    compiled = probe_json(through_kiln)
+    assert compiled["frontend_threads"] == ["kiln-compile"], through_kiln.stderr[-3000:]
+    assert cold.stats().compiles == 4
+    # Each config benchmarked once, in the order they were ready (the first,
+    # slow to compile, not first), the timings kept in stock's order, and of
+    # the two that tie, stock's first chosen.
+    assert sorted(compiled["benchmarked"]) == sorted(stock["benchmarked"])
+    assert compiled["benchmarked"][0] != stock["benchmarked"][0], compiled["benchmarked"]
+    assert compiled["timings"] == stock["timings"]
+    assert compiled["best"] == stock["best"] and "BLOCK_M: 32, BLOCK_N: 64" in stock["best"]
+    assert compiled["ended"] == stock["ended"]
 
 
 def test_kiln_autotune_ahead_0_compiles_them_one_by_one(base_env, fresh_kilnd):

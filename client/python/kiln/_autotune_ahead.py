@@ -1,16 +1,21 @@
 """An autotuned kernel's configs compiled at once: Triton's autotuner compiles
 each config when its benchmark first runs it, one after another. Under Kiln,
 once the configs to try are known (prune_configs), every one of them starts
-compiling in a thread of _compile_threads; the benchmark loop stays stock's
-(the same configs, order and pruning) and waits only for the config it is
-about to run. Each thread's compile is the JIT's own (warmup=True), so the
-kernel it leaves in the JIT's cache is the one the benchmark would have
-compiled. A config whose compile fails is left to the benchmark, which
-compiles it again and meets the error as stock does. KILN_AUTOTUNE_AHEAD=0
-turns this off."""
+compiling in a thread of _compile_threads (in turns: the first is ready first)
+and the benchmarks begin as soon as one is ready. The benchmark loop stays
+stock's (the same configs, pruning and benchmarks, the timings in the same
+order): a config still compiling when its turn comes waits while those ready
+are benchmarked, as upstream's overlap mode does. Each thread's compile is
+the JIT's own (warmup=True), so the kernel it leaves in the JIT's cache is the
+one the benchmark would have compiled. A config whose compile fails is left
+to the benchmark, which compiles it again and meets the error as stock does.
+KILN_AUTOTUNE_AHEAD=0 turns this off."""
 
+import concurrent.futures
 import logging
 import os
+import threading
+import time
 
 from kiln import _compile_threads
 
@@ -47,9 +52,6 @@ def _start(tuner, kwargs, configs):
 
 
 def _log_when_done(futures):
-    import threading
-    import time
-
     begun, left, lock = time.perf_counter(), [len(futures)], threading.Lock()
 
     def one_done(_):
@@ -69,7 +71,7 @@ def install(autotuner_module):
 
     def prune_configs(self, kwargs):
         configs = stock_prune(self, kwargs)
-        self._kiln_ahead = {}
+        self._kiln_ahead, self._kiln_benchmarked = {}, {}
         try:
             if len(configs) > 1 and self.nargs is not None and _wanted():
                 self._kiln_ahead = _start(self, kwargs, configs)
@@ -81,9 +83,22 @@ def install(autotuner_module):
         return configs
 
     def _bench(self, *args, config, **meta):
-        future = getattr(self, "_kiln_ahead", {}).pop(config, None)
-        if future is not None:
-            future.result()
+        # Stock's loop asks for each config in turn; one still compiling waits
+        # while those already compiled are benchmarked, and their timings are
+        # kept for their turn: the same benchmarks, each in one piece, and the
+        # same timings in the same order, so the same choice as stock's.
+        compiling = getattr(self, "_kiln_ahead", {})
+        benchmarked = self.__dict__.setdefault("_kiln_benchmarked", {})
+        if config in benchmarked:
+            return benchmarked.pop(config)
+        future = compiling.pop(config, None)
+        while future is not None and not future.done():
+            ready = next((other for other, its_compile in compiling.items() if its_compile.done()), None)
+            if ready is None:
+                concurrent.futures.wait([future, *compiling.values()], return_when=concurrent.futures.FIRST_COMPLETED)
+            else:
+                del compiling[ready]
+                benchmarked[ready] = stock_bench(self, *args, config=ready, **meta)
         return stock_bench(self, *args, config=config, **meta)
 
     def warmup(self, *args, **kwargs):

@@ -30,6 +30,20 @@ _period = [0, 0.0]  # compiles and their serial seconds in the busy period now
 _unreported = [0, 0.0]  # compiles and seconds saved, of busy periods that ended
 _this_thread = threading.local()
 
+# Turns: the Python part of a compile (the JIT's preamble, the frontend) holds
+# the GIL, so compiles started together finish together, late. Taking turns in
+# the order they were asked for, each runs its Python part alone and goes on
+# to the stages that let go of the GIL (and to kilnd) while the next takes its
+# turn: the first config is ready as soon as it would be alone, the others one
+# by one after it. A turn longer than _TURN_LIMIT lets the next ones start
+# anyway: turns order compiles, never hold one back for long.
+_TURN_LIMIT = 1.0
+_turns = threading.Condition()
+_tickets_given = 0
+_turn_now = 0
+_turn_since = 0.0
+_turns_ended = set()
+
 
 def serving():
     """Whether Kiln serves this process's Triton compiles now (not before
@@ -72,6 +86,38 @@ def note_remote_seconds(seconds):
         _this_thread.remote_seconds += seconds
 
 
+def _wait_for_turn():
+    global _tickets_given, _turn_since
+    with _turns:
+        ticket = _tickets_given
+        _tickets_given += 1
+        if ticket == _turn_now:  # nobody's turn until now: it begins
+            _turn_since = time.perf_counter()
+        while ticket != _turn_now:
+            left = _TURN_LIMIT - (time.perf_counter() - _turn_since)
+            if left <= 0:
+                break
+            _turns.wait(left)
+    _this_thread.turn = ticket
+
+
+def python_part_done():
+    """Ends this thread's turn (its compile reached stages that let go of the
+    GIL); does nothing outside a turn."""
+    global _turn_now, _turn_since
+    ticket = getattr(_this_thread, "turn", None)
+    if ticket is None:
+        return
+    _this_thread.turn = None
+    with _turns:
+        _turns_ended.add(ticket)
+        while _turn_now in _turns_ended:
+            _turns_ended.remove(_turn_now)
+            _turn_now += 1
+            _turn_since = time.perf_counter()
+        _turns.notify_all()
+
+
 def has_unreported():
     return _unreported[0] > 0
 
@@ -92,9 +138,11 @@ def _accounted(function, *args):
         if _running == 0:
             _busy_since = begun
         _running += 1
+    _wait_for_turn()
     try:
         return function(*args)
     finally:
+        python_part_done()
         serial = time.thread_time() - cpu_begun + _this_thread.remote_seconds
         del _this_thread.remote_seconds
         ended = time.perf_counter()

@@ -198,6 +198,8 @@ class RemoteCacheManager(CacheManager):
 
     @_stock_on_failure
     def put(self, data, filename, binary=True):
+        if filename.endswith(".source"):  # the frontend's output: its Python part is over
+            _compile_threads.python_part_done()
         data = data if isinstance(data, bytes) else str(data).encode()
         digest = hashlib.sha256(data).digest()
         path = _files.materialize(filename, data, digest)
@@ -320,6 +322,7 @@ class _RemoteCompile:
         self.stock = False
 
     def stage(self, ext, module, metadata):
+        _compile_threads.python_part_done()  # a Triton that keeps no frontend output ends it here
         try:
             return self._run(ext, module, metadata)
         except BaseException:
