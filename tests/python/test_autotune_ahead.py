@@ -3,10 +3,13 @@
 driver and tensors stand in): the same kernels as stock, byte for byte, each
 compiled once by kilnd, in the client's threads; a failing config fails as
 stock fails it; the benchmarks begin with whichever config is ready and
-choose as stock chooses; KILN_AUTOTUNE_AHEAD=0 compiles them one by one."""
+choose as stock chooses; a fleet's kilnds share the configs by their keys;
+KILN_AUTOTUNE_AHEAD=0 compiles them one by one."""
 
+import hashlib
 import sys
 
+from conftest import tcp_kilnd
 from test_client import base_env, kiln_env, probe_json, run_probe  # noqa: F401  (fixtures)
 
 
@@ -45,6 +48,26 @@ def test_benchmarks_of_configs_compiled_ahead_choose_as_stock(base_env, fresh_ki
     assert compiled["timings"] == stock["timings"]
     assert compiled["best"] == stock["best"] and "BLOCK_M: 32, BLOCK_N: 64" in stock["best"]
     assert compiled["ended"] == stock["ended"]
+
+
+def test_a_fleet_compiles_each_config_on_the_kilnd_its_key_ranks_first(base_env, tmp_path):
+    fleet = [tcp_kilnd(tmp_path / f"kilnd{i}", f"--toolchain={sys.executable}") for i in range(3)]
+    try:
+        env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=",".join(k.tcp_address() for k in fleet))
+        compiled = probe_json(run_probe(env, "autotune-warmup"))
+        compiles = [kilnd.stats().compiles for kilnd in fleet]
+    finally:
+        for kilnd in fleet:
+            assert kilnd.stop() == 0, (kilnd.root / "kilnd.out").read_text()
+
+    def ranked_first(key):  # rendezvous hashing over the kilnds' addresses (kiln's fleet docs)
+        return max(fleet, key=lambda kilnd: hashlib.sha256(f"{kilnd.tcp_address()}\0{key}".encode()).digest())
+
+    chosen = [ranked_first(kernel["hash"]) for kernel in compiled["kernels"].values()]
+    assert len(compiled["kernels"]) == 4
+    # Each config compiled once, on its key's kilnd: configs spread by key,
+    # whichever process asks.
+    assert compiles == [chosen.count(kilnd) for kilnd in fleet], (compiles, [k.tcp_address() for k in fleet])
 
 
 def test_kiln_autotune_ahead_0_compiles_them_one_by_one(base_env, fresh_kilnd):
