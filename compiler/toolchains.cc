@@ -65,9 +65,12 @@ void WorkerPool::Adopt(std::unique_ptr<WorkerProcess> worker) {
   changed_.notify_all();
 }
 
+bool WorkerPool::InteractiveWaitsLocked() const {
+  return std::any_of(waiting_.begin(), waiting_.end(), [](const Waiter& waiter) { return waiter.interactive; });
+}
+
 bool WorkerPool::IsNextLocked(uint64_t ticket) const {
-  const bool interactive_waits = std::any_of(waiting_.begin(), waiting_.end(),
-                                             [](const Waiter& waiter) { return waiter.interactive; });
+  const bool interactive_waits = InteractiveWaitsLocked();
   // The requester with the fewest jobs on workers, then the one served least
   // lately (never: first), then the longest waiting job: round robin among
   // the processes waiting.
@@ -104,8 +107,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority prio
     // A job that finds no idle worker grows the pool by one, but takes whichever
     // worker is ready first: a busy one usually finishes its job long before a
     // new one has imported triton (seconds, on a machine busy compiling).
-    const bool may_grow = interactive || std::none_of(waiting_.begin(), waiting_.end(),
-                                                      [](const Waiter& w) { return w.interactive; });
+    const bool may_grow = interactive || !InteractiveWaitsLocked();
     if (may_grow && !grew && live_ < max_workers) {
       StartWorkerLocked();
       grew = true;

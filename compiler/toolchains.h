@@ -169,6 +169,7 @@ class WorkerPool {
   void Release(std::unique_ptr<WorkerProcess> worker, const std::string& requester);
   // Whether the waiter of `ticket` is the one a free worker goes to next.
   bool IsNextLocked(uint64_t ticket) const;
+  bool InteractiveWaitsLocked() const;
   void RetireIdleLoop();
   // Starts one more worker on a thread of its own; it joins idle_ once it has
   // imported triton. Called with mutex_ held.
