@@ -171,7 +171,8 @@ def early_launcher():
     from triton.backends.nvidia import driver as nvidia
     from triton.runtime.driver import driver
 
-    from kiln import _api, _service
+    from kiln.service import api as _api
+    from kiln.service import connection as _service
 
     class ThisMachinesGpu(nvidia.CudaDriver):
         """There is no GPU here: this stands in for the driver of an sm90, which
@@ -427,7 +428,7 @@ def _kill_kilnd_at(spec, pid):
     import os
     import signal
 
-    from kiln import _service
+    from kiln.service import connection as _service
 
     methods, _, delay = spec.partition("@")
     killed = []

@@ -15,7 +15,8 @@ import pytest
 
 import hermetic
 from conftest import BUILD, Kilnd
-from kiln import _api, _triton_memos
+from kiln.service import api as _api
+from kiln import _triton_memos
 from test_triton_versions import VERSIONS, python_of
 
 # Computes what the memos stand in for, and says what it read and ran to get it

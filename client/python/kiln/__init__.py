@@ -22,7 +22,7 @@ _MANAGER = "kiln._cache:KilnCacheManager"
 _ENV_SET_BY_US = False
 
 
-from ._errors import KilnUnavailable  # noqa: E402
+from kiln.service.errors import KilnUnavailable  # noqa: E402
 
 
 def _configure_logging():
@@ -73,7 +73,7 @@ def _activate_inductor():
         os.environ.setdefault(switch, "1")
     if sys.platform == "win32":
         # Inductor's default under %TEMP% makes paths that pass MAX_PATH.
-        from . import _paths
+        from kiln.service import paths as _paths
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
 

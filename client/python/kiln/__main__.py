@@ -25,7 +25,9 @@ def triton_support(versions):
 def status():
     import triton
 
-    from . import _api, _paths, _service
+    from kiln.service import api as _api
+    from kiln.service import paths as _paths
+    from kiln.service import connection as _service
     from . import _triton_versions
     from ._triton_versions import triton_key
 
@@ -96,7 +98,8 @@ def launcher_readiness(stub):
 
     import grpc
 
-    from . import _early_launchers, _paths
+    from kiln import _early_launchers
+    from kiln.service import paths as _paths
 
     request = _early_launchers.request(_PROBE_MODULE, _PROBE_SOURCE, [], [], [], None)
     try:
@@ -128,7 +131,8 @@ def misses(last, as_json):
     import json
     import time
 
-    from . import _api, _service
+    from kiln.service import api as _api
+    from kiln.service import connection as _service
 
     try:
         stub = _service.connect(autostart=False).stub
@@ -165,9 +169,9 @@ def main(argv=None):
     if args.command == "service":
         if args.file not in ("install", "uninstall", "status"):
             parser.error("service needs install, uninstall or status")
-        from . import _machine_service
+        from kiln.commands import service
 
-        return _machine_service.main(args.file)
+        return service.main(args.file)
     return status()
 
 

@@ -26,7 +26,8 @@ import threading
 
 import grpc
 
-from . import _api, _key_inputs, _launcher_origin, _loaded_launchers
+from kiln.service import api as _api
+from kiln import _key_inputs, _launcher_origin, _loaded_launchers
 
 # Started builds that no launcher took are dropped beyond this many: kernels
 # compiled but never loaded here, or whose launcher Triton found in a cache.

@@ -12,7 +12,7 @@ import os
 import uuid
 from pathlib import Path
 
-from . import _paths
+from kiln.service import paths as _paths
 
 
 def extension(name):

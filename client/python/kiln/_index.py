@@ -37,7 +37,8 @@ import sys
 import threading
 import uuid
 
-from . import _compile_threads, _files, _paths
+from kiln import _compile_threads, _files
+from kiln.service import paths as _paths
 
 # Blobs Kiln stores with a Triton kernel's entry besides Triton's own files, so
 # the indexes list them, never part of the group Triton gets (_cache): what the
@@ -192,7 +193,8 @@ def flush(timeout=5.0, at_exit=False):
     if not batches and not compiled_ahead:
         return
     try:
-        from . import _api, _service
+        from kiln.service import api as _api
+        from kiln.service import connection as _service
 
         stub = _service.connect(autostart=False).stub
         for namespace, keys in batches.items():

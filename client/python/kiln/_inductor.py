@@ -54,14 +54,14 @@ def _make_backend_class(single_flight_kind):
                     pass  # removed since it was found: kilnd knows
             import grpc
 
-            from . import _service
+            from kiln.service import connection as _service
 
             if _unreachable:
                 return None
             try:
                 if single_flight_kind and _inductor_claims.in_scope(single_flight_kind):
                     return _lookup_or_claim(key)
-                from . import _api
+                from kiln.service import api as _api
 
                 response = _service.connect().stub.Lookup(_api.LookupRequest(namespace=NAMESPACE, key=key))
             except (grpc.RpcError, _service.KilnUnavailable) as error:
@@ -73,7 +73,8 @@ def _make_backend_class(single_flight_kind):
         def _put(self, key, data):
             import grpc
 
-            from . import _api, _service
+            from kiln.service import api as _api
+            from kiln.service import connection as _service
 
             try:
                 if _unreachable:
@@ -93,7 +94,9 @@ def _lookup_or_claim(key):
     claim (others wait) until it stores the key or its compile scope ends. A
     miss that waited on another process and found nothing is compiled here
     too: that process failed, bypassed the cache or went away."""
-    from . import _api, _frontend, _service
+    from kiln.service import api as _api
+    from kiln import _frontend
+    from kiln.service import connection as _service
 
     call = _service.connect().stub.LookupOrClaim(_api.LookupRequest(
         namespace=NAMESPACE, key=key, claimant=_frontend.CLAIMANT))
@@ -113,7 +116,9 @@ def _lookup_or_claim(key):
 def _renew_claim(key):
     """Renews this process's claim on key while it compiles the entry: the
     seconds the claim has left, or None when it is no longer this process's."""
-    from . import _api, _frontend, _service
+    from kiln.service import api as _api
+    from kiln import _frontend
+    from kiln.service import connection as _service
 
     response = next(_service.connect().stub.LookupOrClaim(
         _api.LookupRequest(namespace=NAMESPACE, key=key, claimant=_frontend.CLAIMANT, renew_claim=True),
@@ -130,7 +135,7 @@ def install(remote_cache_module):
             cls is None or not hasattr(cls, "backend_override_cls") for cls in classes):
         import torch
 
-        from . import _service
+        from kiln.service import connection as _service
 
         _service.fall_back(f"torch {torch.__version__}'s inductor cache interface is not supported; "
                            "inductor's caches stay local")

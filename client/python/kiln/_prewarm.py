@@ -11,7 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from . import _api, _index, _service
+from kiln.service import api as _api
+from kiln import _index
+from kiln.service import connection as _service
 
 _MAGIC = b"KILNBUNDLE 1\n"
 _TRAILER = b"END "

@@ -29,8 +29,11 @@ import threading
 
 import grpc
 
-from . import (_api, _build_hook, _cache, _compile_threads, _early_launchers, _files, _frontend, _index, _key_inputs,
-               _launcher_origin, _paths, _service, _stages_hook, _triton_versions)
+from kiln.service import api as _api
+from kiln import _build_hook, _cache, _compile_threads, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin
+from kiln.service import paths as _paths
+from kiln.service import connection as _service
+from kiln import _stages_hook, _triton_versions
 
 log = logging.getLogger("kiln")
 

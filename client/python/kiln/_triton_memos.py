@@ -47,7 +47,9 @@ import sysconfig
 import threading
 import time
 
-from . import _files, _index, _paths, _triton_versions
+from kiln import _files, _index
+from kiln.service import paths as _paths
+from kiln import _triton_versions
 
 log = logging.getLogger("kiln")
 
@@ -231,7 +233,8 @@ def _send_offers(timeout):
     if not offers or _paths.served_files_dir() is None:
         return
     try:
-        from . import _api, _service
+        from kiln.service import api as _api
+        from kiln.service import connection as _service
 
         stub = _service.connect(autostart=False).stub
         for memo in offers:

@@ -1,11 +1,9 @@
-"""python -m kiln service install|uninstall|status: kilnd as the machine's
-service, from the kilnd of this platform wheel, with the calling Python
-registered as its toolchain. Windows (_machine_service_windows: an elevated
-prompt, the Service Control Manager) and Linux (_machine_service_linux: root,
-systemd)."""
+"""What the installers of kilnd as the machine's service share: their error,
+and the settings they add to kilnd's config file. The installers themselves:
+machine_service_windows (an elevated prompt, the Service Control Manager) and
+machine_service_linux (root, systemd); kiln.commands.service runs them."""
 
 import os
-import sys
 
 
 class ServiceError(Exception):
@@ -40,19 +38,3 @@ def add_settings(path, settings, newline):
         path.write_text(text + "".join(line + newline for line in added), encoding="utf-8", newline="")
     return added
 
-
-def main(action):
-    if sys.platform == "win32":
-        from . import _machine_service_windows as platform_service
-    elif sys.platform.startswith("linux"):
-        from . import _machine_service_linux as platform_service
-    else:
-        print(f"python -m kiln service: not on {sys.platform}; start kilnd yourself, or let the client start a "
-              "per-user kilnd", file=sys.stderr)
-        return 2
-    try:
-        return {"install": platform_service.install, "uninstall": platform_service.uninstall,
-                "status": platform_service.status}[action]() or 0
-    except (ServiceError, OSError) as error:
-        print(f"python -m kiln service {action}: {error}", file=sys.stderr)
-        return 1

@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import _service, _windows_acl
-from ._machine_service import ServiceError, add_settings
+from kiln.service import connection as _service
+from kiln.service import windows_acl as _windows_acl
+from kiln.service.machine_service import ServiceError, add_settings
 
 _SERVICE_FILES = ("kilnd.exe", "kiln.exe", "kiln_worker.py")
 

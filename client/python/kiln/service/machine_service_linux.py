@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import _service
-from ._machine_service import ServiceError, add_settings
+from kiln.service import connection as _service
+from kiln.service.machine_service import ServiceError, add_settings
 
 ACCOUNT = "kiln"
 INSTALL_DIR = Path("/opt/kiln")

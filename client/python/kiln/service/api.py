@@ -1,6 +1,6 @@
 """kilnd's API (proto/kiln/v1/kiln.proto) without generated code.
 
-The package ships the API's compiled descriptor (_kiln_v1.desc, made by
+The package ships the API's compiled descriptor (kiln_v1.desc, made by
 `protoc --descriptor_set_out`) and builds the message classes from it at
 import, in a private descriptor pool. Generated _pb2 modules would pin the
 protobuf runtime to the generator's version; this works with any protobuf from
@@ -21,7 +21,7 @@ def _serialized_files(descriptor_set):
     position = 0
     while position < len(descriptor_set):
         if descriptor_set[position] != 0x0A:  # field 1, length-delimited
-            raise ValueError("_kiln_v1.desc is not a FileDescriptorSet; reinstall the kiln package")
+            raise ValueError("kiln_v1.desc is not a FileDescriptorSet; reinstall the kiln package")
         position += 1
         size = shift = 0
         while True:
@@ -36,7 +36,7 @@ def _serialized_files(descriptor_set):
 
 
 _POOL = descriptor_pool.DescriptorPool()
-with open(os.path.join(os.path.dirname(__file__), "_kiln_v1.desc"), "rb") as _descriptor_set:
+with open(os.path.join(os.path.dirname(__file__), "kiln_v1.desc"), "rb") as _descriptor_set:
     for _file in _serialized_files(_descriptor_set.read()):
         _POOL.AddSerializedFile(_file)
 

@@ -13,8 +13,10 @@ import warnings
 
 import grpc
 
-from . import _api, _fleet, _paths
-from ._errors import KilnUnavailable
+from kiln.service import api as _api
+from kiln.service import fleet as _fleet
+from kiln.service import paths as _paths
+from kiln.service.errors import KilnUnavailable
 
 log = logging.getLogger("kiln")
 
@@ -160,8 +162,8 @@ class Connection:
             channel.close()
 
 
-# The kilnd of a platform wheel of kiln-triton, beside its worker.
-WHEEL_KILND = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin",
+# The kilnd of a platform wheel of kiln-triton, beside its worker (kiln/bin/).
+WHEEL_KILND = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin",
                            "kilnd.exe" if sys.platform == "win32" else "kilnd")
 # A kilnd the client starts stops after this long with no call (kilnd's
 # exit_when_idle_seconds); KILN_IDLE_EXIT_SECONDS sets it, 0 for never.
