@@ -12,7 +12,7 @@ turns this off."""
 import logging
 import os
 
-from kiln import _compile_threads
+from kiln.local import compile_threads as _compile_threads
 
 log = logging.getLogger("kiln")
 

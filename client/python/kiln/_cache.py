@@ -13,7 +13,10 @@ import sys
 from triton import knobs
 from triton.runtime.cache import CacheManager
 
-from . import _MANAGER, _files, _index, _triton_versions
+from kiln import _MANAGER
+from kiln.local import files as _files
+from kiln.local import index as _index
+from kiln import _triton_versions
 from ._deferred_texts import HitGroup
 
 

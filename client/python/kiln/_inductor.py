@@ -19,7 +19,9 @@ import functools
 import logging
 import time
 
-from . import _files, _index, _inductor_claims
+from kiln.local import files as _files
+from kiln.local import index as _index
+from kiln import _inductor_claims
 
 log = logging.getLogger("kiln")
 

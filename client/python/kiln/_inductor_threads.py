@@ -29,7 +29,7 @@ import logging
 import os
 import time
 
-from kiln import _compile_threads
+from kiln.local import compile_threads as _compile_threads
 
 log = logging.getLogger("kiln")
 

@@ -30,7 +30,13 @@ import threading
 import grpc
 
 from kiln.service import api as _api
-from kiln import _build_hook, _cache, _compile_threads, _early_launchers, _files, _frontend, _index, _key_inputs, _launcher_origin
+from kiln import _build_hook, _cache
+from kiln.local import compile_threads as _compile_threads
+from kiln import _early_launchers
+from kiln.local import files as _files
+from kiln import _frontend
+from kiln.local import index as _index
+from kiln import _key_inputs, _launcher_origin
 from kiln.service import paths as _paths
 from kiln.service import connection as _service
 from kiln import _stages_hook, _triton_versions

@@ -47,7 +47,8 @@ import sysconfig
 import threading
 import time
 
-from kiln import _files, _index
+from kiln.local import files as _files
+from kiln.local import index as _index
 from kiln.service import paths as _paths
 from kiln import _triton_versions
 

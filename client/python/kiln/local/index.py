@@ -37,7 +37,8 @@ import sys
 import threading
 import uuid
 
-from kiln import _compile_threads, _files
+from kiln.local import compile_threads as _compile_threads
+from kiln.local import files as _files
 from kiln.service import paths as _paths
 
 # Blobs Kiln stores with a Triton kernel's entry besides Triton's own files, so
