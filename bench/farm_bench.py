@@ -55,7 +55,7 @@ def client():
     sys.path.insert(0, str(ROOT / "tests" / "python"))
     import kernel_suite
     import triton
-    from kiln import _triton
+    from kiln.triton import remote as _triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
     from triton.runtime.cache import triton_key

@@ -279,7 +279,7 @@ def frontend_error():
 
     triton_key()
     if "TRITON_CACHE_MANAGER" in __import__("os").environ:
-        from kiln import _triton  # the client's one-time start (imports, connection) is not the point
+        from kiln.triton import remote as _triton  # the client's one-time start (imports, connection) is not the point
 
         _triton.active()
     source = triton_compiler.ASTSource(kernel_suite.frontend_error_kernel, {"x_ptr": "*fp32", "BLOCK": "constexpr"},

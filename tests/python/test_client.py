@@ -71,8 +71,8 @@ def test_pth_activation_imports_nothing_but_kilns_table_of_patches(base_env):
                                   check=True).stdout.split())
 
     added = modules(dict(base_env, KILN="1")) - modules(base_env)
-    assert added == {"kiln", "kiln._autoload", "kiln.service", "kiln.service.errors", "kiln._after_import",
-                     "kiln._patches"}
+    assert added == {"kiln", "kiln._autoload", "kiln.service", "kiln.service.errors", "kiln.triton",
+                     "kiln._after_import", "kiln._patches"}
 
 
 def test_compiles_go_through_kilnd_and_equal_stock_then_hit_in_a_new_process(kilnd, kiln_env, stock_suite):
@@ -343,7 +343,7 @@ def test_kilns_build_hook_is_set_only_while_kiln_is_enabled_and_the_user_has_non
 def test_cache_manager_keys_decode_to_the_hex_kilnd_keys_by():
     from triton.runtime.cache import _base32
 
-    from kiln._cache import hex_key
+    from kiln.triton.keys import hex_key
 
     for size in (0, 1, 3, 5, 16, 32, 33):
         key = os.urandom(size).hex()

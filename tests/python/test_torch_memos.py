@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import _torch_memos, _triton_memos
+from kiln import _torch_memos
+from kiln.triton import memos as _triton_memos
 
 import hermetic
 

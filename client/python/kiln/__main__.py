@@ -28,8 +28,8 @@ def status():
     from kiln.service import api as _api
     from kiln.service import paths as _paths
     from kiln.service import connection as _service
-    from . import _triton_versions
-    from ._triton_versions import triton_key
+    from kiln.triton import versions as _triton_versions
+    from kiln.triton.versions import triton_key
 
     endpoint = _paths.default_endpoint()
     token_note = f" (token from {endpoint.endpoint_file})" if endpoint.token else ""
@@ -98,7 +98,7 @@ def launcher_readiness(stub):
 
     import grpc
 
-    from kiln import _early_launchers
+    from kiln.triton import early_launchers as _early_launchers
     from kiln.service import paths as _paths
 
     request = _early_launchers.request(_PROBE_MODULE, _PROBE_SOURCE, [], [], [], None)

@@ -97,7 +97,7 @@ def _lookup_or_claim(key):
     miss that waited on another process and found nothing is compiled here
     too: that process failed, bypassed the cache or went away."""
     from kiln.service import api as _api
-    from kiln import _frontend
+    from kiln.triton import frontend as _frontend
     from kiln.service import connection as _service
 
     call = _service.connect().stub.LookupOrClaim(_api.LookupRequest(
@@ -119,7 +119,7 @@ def _renew_claim(key):
     """Renews this process's claim on key while it compiles the entry: the
     seconds the claim has left, or None when it is no longer this process's."""
     from kiln.service import api as _api
-    from kiln import _frontend
+    from kiln.triton import frontend as _frontend
     from kiln.service import connection as _service
 
     response = next(_service.connect().stub.LookupOrClaim(

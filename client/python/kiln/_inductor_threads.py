@@ -30,6 +30,7 @@ import os
 import time
 
 from kiln.local import compile_threads as _compile_threads
+from kiln.triton import serving
 
 log = logging.getLogger("kiln")
 
@@ -45,7 +46,7 @@ def _mode():
 def replaces_pool():
     """Kiln's threads compile a graph's kernels where inductor would start its
     pool of compile processes (KILN_INDUCTOR_AHEAD=pool)."""
-    return _mode() == "pool" and _compile_threads.serving()
+    return _mode() == "pool" and serving()
 
 
 def _takes_over(module, device_str):
@@ -55,7 +56,7 @@ def _takes_over(module, device_str):
     mode = _mode()
     if mode == "0" or device_str != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
-    if not _compile_threads.serving():
+    if not serving():
         return False
     return mode == "pool" or module.get_compile_threads() <= 1 or not module.AsyncCompile.use_process_pool()
 

@@ -5,23 +5,23 @@ interpreter under KILN=1 imports nothing of Kiln's at start but this table."""
 
 TRITON = (
     # What stock works out again in every process, remembered across processes.
-    ("triton.runtime.cache", "kiln._triton_memos:install_triton_key"),
-    ("triton.compiler.compiler", "kiln._triton_memos:install_triton_key"),  # Triton 3.4
-    ("triton.knobs", "kiln._triton_memos:install_tool_versions"),
-    ("triton.backends.nvidia.compiler", "kiln._triton_memos:install_ptxas_version"),
-    ("triton.runtime.build", "kiln._triton_memos:install_platform_key"),
+    ("triton.runtime.cache", "kiln.triton.memos:install_triton_key"),
+    ("triton.compiler.compiler", "kiln.triton.memos:install_triton_key"),  # Triton 3.4
+    ("triton.knobs", "kiln.triton.memos:install_tool_versions"),
+    ("triton.backends.nvidia.compiler", "kiln.triton.memos:install_ptxas_version"),
+    ("triton.runtime.build", "kiln.triton.memos:install_platform_key"),
     # Kernels of one launcher source share the module loaded first.
-    ("triton.backends.nvidia.driver", "kiln._loaded_launchers:install"),
+    ("triton.backends.nvidia.driver", "kiln.triton.loaded_launchers:install"),
     # Kernels from Kiln's cache read their IR texts only when asked.
-    ("triton.compiler.compiler", "kiln._deferred_texts:install"),
+    ("triton.compiler.compiler", "kiln.triton.deferred_texts:install"),
     # What generated a launcher's source, which kilnd builds it from.
-    ("triton.backends.nvidia.driver", "kiln._launcher_origin:follow"),
+    ("triton.backends.nvidia.driver", "kiln.triton.launcher_origin:follow"),
     # Modules are built by kilnd even in a process that has not activated Kiln.
-    ("triton.knobs", "kiln._build_hook:install"),
+    ("triton.knobs", "kiln.triton.build_hook:install"),
     # Kernel keys are the same before Kiln activates as after (Triton 3.7+).
-    ("triton.knobs", "kiln._stages_hook:install"),
+    ("triton.knobs", "kiln.triton.stages_hook:install"),
     # An autotuned kernel's configs compiled at once.
-    ("triton.runtime.autotuner", "kiln._autotune_ahead:install"),
+    ("triton.runtime.autotuner", "kiln.triton.autotune_ahead:install"),
 )
 
 INDUCTOR = (

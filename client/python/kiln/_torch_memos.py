@@ -21,7 +21,7 @@ import os
 import sysconfig
 import threading
 
-from . import _triton_memos
+from kiln.triton import memos as _triton_memos
 
 # What torch_key() hashes besides the modules, relative to torch/_inductor.
 _EXTRA_FILES = (os.path.join("codegen", "aoti_runtime", "interface.cpp"), "script.ld")

@@ -11,7 +11,6 @@ rest, and on an H100 machine of 16 cores 4 and 8 threads beat 16 to an
 autotuned kernel's first result."""
 
 import os
-import sys
 import threading
 import time
 
@@ -29,17 +28,6 @@ _busy_since = 0.0
 _period = [0, 0.0]  # compiles and their serial seconds in the busy period now
 _unreported = [0, 0.0]  # compiles and seconds saved, of busy periods that ended
 _this_thread = threading.local()
-
-
-def serving():
-    """Whether Kiln serves this process's Triton compiles now (not before
-    kiln.enable(), not after kiln.disable() or a fall back to stock)."""
-    from kiln import _MANAGER
-
-    if os.environ.get("TRITON_CACHE_MANAGER") != _MANAGER:
-        return False
-    triton_side = sys.modules.get("kiln._triton")
-    return triton_side is None or triton_side.active_or_untried()
 
 
 def thread_count():

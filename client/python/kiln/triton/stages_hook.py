@@ -17,7 +17,8 @@ active (_triton); until then, or when it fell back, Triton's own.
 import os
 import sys
 
-from . import _MANAGER, _triton_versions
+from kiln.triton import CACHE_MANAGER as _MANAGER
+from kiln.triton import versions as _triton_versions
 
 # (what compile() adds to the kernel's key, what the JIT adds to its in-memory key)
 KEY = ("", "")
@@ -29,9 +30,9 @@ def stages(*args):
     where Kiln is active."""
     if not args:
         return KEY
-    if "kiln._triton" not in sys.modules:  # never activated: nothing of Kiln's compiles here
+    if "kiln.triton.remote" not in sys.modules:  # never activated: nothing of Kiln's compiles here
         return None
-    return sys.modules["kiln._triton"].stages_hook(*args)
+    return sys.modules["kiln.triton.remote"].stages_hook(*args)
 
 
 def install(knobs):

@@ -27,7 +27,9 @@ import threading
 import grpc
 
 from kiln.service import api as _api
-from kiln import _key_inputs, _launcher_origin, _loaded_launchers
+from kiln.triton import key_inputs as _key_inputs
+from kiln.triton import launcher_origin as _launcher_origin
+from kiln.triton import loaded_launchers as _loaded_launchers
 
 # Started builds that no launcher took are dropped beyond this many: kernels
 # compiled but never loaded here, or whose launcher Triton found in a cache.
@@ -49,7 +51,7 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 def request(name, source, library_dirs, include_dirs, libraries, origin):
     """The kiln.v1.BuildLauncherRequest for a module Triton builds from `source`."""
-    from ._triton_versions import triton_key
+    from kiln.triton.versions import triton_key
 
     return _api.BuildLauncherRequest(
         module_name=name, c_source=source,

@@ -32,7 +32,7 @@ import threading
 import uuid
 import warnings
 
-from . import _triton_versions
+from kiln.triton import versions as _triton_versions
 
 # This process, for kilnd's claims: asking again for a key it holds takes the
 # claim over instead of waiting on itself.

@@ -127,9 +127,9 @@ def _read_text(kernel_hash, unread):
     try:
         return Path(unread.path).read_text()  # as CompiledKernel reads it
     except OSError as error:
-        from . import _triton  # only now: a served file that went away
+        from kiln.triton import lookups  # only now: a served file that went away
 
-        path = _triton.path_in_kilnd(kernel_hash, unread.file_name)
+        path = lookups.path_in_kilnd(kernel_hash, unread.file_name)
         if path is None:
             raise FileNotFoundError(
                 f"kiln: the {unread.file_name} of kernel {kernel_hash} is no longer in Kiln's cache "

@@ -50,7 +50,7 @@ def defines_triton_key(module):
     """Whether `module` is triton_key's home (3.5+ compiler.py has none; where
     it imports one, the home is the module it came from)."""
     key = module.__dict__.get("triton_key")
-    return callable(key) and getattr(key, "__module__", None) in (module.__name__, "kiln._triton_memos")
+    return callable(key) and getattr(key, "__module__", None) in (module.__name__, "kiln.triton.memos")
 
 
 def triton_key():

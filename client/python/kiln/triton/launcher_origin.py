@@ -13,7 +13,7 @@ import ast
 import os
 import threading
 
-from . import _triton_versions
+from kiln.triton import versions as _triton_versions
 
 _generated = threading.local()
 

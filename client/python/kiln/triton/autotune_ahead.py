@@ -13,12 +13,13 @@ import logging
 import os
 
 from kiln.local import compile_threads as _compile_threads
+from kiln.triton import serving
 
 log = logging.getLogger("kiln")
 
 
 def _wanted():
-    return os.environ.get("KILN_AUTOTUNE_AHEAD", "1") != "0" and _compile_threads.serving()
+    return os.environ.get("KILN_AUTOTUNE_AHEAD", "1") != "0" and serving()
 
 
 def _compile(kernel, call, device, set_device):

@@ -1,6 +1,6 @@
 """Triton integration through its own extension points:
 
-- RemoteCacheManager, behind _cache.KilnCacheManager (TRITON_CACHE_MANAGER):
+- RemoteCacheManager, behind cache_manager.KilnCacheManager (TRITON_CACHE_MANAGER):
   lookups go to kilnd; a hit returns Triton's group of files without running
   the frontend; a miss may claim the kernel (others wait for this compile).
 - The stages hook (knobs.runtime.add_stages_inspection_hook, set as
@@ -29,17 +29,24 @@ import threading
 
 import grpc
 
-from kiln.service import api as _api
-from kiln import _build_hook, _cache
 from kiln.local import compile_threads as _compile_threads
-from kiln import _early_launchers
 from kiln.local import files as _files
-from kiln import _frontend
 from kiln.local import index as _index
-from kiln import _key_inputs, _launcher_origin
-from kiln.service import paths as _paths
+from kiln.service import api as _api
 from kiln.service import connection as _service
-from kiln import _stages_hook, _triton_versions
+from kiln.service import paths as _paths
+from kiln.triton import build_hook as _build_hook
+from kiln.triton import early_launchers as _early_launchers
+from kiln.triton import frontend as _frontend
+from kiln.triton import key_inputs as _key_inputs
+from kiln.triton import keys as _keys
+from kiln.triton import launcher_origin as _launcher_origin
+from kiln.triton import stages_hook as _stages_hook
+from kiln.triton import versions as _triton_versions
+from kiln.triton.deferred_texts import HitGroup
+from kiln.triton.hand_over import hand_over
+from kiln.triton.lookups import hit_files as _hit_files
+from kiln.triton.lookups import lookup as _lookup
 
 log = logging.getLogger("kiln")
 
@@ -140,13 +147,13 @@ def _stock_on_failure(method):
 # --- the cache manager -------------------------------------------------------
 
 class RemoteCacheManager(CacheManager):
-    """Triton's cache API over kilnd, behind _cache.KilnCacheManager. Dump and
+    """Triton's cache API over kilnd, behind cache_manager.KilnCacheManager. Dump and
     override directories, and any use while kilnd is unreachable, go to Triton's
     own FileCacheManager. What it materializes goes into the local index."""
 
     def __init__(self, key, override=False, dump=False):
         self.key = key
-        self._hex = _cache.hex_key(key)
+        self._hex = _keys.hex_key(key)
         self._files = {}  # filename -> path, from a group lookup
         self._group = None  # the compile this manager serves, from get_group to put_group
         self._stock = None
@@ -193,8 +200,8 @@ class RemoteCacheManager(CacheManager):
         files = _hit_files("triton", self._hex, response.entry)
         if filename not in files:
             return None
-        self._files = _cache.hand_over(self.key, files)
-        return _cache.HitGroup(self._files)
+        self._files = hand_over(self.key, files)
+        return HitGroup(self._files)
 
     @_stock_on_failure
     def get_file(self, filename):
@@ -234,7 +241,7 @@ class RemoteCacheManager(CacheManager):
                 indexed[output_blob.name] = _files.materialize(output_blob.name, output_blob.data,
                                                                output_blob.sha256)
                 # A hit shows the output again only where Triton's cache dir lacks
-                # the kernel (_cache.hand_over), as stock compiles only there: this
+                # the kernel (hand_over), as stock compiles only there: this
                 # one has it now.
                 for name, path in group.items():
                     _files.mirror_cubin(path, self.key, name)
@@ -250,39 +257,6 @@ class RemoteCacheManager(CacheManager):
             if compile_group is not None:
                 _frontend.finish(compile_group)
         return None
-
-
-def _hit_files(namespace, key, entry):
-    """{name: path} of a hit: kilnd's served files (which kilnd indexes itself),
-    or files written here from the bytes it sent (indexed here)."""
-    files = {blob.name: _files.path_of(blob) for blob in entry.blobs}
-    if not all(blob.path for blob in entry.blobs):
-        _index.record(namespace, key, files)
-    return files
-
-
-def _lookup(namespace, key):
-    """A unary Lookup, asking for kilnd's served files where this process may read them."""
-    response = _stub().Lookup(_api.LookupRequest(namespace=namespace, key=key,
-                                                 as_files=_files.wanted_as_served_files()))
-    if response.found and not _files.readable_served(response.entry):
-        response = _stub().Lookup(_api.LookupRequest(namespace=namespace, key=key))
-    return response
-
-
-def path_in_kilnd(kernel_key, file_name):
-    """The path of `file_name` of the kernel Triton keys `kernel_key`, as kilnd
-    has it now (its served file, or one written here); None when kilnd has no
-    such file or cannot be reached."""
-    hex_key = _cache.hex_key(kernel_key)
-    try:
-        response = _lookup("triton", hex_key)
-    except (grpc.RpcError, _service.KilnUnavailable) as error:
-        log.debug("%s of %s not asked of kilnd again: %s", file_name, hex_key, error)
-        return None
-    if not response.found:
-        return None
-    return _hit_files("triton", hex_key, response.entry).get(file_name)
 
 
 def _output_blob(output):
@@ -378,7 +352,8 @@ class _RemoteCompile:
         """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
         if it failed, else None with self.artifacts and `metadata` filled in."""
         from triton._C.libtriton import get_cache_invalidating_env_vars
-        from ._triton_versions import triton_key
+
+        from kiln.triton.versions import triton_key
 
         target = self.backend.target
         options_json, env = json.dumps(self.options.__dict__), get_cache_invalidating_env_vars()

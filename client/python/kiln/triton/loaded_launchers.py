@@ -14,7 +14,7 @@ lookup of each process.
 
 import os
 
-from . import _MANAGER
+from kiln.triton import CACHE_MANAGER as _MANAGER
 
 _loaded = {}  # compile_module_from_src's arguments, lists as tuples -> the module
 _sources = set()  # the C source of each module in _loaded

@@ -50,7 +50,7 @@ import time
 from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.service import paths as _paths
-from kiln import _triton_versions
+from kiln.triton import versions as _triton_versions
 
 log = logging.getLogger("kiln")
 

@@ -12,13 +12,13 @@ all, once a build is asked for.
 import os
 import sys
 
-from . import _MANAGER
+from kiln.triton import CACHE_MANAGER as _MANAGER
 
 
 def build(name, src, srcdir, library_dirs, include_dirs, libraries):
     """knobs.build.impl: kilnd builds the module; stock Triton's compiler where
     Kiln fell back (under KILN_STRICT, KilnUnavailable instead)."""
-    from . import _triton
+    from kiln.triton import remote as _triton
 
     _triton.active()
     return _triton.build_module(name, src, srcdir, library_dirs, include_dirs, libraries)
