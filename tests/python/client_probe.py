@@ -337,7 +337,7 @@ def inductor_cache(action, key):
     for parent in ("torch", "torch._inductor"):
         sys.modules.setdefault(parent, types.ModuleType(parent))
     sys.modules[remote_cache.__name__] = remote_cache
-    from kiln import _inductor
+    from kiln.inductor import caches as _inductor
 
     assert _inductor.install(remote_cache)
     backend = remote_cache.RemoteFxGraphCache.backend_override_cls()

@@ -26,19 +26,19 @@ TRITON = (
 
 INDUCTOR = (
     # What stock works out again in every process, remembered across processes.
-    ("torch._inductor.codecache", "kiln._torch_memos:install_torch_key"),
+    ("torch._inductor.codecache", "kiln.inductor.memos:install_torch_key"),
     # kilnd as the store behind inductor's remote caches.
-    ("torch._inductor.remote_cache", "kiln._inductor:install"),
+    ("torch._inductor.remote_cache", "kiln.inductor.caches:install"),
     # Misses compiled once across processes: a claim scope around each compile.
-    ("torch._inductor.runtime.triton_heuristics", "kiln._inductor_claims:install_triton_heuristics"),
-    ("torch._inductor.compile_fx", "kiln._inductor_claims:install_compile_fx"),
-    ("torch._functorch.aot_autograd", "kiln._inductor_claims:install_aot_module_simplified"),
+    ("torch._inductor.runtime.triton_heuristics", "kiln.inductor.claims:install_triton_heuristics"),
+    ("torch._inductor.compile_fx", "kiln.inductor.claims:install_compile_fx"),
+    ("torch._functorch.aot_autograd", "kiln.inductor.claims:install_aot_module_simplified"),
     # It imports aot_module_simplified by name: its copy needs the scope too.
-    ("torch._dynamo.backends.common", "kiln._inductor_claims:install_aot_module_simplified"),
+    ("torch._dynamo.backends.common", "kiln.inductor.claims:install_aot_module_simplified"),
     # No compile workers for a process whose graphs all come from the cache.
-    ("torch._inductor.async_compile", "kiln._inductor_pool:install_async_compile"),
+    ("torch._inductor.async_compile", "kiln.inductor.pool:install_async_compile"),
     # A graph's Triton kernels compiled at once, in Kiln's threads, as each is generated.
-    ("torch._inductor.async_compile", "kiln._inductor_threads:install"),
-    ("torch._inductor.codegen.triton", "kiln._inductor_threads:install_codegen"),
-    ("torch._inductor.compile_fx", "kiln._inductor_pool:install_compile_fx"),
+    ("torch._inductor.async_compile", "kiln.inductor.threads:install"),
+    ("torch._inductor.codegen.triton", "kiln.inductor.threads:install_codegen"),
+    ("torch._inductor.compile_fx", "kiln.inductor.pool:install_compile_fx"),
 )

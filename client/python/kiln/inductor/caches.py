@@ -19,9 +19,9 @@ import functools
 import logging
 import time
 
+from kiln.inductor import claims as _inductor_claims
 from kiln.local import files as _files
 from kiln.local import index as _index
-from kiln import _inductor_claims
 
 log = logging.getLogger("kiln")
 
@@ -97,8 +97,8 @@ def _lookup_or_claim(key):
     miss that waited on another process and found nothing is compiled here
     too: that process failed, bypassed the cache or went away."""
     from kiln.service import api as _api
-    from kiln.triton import frontend as _frontend
     from kiln.service import connection as _service
+    from kiln.triton import frontend as _frontend
 
     call = _service.connect().stub.LookupOrClaim(_api.LookupRequest(
         namespace=NAMESPACE, key=key, claimant=_frontend.CLAIMANT))
@@ -119,8 +119,8 @@ def _renew_claim(key):
     """Renews this process's claim on key while it compiles the entry: the
     seconds the claim has left, or None when it is no longer this process's."""
     from kiln.service import api as _api
-    from kiln.triton import frontend as _frontend
     from kiln.service import connection as _service
+    from kiln.triton import frontend as _frontend
 
     response = next(_service.connect().stub.LookupOrClaim(
         _api.LookupRequest(namespace=NAMESPACE, key=key, claimant=_frontend.CLAIMANT, renew_claim=True),

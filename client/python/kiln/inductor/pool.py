@@ -28,7 +28,7 @@ process, one after another.
 import functools
 import logging
 
-from kiln import _inductor_threads
+from kiln.inductor import threads as _inductor_threads
 
 log = logging.getLogger("kiln")
 
