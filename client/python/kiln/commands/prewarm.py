@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from kiln.service import api as _api
 from kiln.local import index as _index
+from kiln.service import api as _api
 from kiln.service import connection as _service
 
 _MAGIC = b"KILNBUNDLE 1\n"
