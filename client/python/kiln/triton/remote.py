@@ -54,8 +54,6 @@ import triton  # noqa: E402
 from triton import knobs  # noqa: E402
 from triton.runtime.cache import CacheManager, FileCacheManager  # noqa: E402
 
-MANAGER = "kiln._cache:KilnCacheManager"
-
 _install_lock = threading.Lock()
 _installed = None  # None: not tried; True: hooks in place; False: stock Triton
 
