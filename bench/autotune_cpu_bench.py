@@ -1,7 +1,7 @@
 """Compile-only autotuning on the CPU (CI-sized, no GPU): an autotuned GEMM's
 warmup (Autotuner.warmup, as a program precompiles) of 8 configs for sm90, in
 a fresh process each, stock against Kiln cold (a fresh kilnd, the configs
-compiled at once: kiln/_autotune_ahead.py), Kiln cold one by one
+compiled at once: kiln/triton/autotune_ahead.py), Kiln cold one by one
 (KILN_AUTOTUNE_AHEAD=0) and Kiln warm (the same kilnd, no local files).
 Rounds interleave; medians and their ratio to stock are printed.
 

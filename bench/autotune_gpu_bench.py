@@ -5,7 +5,7 @@ empty Triton cache, in rounds that interleave:
   stock           stock Triton (the autotuner compiles each config as it benchmarks it)
   stock-threads   stock Triton, every config first compiled in N threads (--threads, 16)
   kiln-serial     Kiln against a fresh kilnd, configs compiled one by one (KILN_AUTOTUNE_AHEAD=0)
-  kiln            Kiln against a fresh kilnd, configs compiled at once (kiln/_autotune_ahead.py)
+  kiln            Kiln against a fresh kilnd, configs compiled at once (kiln/triton/autotune_ahead.py)
   kiln-warm       the last kilnd again, from a fresh process with no local files
 
 Prints each kind's median and its ratio to stock, whether every run chose

@@ -32,7 +32,7 @@ def stock():
 def kiln(endpoint):
     import grpc
 
-    from kiln import _api
+    from kiln.service import api as _api
     from pipeline_client import compile_request
 
     stub = _api.KilnStub(grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)]))

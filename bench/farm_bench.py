@@ -8,7 +8,7 @@ as an application with KILN=1 does.
   1. one kilnd, no Redis: every client on it;
   2. three kilnds sharing one Redis: each client lists all three in KILN_ENDPOINT
      (the deployment README recommends), so each kernel's calls go to the kilnd
-     its key ranks first (kiln/_fleet.py) and different kernels spread;
+     its key ranks first (kiln/service/fleet.py) and different kernels spread;
   2b. the same with client i on kilnd i % 3 only: a kernel's claims then meet
      only through Redis, and each kilnd's clients run its frontend (the Compile
      calls printed count the frontends the clients ran);
@@ -55,7 +55,7 @@ def client():
     sys.path.insert(0, str(ROOT / "tests" / "python"))
     import kernel_suite
     import triton
-    from kiln import _triton
+    from kiln.triton import remote as _triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
     from triton.runtime.cache import triton_key

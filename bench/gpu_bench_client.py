@@ -71,7 +71,7 @@ _inside = {}  # what kilnd reported of its own stages (ms), inside the client's 
 
 def _report_kilnd_stages():
     """Records the stage times kilnd reports with each Compile (once Kiln's hook is in)."""
-    triton_side = sys.modules.get("kiln._triton")
+    triton_side = sys.modules.get("kiln.triton.remote")
     if triton_side is None or getattr(triton_side._stub, "reports_stages", False):
         return
     stub = triton_side._stub
@@ -164,8 +164,8 @@ def main():
             times[case.name] = dict(_spent, other=total - sum(_spent.values()), total=total, **_inside)
         else:
             times[case.name] = total
-    # Triton took its cache manager from Kiln (a warm hit never imports kiln._triton).
-    triton_side = sys.modules.get("kiln._triton")
+    # Triton took its cache manager from Kiln (a warm hit never imports kiln.triton.remote).
+    triton_side = sys.modules.get("kiln.triton.remote")
     kiln_used = "kiln._cache" in sys.modules and (triton_side is None or triton_side._installed is not False)
     print(json.dumps({"kernels": times, "collector_ms": collector_ms, "objects": objects, "triton_key_ms": triton_key_ms,
                       "to_first_kernel_ms": to_first_kernel_ms,

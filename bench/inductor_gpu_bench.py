@@ -3,7 +3,7 @@ process with empty local caches, in rounds that interleave:
 
   stock-serial    stock, TORCHINDUCTOR_COMPILE_THREADS=1 (as inductor always is on Windows)
   kiln-serial     Kiln against a fresh kilnd, same setting: a graph's kernels compiled
-                  at once in Kiln's threads (kiln/_inductor_threads.py)
+                  at once in Kiln's threads (kiln/inductor/threads.py)
   kiln-warm       kiln-serial's kilnd again, a fresh process with no local files
   stock-pool      stock, inductor's default pool of compile processes
   kiln-pool       Kiln against a fresh kilnd, inductor's pool as in stock

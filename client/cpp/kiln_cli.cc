@@ -364,7 +364,7 @@ absl::StatusOr<absl::Duration> ParseAge(const std::string& text) {
       absl::StrFormat("--since '%s': write an age such as 90m, 24h or 7d", text));
 }
 
-// The Python client's memos (kiln/_triton_memos.py): values fingerprinted by
+// The Python client's memos (kiln/triton/memos.py): values fingerprinted by
 // this machine's files, which no other machine's files ever match.
 constexpr absl::string_view kMachineLocalNamespace = "kiln-memos";
 

@@ -178,7 +178,8 @@ def early_launcher():
     from triton.backends.nvidia import driver as nvidia
     from triton.runtime.driver import driver
 
-    from kiln import _api, _service
+    from kiln.service import api as _api
+    from kiln.service import connection as _service
 
     class ThisMachinesGpu(nvidia.CudaDriver):
         """There is no GPU here: this stands in for the driver of an sm90, which
@@ -285,7 +286,7 @@ def frontend_error():
 
     triton_key()
     if "TRITON_CACHE_MANAGER" in __import__("os").environ:
-        from kiln import _triton  # the client's one-time start (imports, connection) is not the point
+        from kiln.triton import remote as _triton  # the client's one-time start (imports, connection) is not the point
 
         _triton.active()
     source = triton_compiler.ASTSource(kernel_suite.frontend_error_kernel, {"x_ptr": "*fp32", "BLOCK": "constexpr"},
@@ -343,7 +344,7 @@ def inductor_cache(action, key):
     for parent in ("torch", "torch._inductor"):
         sys.modules.setdefault(parent, types.ModuleType(parent))
     sys.modules[remote_cache.__name__] = remote_cache
-    from kiln import _inductor
+    from kiln.inductor import caches as _inductor
 
     assert _inductor.install(remote_cache)
     backend = remote_cache.RemoteFxGraphCache.backend_override_cls()
@@ -434,7 +435,7 @@ def _kill_kilnd_at(spec, pid):
     import os
     import signal
 
-    from kiln import _service
+    from kiln.service import connection as _service
 
     methods, _, delay = spec.partition("@")
     killed = []

@@ -22,7 +22,7 @@ from built_wheels import build_wheels  # noqa: E402
 hermetic.enter()
 
 
-from kiln import _api  # noqa: E402  (the client package's API messages and stub)
+from kiln.service import api as _api  # noqa: E402  (the client package's API messages and stub)
 
 
 def run_on_terminal(command, env=None, timeout=600):

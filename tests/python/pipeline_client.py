@@ -3,7 +3,7 @@
 import json
 import sys
 
-from kiln import _api
+from kiln.service import api as _api
 
 import triton_frontend
 

@@ -1,5 +1,5 @@
 """An autotuned kernel's configs compiled at once through kilnd
-(kiln/_autotune_ahead.py), compile-only for sm90 (no GPU here; the probe's
+(kiln/triton/autotune_ahead.py), compile-only for sm90 (no GPU here; the probe's
 driver and tensors stand in): the same kernels as stock, byte for byte, each
 compiled once by kilnd, in the client's threads; a failing config fails as
 stock fails it; the benchmarks begin with whichever config is ready and

@@ -13,7 +13,7 @@ from triton.backends.compiler import GPUTarget
 
 import kernel_suite
 import triton_frontend
-from kiln import _api
+from kiln.service import api as _api
 from pipeline_client import blobs_by_name, compile_request
 
 TARGET = GPUTarget("cuda", 80, 32)
@@ -118,7 +118,7 @@ def test_a_claimant_that_ends_its_call_releases_its_waiters_at_once(kilnd):
 CLAIM_AND_HANG = """
 import sys, time
 import grpc
-from kiln import _api
+from kiln.service import api as _api
 channel = grpc.insecure_channel(sys.argv[1])
 call = _api.KilnStub(channel).LookupOrClaim(_api.LookupRequest(namespace="triton", key=sys.argv[2]))
 print("claimed" if next(call).claimed else "not claimed", flush=True)

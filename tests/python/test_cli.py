@@ -151,7 +151,7 @@ def test_commands_that_need_kilnd_start_the_users_own_once_between_racing_client
                                  text=True) for arch in (80, 90)]
         # The Python client says when it starts kilnd at log level INFO.
         python = subprocess.Popen([sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO); "
-                                   "from kiln import _service; _service.connect()"],
+                                   "from kiln.service import connection as _service; _service.connect()"],
                                   env=env, stderr=subprocess.PIPE, text=True)
         errors = [cli.communicate(timeout=300)[1] for cli in clis]
         assert [cli.returncode for cli in clis] == [0, 0], errors

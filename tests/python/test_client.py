@@ -71,7 +71,8 @@ def test_pth_activation_imports_nothing_but_kilns_table_of_patches(base_env):
                                   check=True).stdout.split())
 
     added = modules(dict(base_env, KILN="1")) - modules(base_env)
-    assert added == {"kiln", "kiln._autoload", "kiln._errors", "kiln._after_import", "kiln._patches"}
+    assert added == {"kiln", "kiln._autoload", "kiln.service", "kiln.service.errors", "kiln.triton",
+                     "kiln._after_import", "kiln._patches"}
 
 
 def test_compiles_go_through_kilnd_and_equal_stock_then_hit_in_a_new_process(kilnd, kiln_env, stock_suite):
@@ -342,7 +343,7 @@ def test_kilns_build_hook_is_set_only_while_kiln_is_enabled_and_the_user_has_non
 def test_cache_manager_keys_decode_to_the_hex_kilnd_keys_by():
     from triton.runtime.cache import _base32
 
-    from kiln._cache import hex_key
+    from kiln.triton.keys import hex_key
 
     for size in (0, 1, 3, 5, 16, 32, 33):
         key = os.urandom(size).hex()
@@ -396,7 +397,7 @@ def test_shipped_api_descriptor_matches_the_proto(tmp_path):
     regenerated = tmp_path / "kiln_v1.desc"
     subprocess.run(["protoc", "--include_imports", f"--descriptor_set_out={regenerated}", f"-I{REPO / 'proto'}",
                     "kiln/v1/kiln.proto"], check=True)
-    shipped = REPO / "client" / "python" / "kiln" / "_kiln_v1.desc"
+    shipped = REPO / "client" / "python" / "kiln" / "service" / "kiln_v1.desc"
     assert regenerated.read_bytes() == shipped.read_bytes(), "run scripts/gen-python-api"
 
 
@@ -468,7 +469,7 @@ def test_endpoint_file_transport_serves_token_holders_only(base_env, tmp_path, s
     client reads it and sends the token; a caller without it is refused."""
     import grpc
 
-    from kiln import _api
+    from kiln.service import api as _api
 
     endpoint_file = tmp_path / "run" / "kilnd.endpoint"
     server = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}", f"--endpoint-file={endpoint_file}")
@@ -506,7 +507,7 @@ def test_windows_clients_find_the_users_kilnd_then_the_machine_service(monkeypat
     """The client's endpoint resolution on Windows (its rules are plain path logic, so they
     run here with sys.platform set to win32): the user's own kilnd's endpoint file first,
     then the machine service's; with neither, the user's, so a kilnd can be started."""
-    from kiln import _paths
+    from kiln.service import paths as _paths
 
     monkeypatch.setattr(sys, "platform", "win32")
     for name in ("KILN_ENDPOINT", "KILN_ENDPOINT_FILE"):
@@ -543,7 +544,7 @@ def test_windows_clients_find_the_users_kilnd_then_the_machine_service(monkeypat
 def test_linux_clients_fall_back_to_the_system_units_socket(monkeypatch, tmp_path):
     """With no per-user kilnd, a client uses the system unit's socket when it can see it,
     and then never starts a kilnd of its own beside it."""
-    from kiln import _paths
+    from kiln.service import paths as _paths
 
     for name in ("KILN_ENDPOINT", "KILN_ENDPOINT_FILE"):
         monkeypatch.delenv(name, raising=False)

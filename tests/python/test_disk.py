@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kiln import _api
+from kiln.service import api as _api
 from triton.backends.compiler import GPUTarget
 
 import kernel_suite

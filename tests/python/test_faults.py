@@ -12,7 +12,7 @@ from concurrent import futures
 
 import grpc
 import pytest
-from kiln import _api
+from kiln.service import api as _api
 
 import hermetic
 from conftest import Kilnd, tcp_kilnd

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import hermetic
-from kiln import _paths
+from kiln.service import paths as _paths
 
 
 def test_the_clients_defaults_lie_in_the_runs_own_home():

@@ -1,5 +1,5 @@
 """A graph's Triton kernels compiled at once through kilnd where inductor
-compiles them one after another (kiln/_inductor_threads.py): real inductor
+compiles them one after another (kiln/inductor/threads.py): real inductor
 (.venv-torch) and a real kilnd, compile-only for sm90 (no GPU here:
 inductor_kernels_program.py says what stands in). The kernels are stock's,
 byte for byte, each compiled once, in Kiln's threads; a kernel that fails to

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from triton.backends.nvidia import driver as nvidia_driver
 
-from kiln import _api as kiln_pb2
+from kiln.service import api as kiln_pb2
 
 CUDA_STUBS = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64" / "stubs",
               Path("/usr/local/cuda/targets/x86_64-linux/lib/stubs")]

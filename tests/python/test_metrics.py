@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from kiln import _api
+from kiln.service import api as _api
 from prometheus_client.parser import text_string_to_metric_families
 from triton.backends.compiler import GPUTarget
 

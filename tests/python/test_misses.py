@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from kiln import _api
+from kiln.service import api as _api
 
 import hermetic
 from conftest import BUILD, Kilnd

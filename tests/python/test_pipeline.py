@@ -20,7 +20,7 @@ from triton.compiler.compiler import ASTSource
 
 import kernel_suite
 import triton_frontend
-from kiln import _api as kiln_pb2
+from kiln.service import api as kiln_pb2
 from pipeline_client import blobs_by_name, compile_request
 
 TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]

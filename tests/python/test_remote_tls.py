@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from kiln import _api
+from kiln.service import api as _api
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import driver as nvidia_driver
 
@@ -183,8 +183,9 @@ def test_a_tenants_compile_is_served_from_kilnds_own_result_not_another_tenants_
 
 
 def test_the_python_client_reaches_the_farm_with_tls_settings_from_the_environment(pki, farm, monkeypatch, tmp_path):
-    from kiln import _paths, _service
-    from kiln._errors import KilnUnavailable
+    from kiln.service import paths as _paths
+    from kiln.service import connection as _service
+    from kiln.service.errors import KilnUnavailable
 
     _, address, _ = farm
     monkeypatch.setenv("KILN_CA_FILE", str(pki / "farm-ca.pem"))

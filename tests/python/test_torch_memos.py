@@ -1,5 +1,5 @@
 """Inductor's torch_key(), remembered across processes by the client
-(kiln/_torch_memos.py): real torch (.venv-torch) in real processes with and
+(kiln/inductor/memos.py): real torch (.venv-torch) in real processes with and
 without Kiln, and the memo rules on trees made here."""
 
 import json
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln import _torch_memos, _triton_memos
+from kiln.inductor import memos as _torch_memos
+from kiln.triton import memos as _triton_memos
 
 import hermetic
 

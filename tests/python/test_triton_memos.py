@@ -1,6 +1,6 @@
 """What stock Triton works out in every process (triton_key(), `ptxas --version`,
 the launchers' platform key),
-remembered across processes by the client (kiln/_triton_memos.py): the real
+remembered across processes by the client (kiln/triton/memos.py): the real
 triton package, in real processes with and without Kiln."""
 
 import importlib.metadata
@@ -15,7 +15,8 @@ import pytest
 
 import hermetic
 from conftest import BUILD, Kilnd
-from kiln import _api, _triton_memos
+from kiln.service import api as _api
+from kiln.triton import memos as _triton_memos
 from test_triton_versions import VERSIONS, python_of
 
 # Computes what the memos stand in for, and says what it read and ran to get it

@@ -60,10 +60,10 @@ def kiln(kilnd, *args):
 
 
 def test_every_part_kiln_relies_on_is_where_kiln_expects_it(version):
-    """Names the part when a new Triton moves one (see kiln/_triton_versions.py)."""
+    """Names the part when a new Triton moves one (see kiln/triton/versions.py)."""
     result = subprocess.run([str(python_of(version)), "-c", """if True:
         import json, triton
-        from kiln import _triton_versions as versions
+        from kiln.triton import versions
         print(json.dumps({"missing": versions.missing_parts(), "unsupported": versions.unsupported_reason(),
                           "key": versions.triton_key()[:40], "version": triton.__version__}))"""],
         capture_output=True, text=True, env=hermetic.stock_env(), timeout=300)

@@ -32,7 +32,7 @@ def test_each_wheel_carries_what_its_platform_needs_under_its_tags(wheels):
     names = {platform: set(zipfile.ZipFile(path).namelist()) for platform, path in wheels.items()}
     for platform, path in wheels.items():
         assert path.stat().st_size < MAX_WHEEL_BYTES, (platform, path.stat().st_size)
-        assert {"kiln/__init__.py", "kiln/_service.py", "kiln-activate.pth"} <= names[platform]
+        assert {"kiln/__init__.py", "kiln/service/connection.py", "kiln-activate.pth"} <= names[platform]
 
     tags, purelib = wheel_tags(wheels["any"])
     assert tags == ["py3-none-any"] and purelib
@@ -70,7 +70,8 @@ def test_a_fresh_venv_with_triton_and_the_manylinux_wheel_starts_its_kilnd_which
                                 "triton==3.6.0", str(wheels["manylinux"])], capture_output=True, text=True,
                                timeout=900)
     assert installed.returncode == 0, installed.stderr[-3000:]
-    wheel_kilnd = Path(subprocess.run([str(python), "-c", "from kiln import _service; print(_service.WHEEL_KILND)"],
+    wheel_kilnd = Path(subprocess.run([str(python), "-c",
+                                      "from kiln.service import connection; print(connection.WHEEL_KILND)"],
                                       capture_output=True, text=True, check=True).stdout.strip())
     assert wheel_kilnd.is_file() and wheel_kilnd.is_relative_to(venv)
 

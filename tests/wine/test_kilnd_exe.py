@@ -11,7 +11,9 @@ import time
 import zipfile
 
 import pytest
-from kiln import _api, _paths, _service
+from kiln.service import api as _api
+from kiln.service import paths as _paths
+from kiln.service import connection as _service
 
 from conftest import linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver, windows_path
 

@@ -12,7 +12,9 @@ import time
 
 import grpc
 import pytest
-from kiln import _api, _paths, _service
+from kiln.service import api as _api
+from kiln.service import paths as _paths
+from kiln.service import connection as _service
 
 from conftest import linux_path, prefix_with_services, runner, windows_path
 

@@ -18,11 +18,11 @@ import sys
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "is_enabled", "KilnUnavailable"]
 
-_MANAGER = "kiln._cache:KilnCacheManager"
 _ENV_SET_BY_US = False
 
 
-from ._errors import KilnUnavailable  # noqa: E402
+from kiln.service.errors import KilnUnavailable  # noqa: E402
+from kiln.triton import CACHE_MANAGER as _MANAGER  # noqa: E402
 
 
 def _configure_logging():
@@ -47,8 +47,8 @@ def activate_lazily():
     if os.environ.get("TRITON_CACHE_MANAGER") != _MANAGER:
         os.environ["TRITON_CACHE_MANAGER"] = _MANAGER
         _ENV_SET_BY_US = True
-    if "kiln._cache" in sys.modules:  # enabled again after disable()
-        sys.modules["kiln._cache"].claim_knob()
+    if "kiln.triton.cache_manager" in sys.modules:  # enabled again after disable()
+        sys.modules["kiln.triton.cache_manager"].claim_knob()
     os.environ.setdefault("KILN", "1")
     from . import _after_import, _patches
 
@@ -73,7 +73,7 @@ def _activate_inductor():
         os.environ.setdefault(switch, "1")
     if sys.platform == "win32":
         # Inductor's default under %TEMP% makes paths that pass MAX_PATH.
-        from . import _paths
+        from kiln.service import paths as _paths
 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
 
@@ -85,7 +85,7 @@ def enable(endpoint=None):
     if endpoint:
         os.environ["KILN_ENDPOINT"] = endpoint
     activate_lazily()
-    from . import _triton
+    from kiln.triton import remote as _triton
 
     return _triton.active()
 
@@ -97,16 +97,16 @@ def disable():
         del os.environ["TRITON_CACHE_MANAGER"]
     _ENV_SET_BY_US = False
     os.environ.pop("KILN", None)
-    if "kiln._cache" in sys.modules:
-        sys.modules["kiln._cache"].release_knob()
-    for hook in ("kiln._build_hook", "kiln._stages_hook"):  # set before, or without, kiln._triton's import
+    if "kiln.triton.cache_manager" in sys.modules:
+        sys.modules["kiln.triton.cache_manager"].release_knob()
+    for hook in ("kiln.triton.build_hook", "kiln.triton.stages_hook"):  # set before, or without, kiln.triton.remote's import
         if hook in sys.modules:
             sys.modules[hook].release()
-    if "kiln._triton" in sys.modules:
-        sys.modules["kiln._triton"].uninstall()
+    if "kiln.triton.remote" in sys.modules:
+        sys.modules["kiln.triton.remote"].uninstall()
 
 
 def is_enabled():
-    triton_side = sys.modules.get("kiln._triton")
+    triton_side = sys.modules.get("kiln.triton.remote")
     return os.environ.get("TRITON_CACHE_MANAGER") == _MANAGER and (
         triton_side is None or triton_side._installed is not False)

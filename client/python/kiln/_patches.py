@@ -5,40 +5,40 @@ interpreter under KILN=1 imports nothing of Kiln's at start but this table."""
 
 TRITON = (
     # What stock works out again in every process, remembered across processes.
-    ("triton.runtime.cache", "kiln._triton_memos:install_triton_key"),
-    ("triton.compiler.compiler", "kiln._triton_memos:install_triton_key"),  # Triton 3.4
-    ("triton.knobs", "kiln._triton_memos:install_tool_versions"),
-    ("triton.backends.nvidia.compiler", "kiln._triton_memos:install_ptxas_version"),
-    ("triton.runtime.build", "kiln._triton_memos:install_platform_key"),
+    ("triton.runtime.cache", "kiln.triton.memos:install_triton_key"),
+    ("triton.compiler.compiler", "kiln.triton.memos:install_triton_key"),  # Triton 3.4
+    ("triton.knobs", "kiln.triton.memos:install_tool_versions"),
+    ("triton.backends.nvidia.compiler", "kiln.triton.memos:install_ptxas_version"),
+    ("triton.runtime.build", "kiln.triton.memos:install_platform_key"),
     # Kernels of one launcher source share the module loaded first.
-    ("triton.backends.nvidia.driver", "kiln._loaded_launchers:install"),
+    ("triton.backends.nvidia.driver", "kiln.triton.loaded_launchers:install"),
     # Kernels from Kiln's cache read their IR texts only when asked.
-    ("triton.compiler.compiler", "kiln._deferred_texts:install"),
+    ("triton.compiler.compiler", "kiln.triton.deferred_texts:install"),
     # What generated a launcher's source, which kilnd builds it from.
-    ("triton.backends.nvidia.driver", "kiln._launcher_origin:follow"),
+    ("triton.backends.nvidia.driver", "kiln.triton.launcher_origin:follow"),
     # Modules are built by kilnd even in a process that has not activated Kiln.
-    ("triton.knobs", "kiln._build_hook:install"),
+    ("triton.knobs", "kiln.triton.build_hook:install"),
     # Kernel keys are the same before Kiln activates as after (Triton 3.7+).
-    ("triton.knobs", "kiln._stages_hook:install"),
+    ("triton.knobs", "kiln.triton.stages_hook:install"),
     # An autotuned kernel's configs compiled at once.
-    ("triton.runtime.autotuner", "kiln._autotune_ahead:install"),
+    ("triton.runtime.autotuner", "kiln.triton.autotune_ahead:install"),
 )
 
 INDUCTOR = (
     # What stock works out again in every process, remembered across processes.
-    ("torch._inductor.codecache", "kiln._torch_memos:install_torch_key"),
+    ("torch._inductor.codecache", "kiln.inductor.memos:install_torch_key"),
     # kilnd as the store behind inductor's remote caches.
-    ("torch._inductor.remote_cache", "kiln._inductor:install"),
+    ("torch._inductor.remote_cache", "kiln.inductor.caches:install"),
     # Misses compiled once across processes: a claim scope around each compile.
-    ("torch._inductor.runtime.triton_heuristics", "kiln._inductor_claims:install_triton_heuristics"),
-    ("torch._inductor.compile_fx", "kiln._inductor_claims:install_compile_fx"),
-    ("torch._functorch.aot_autograd", "kiln._inductor_claims:install_aot_module_simplified"),
+    ("torch._inductor.runtime.triton_heuristics", "kiln.inductor.claims:install_triton_heuristics"),
+    ("torch._inductor.compile_fx", "kiln.inductor.claims:install_compile_fx"),
+    ("torch._functorch.aot_autograd", "kiln.inductor.claims:install_aot_module_simplified"),
     # It imports aot_module_simplified by name: its copy needs the scope too.
-    ("torch._dynamo.backends.common", "kiln._inductor_claims:install_aot_module_simplified"),
+    ("torch._dynamo.backends.common", "kiln.inductor.claims:install_aot_module_simplified"),
     # No compile workers for a process whose graphs all come from the cache.
-    ("torch._inductor.async_compile", "kiln._inductor_pool:install_async_compile"),
+    ("torch._inductor.async_compile", "kiln.inductor.pool:install_async_compile"),
     # A graph's Triton kernels compiled at once, in Kiln's threads, as each is generated.
-    ("torch._inductor.async_compile", "kiln._inductor_threads:install"),
-    ("torch._inductor.codegen.triton", "kiln._inductor_threads:install_codegen"),
-    ("torch._inductor.compile_fx", "kiln._inductor_pool:install_compile_fx"),
+    ("torch._inductor.async_compile", "kiln.inductor.threads:install"),
+    ("torch._inductor.codegen.triton", "kiln.inductor.threads:install_codegen"),
+    ("torch._inductor.compile_fx", "kiln.inductor.pool:install_compile_fx"),
 )

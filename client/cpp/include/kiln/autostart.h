@@ -18,7 +18,7 @@ enum class Autostart {
 
 // Starts the user's own kilnd when `options` name it (no endpoint given:
 // ResolvedEndpoint::is_user_default) and it does not answer. The rule is the
-// Python client's (kiln/_service.py, after ccache's storage helpers): ask;
+// Python client's (kiln/service/connection.py, after ccache's storage helpers): ask;
 // else take the lock <user runtime dir>/autostart.lock, ask again, start kilnd
 // detached, and ask until it serves or `deadline` passes. Clients racing
 // (this SDK's and Python's alike) start one kilnd between them. The program

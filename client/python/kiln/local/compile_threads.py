@@ -1,0 +1,144 @@
+"""The threads that compile kernels ahead of their first use: an autotuned
+kernel's configs (_autotune_ahead) and a torch.compile graph's Triton kernels
+(_inductor_threads). One pool for both, so they never add up to more threads
+than it has. Each thread runs the frontend in this process (it needs this
+Python; Triton's pass managers let go of the GIL) while the stages from LLIR
+to the cubin run in kilnd's worker processes.
+
+KILN_COMPILE_THREADS sets how many (KILN_AUTOTUNE_THREADS, its first name, is
+read too); the default is half the cores, 2 to 8: kilnd's workers need the
+rest, and on an H100 machine of 16 cores 4 and 8 threads beat 16 to an
+autotuned kernel's first result."""
+
+import os
+import threading
+import time
+
+_executor = None
+_executor_lock = threading.Lock()
+
+# What the threads compiled, for kilnd's stats (reported with the hits,
+# _index.flush): each compile's serial cost is what it would take alone, the
+# CPU time of its thread here (not its waits for the GIL or kilnd) plus the
+# stage times kilnd's workers report; the time saved is those added up, less
+# the wall time during which any of them was compiling.
+_account = threading.Lock()
+_running = 0
+_busy_since = 0.0
+_period = [0, 0.0]  # compiles and their serial seconds in the busy period now
+_unreported = [0, 0.0]  # compiles and seconds saved, of busy periods that ended
+_this_thread = threading.local()
+
+# Turns: the Python part of a compile (the JIT's preamble, the frontend) holds
+# the GIL, so compiles started together finish together, late. Taking turns in
+# the order they were asked for, each runs its Python part alone and goes on
+# to the stages that let go of the GIL (and to kilnd) while the next takes its
+# turn: the first config is ready as soon as it would be alone, the others one
+# by one after it. A turn longer than _TURN_LIMIT lets the next ones start
+# anyway: turns order compiles, never hold one back for long.
+_TURN_LIMIT = 1.0
+_turns = threading.Condition()
+_tickets_given = 0
+_turn_now = 0
+_turn_since = 0.0
+_turns_ended = set()
+
+
+def thread_count():
+    asked = os.environ.get("KILN_COMPILE_THREADS") or os.environ.get("KILN_AUTOTUNE_THREADS") or "0"
+    try:
+        count = int(asked)
+    except ValueError:
+        count = 0
+    return count if count > 0 else max(2, min(8, (os.cpu_count() or 4) // 2))
+
+
+def pool():
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _executor = ThreadPoolExecutor(max_workers=thread_count(), thread_name_prefix="kiln-compile")
+        return _executor
+
+
+def submit(function, *args):
+    """Runs function(*args) in the pool, accounted as one compile ahead."""
+    return pool().submit(_accounted, function, *args)
+
+
+def note_remote_seconds(seconds):
+    """Stage seconds kilnd's workers spent on a compile of this thread."""
+    if hasattr(_this_thread, "remote_seconds"):
+        _this_thread.remote_seconds += seconds
+
+
+def _wait_for_turn():
+    global _tickets_given, _turn_since
+    with _turns:
+        ticket = _tickets_given
+        _tickets_given += 1
+        if ticket == _turn_now:  # nobody's turn until now: it begins
+            _turn_since = time.perf_counter()
+        while ticket != _turn_now:
+            left = _TURN_LIMIT - (time.perf_counter() - _turn_since)
+            if left <= 0:
+                break
+            _turns.wait(left)
+    _this_thread.turn = ticket
+
+
+def python_part_done():
+    """Ends this thread's turn (its compile reached stages that let go of the
+    GIL); does nothing outside a turn."""
+    global _turn_now, _turn_since
+    ticket = getattr(_this_thread, "turn", None)
+    if ticket is None:
+        return
+    _this_thread.turn = None
+    with _turns:
+        _turns_ended.add(ticket)
+        while _turn_now in _turns_ended:
+            _turns_ended.remove(_turn_now)
+            _turn_now += 1
+            _turn_since = time.perf_counter()
+        _turns.notify_all()
+
+
+def has_unreported():
+    return _unreported[0] > 0
+
+
+def take_unreported():
+    """(compiles, seconds saved) since the last call, of busy periods that ended."""
+    with _account:
+        taken = tuple(_unreported)
+        _unreported[:] = [0, 0.0]
+    return taken
+
+
+def _accounted(function, *args):
+    global _running, _busy_since
+    begun, cpu_begun = time.perf_counter(), time.thread_time()
+    _this_thread.remote_seconds = 0.0
+    with _account:
+        if _running == 0:
+            _busy_since = begun
+        _running += 1
+    _wait_for_turn()
+    try:
+        return function(*args)
+    finally:
+        python_part_done()
+        serial = time.thread_time() - cpu_begun + _this_thread.remote_seconds
+        del _this_thread.remote_seconds
+        ended = time.perf_counter()
+        with _account:
+            _running -= 1
+            _period[0] += 1
+            _period[1] += serial
+            if _running == 0:
+                _unreported[0] += _period[0]
+                _unreported[1] += max(0.0, _period[1] - (ended - _busy_since))
+                _period[:] = [0, 0.0]

@@ -1,0 +1,148 @@
+"""Artifacts as local files. Triton's cache API hands out paths: kilnd's served
+files where kilnd names them (a local client of its own account), otherwise
+every blob kilnd returns as bytes is materialized once under files_dir() with a
+short, content-addressed name: <hh>/<38 hex><extension>. A file is written under a
+unique temporary name and renamed into place; an existing file with the right
+content is reused, never rewritten, so a file another process holds open
+(a loaded launcher module on Windows) is never replaced."""
+
+import contextlib
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+from kiln.service import paths as _paths
+
+
+def extension(name):
+    """Everything from the first dot: '.cubin', '.json', '.cpython-311-x86_64-linux-gnu.so'.
+    Triton tells artifacts apart by the path's suffix, and imports modules by it."""
+    dot = name.find(".")
+    return name[dot:] if dot > 0 else ""
+
+
+def _has_content(path, data, digest):
+    try:
+        if os.stat(path).st_size != len(data):
+            return False
+        with open(path, "rb") as existing:
+            return hashlib.sha256(existing.read()).digest() == digest
+    except OSError:
+        return False
+
+
+_made_dirs = set()  # directories this process knows exist: one mkdir each, not one per file
+
+
+def materialize(name, data, digest=None):
+    """The path of a file holding `data`, named for its content and `name`'s extension."""
+    digest = digest or hashlib.sha256(data).digest()
+    hex_digest = digest.hex()
+    directory = os.path.join(_paths.files_dir(), hex_digest[:2])
+    path = os.path.join(directory, hex_digest[2:40] + extension(name))
+    if _has_content(path, data, digest):
+        return path
+    if directory not in _made_dirs:
+        os.makedirs(directory, exist_ok=True)
+        _made_dirs.add(directory)
+    temp = os.path.join(directory, f".{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(temp, "wb") as out:
+            out.write(data)
+    except FileNotFoundError:  # the directory went away under us: once more
+        _made_dirs.discard(directory)
+        os.makedirs(directory, exist_ok=True)
+        with open(temp, "wb") as out:
+            out.write(data)
+    try:
+        os.replace(temp, path)
+    except OSError:
+        # The target is held open (Windows) or was just written by another
+        # process: either way, one with the right content is as good as ours.
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if not _has_content(path, data, digest):
+            raise
+    return path
+
+
+_served_files_readable = None  # None: not known yet
+
+
+def wanted_as_served_files():
+    """Whether to ask kilnd for blobs as the files it serves (Blob.path): a hit
+    then moves no bytes. Not once this process found it may not read them (a
+    machine kilnd whose files are its own account's)."""
+    return _served_files_readable is not False
+
+
+def readable_served(entry):
+    """False when `entry` names served files this process may not read; then it
+    asks for bytes from now on."""
+    global _served_files_readable
+    if _served_files_readable is None:
+        served = next((blob.path for blob in entry.blobs if blob.path), None)
+        if served is None:
+            return True
+        _served_files_readable = os.access(served, os.R_OK)
+    return _served_files_readable
+
+
+def path_of(blob):
+    """A file with the blob's content: kilnd's served file, or one written here."""
+    if blob.path:
+        return blob.path
+    return materialize(blob.name, blob.data, blob.sha256)
+
+
+def read(path):
+    return Path(path).read_bytes()
+
+
+def write_text(path, text):
+    """Writes `text` to `path` whole or not at all: under a unique temporary
+    name beside it, then renamed over it, so a reader never sees part of it.
+    Raises OSError, leaving no temporary file behind."""
+    temp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with open(temp, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def link(source, target):
+    """Makes `target` a hard link to (or, across file systems, a copy of) `source`.
+    False when `target` was there already."""
+    target = Path(target)
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        os.link(source, temp)
+    except OSError:
+        temp.write_bytes(Path(source).read_bytes())
+    try:
+        os.replace(temp, target)
+    except OSError:
+        temp.unlink(missing_ok=True)
+    return True
+
+
+def mirror_cubin(path, cache_key, filename):
+    """Inductor's static CUDA launcher reads <triton cache dir>/<key>/<kernel>.cubin
+    (and falls back to Triton's launcher without it): gives it a copy there. True
+    when Triton's cache dir did not have it yet (not a cubin: False)."""
+    if not filename.endswith(".cubin"):
+        return False
+    from triton import knobs
+
+    try:
+        return link(path, os.path.join(knobs.cache.dir, cache_key, filename))
+    except OSError:
+        return True

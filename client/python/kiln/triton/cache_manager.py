@@ -1,0 +1,71 @@
+"""Triton's cache manager (TRITON_CACHE_MANAGER=kiln._cache:KilnCacheManager,
+the module that names it here).
+
+A kernel this user's processes already got from kilnd is served from the
+client's local index (_index): as cheap as stock Triton's file cache, without
+importing gRPC. Everything else goes to the manager over kilnd (_triton, that
+is kiln.triton.remote), which is imported, and connects, on first need.
+"""
+
+import os
+
+from triton import knobs
+from triton.runtime.cache import CacheManager
+
+from kiln.local import index as _index
+from kiln.triton import CACHE_MANAGER as _MANAGER
+from kiln.triton import versions as _triton_versions
+from kiln.triton.hand_over import hand_over
+from kiln.triton.keys import hex_key
+
+
+class KilnCacheManager(CacheManager):
+    def __init__(self, key, override=False, dump=False):
+        self.key = key
+        self._hex = hex_key(key)
+        # Dump and override dirs are stock Triton's; so is every file of a
+        # Triton Kiln does not support (_triton falls back, with its warning).
+        self._local = not (override or dump) and _triton_versions.supported()
+        self._override, self._dump = override, dump
+        self._over_kilnd = None
+
+    def _kilnd(self):
+        if self._over_kilnd is None:
+            from kiln.triton import remote as _triton
+
+            self._over_kilnd = _triton.RemoteCacheManager(self.key, override=self._override, dump=self._dump)
+        return self._over_kilnd
+
+    def get_group(self, filename):
+        files = _index.lookup("triton", self._hex, filename) if self._local else None
+        if files is None:
+            return self._kilnd().get_group(filename)
+        return hand_over(self.key, files)
+
+    def get_file(self, filename):
+        path = _index.lookup_file("triton-files", f"{self._hex}/{filename}", filename) if self._local else None
+        return path if path is not None else self._kilnd().get_file(filename)
+
+    def put(self, data, filename, binary=True):
+        return self._kilnd().put(data, filename, binary)
+
+    def put_group(self, filename, group):
+        return self._kilnd().put_group(filename, group)
+
+
+def claim_knob():
+    """Sets Triton's cache manager knob to KilnCacheManager while the environment
+    names it. Triton resolves TRITON_CACHE_MANAGER by importing the module on
+    every cache access, which costs a hit more than its own file lookups; the
+    knob's value it takes as it is. The environment stays what child processes
+    and kiln.disable() go by."""
+    if os.environ.get("TRITON_CACHE_MANAGER") == _MANAGER:
+        knobs.cache.manager_class = KilnCacheManager
+
+
+def release_knob():
+    if vars(knobs.cache).get("manager_class") is KilnCacheManager:
+        del knobs.cache.manager_class
+
+
+claim_knob()  # Triton imports this module on its first cache access

@@ -1,0 +1,502 @@
+"""Triton integration through its own extension points:
+
+- RemoteCacheManager, behind cache_manager.KilnCacheManager (TRITON_CACHE_MANAGER):
+  lookups go to kilnd; a hit returns Triton's group of files without running
+  the frontend; a miss may claim the kernel (others wait for this compile).
+- The stages hook (knobs.runtime.add_stages_inspection_hook, set as
+  triton.knobs is imported by _stages_hook; on 3.5 a wrapper of
+  CUDABackend.add_stages): TTIR, TTGIR and LLIR run here as in stock; the
+  LLIR goes to kilnd, and the later stages return kilnd's results.
+- knobs.build.impl (_build_hook, set as triton.knobs is imported): launcher
+  and cuda_utils modules are built by kilnd.
+
+Kiln activates once per process (connects to kilnd; on 3.5 wraps the
+backend), on the first use of the cache manager that needs kilnd (which the
+environment variable carries into subprocesses), so importing kiln costs an
+interpreter nothing until Triton compiles or misses its local index. The two
+knob hooks are in place before that: the build hook activates Kiln when a
+module is to be built, the stages hook runs Kiln's stages once it is active.
+"""
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+
+import grpc
+
+from kiln.local import compile_threads as _compile_threads
+from kiln.local import files as _files
+from kiln.local import index as _index
+from kiln.service import api as _api
+from kiln.service import connection as _service
+from kiln.service import paths as _paths
+from kiln.triton import build_hook as _build_hook
+from kiln.triton import early_launchers as _early_launchers
+from kiln.triton import frontend as _frontend
+from kiln.triton import key_inputs as _key_inputs
+from kiln.triton import keys as _keys
+from kiln.triton import launcher_origin as _launcher_origin
+from kiln.triton import stages_hook as _stages_hook
+from kiln.triton import versions as _triton_versions
+from kiln.triton.deferred_texts import HitGroup
+from kiln.triton.hand_over import hand_over
+from kiln.triton.lookups import hit_files as _hit_files
+from kiln.triton.lookups import lookup as _lookup
+
+log = logging.getLogger("kiln")
+
+import triton  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.runtime.cache import CacheManager, FileCacheManager  # noqa: E402
+
+_install_lock = threading.Lock()
+_installed = None  # None: not tried; True: hooks in place; False: stock Triton
+
+
+def active():
+    """Installs the hooks on first use; False when Triton must run stock."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    with _install_lock:
+        if _installed is None:
+            _installed = _install()
+    return _installed
+
+
+def _install():
+    unsupported = _triton_versions.cached_unsupported_reason()
+    if unsupported:
+        _service.fall_back(unsupported)
+        return False
+    try:
+        _service.connect()
+    except _service.KilnUnavailable as error:
+        _service.fall_back(str(error))
+        return False
+    _install_stages_hook()
+    _build_hook.claim(knobs)  # again after kiln.disable(), which released it
+    log.debug("kiln hooks installed (triton %s)", triton.__version__)
+    return True
+
+
+def active_or_untried():
+    """False once this process fell back to stock Triton; True before Kiln has
+    been tried (it activates on the first compile) and while it serves."""
+    return _installed is not False
+
+
+def uninstall():
+    global _installed
+    with _install_lock:
+        if _installed:
+            _stages_hook.release()
+            _unwrap_add_stages()
+            _frontend.unguard_frontends()
+        _installed = None
+        _service.forget()
+
+
+def _stub():
+    return _service.connect().stub
+
+
+def _describe_failure(error):
+    """What a failure of Kiln's was, for the one warning (or strict mode's error)."""
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        if _service.is_unavailable(error):
+            return f"kilnd became unreachable ({error.details()})"
+        return f"kilnd answered {error.code().name}: {error.details()}"
+    if isinstance(error, _service.KilnUnavailable):
+        return str(error)
+    return f"Kiln failed ({type(error).__name__}: {error})"
+
+
+def _go_stock(error):
+    """The one rule for every failure of Kiln's (kilnd gone, any status it
+    answers, an answer that cannot be used, its files): stock Triton for the
+    rest of the process, with one warning; under KILN_STRICT, KilnUnavailable
+    naming the cause instead."""
+    global _installed
+    _service.forget()
+    _installed = False
+    _service.fall_back(_describe_failure(error))
+
+
+def _stock_on_failure(method):
+    """A cache manager method whose failures are Kiln's (everything in it is):
+    on one, this call and the manager go to Triton's FileCacheManager."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if self._stock is None:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001  (every failure of Kiln's falls back)
+                self._go_stock(error)
+        return getattr(self._stock, method.__name__)(*args, **kwargs)
+    return guarded
+
+
+# --- the cache manager -------------------------------------------------------
+
+class RemoteCacheManager(CacheManager):
+    """Triton's cache API over kilnd, behind cache_manager.KilnCacheManager. Dump and
+    override directories, and any use while kilnd is unreachable, go to Triton's
+    own FileCacheManager. What it materializes goes into the local index."""
+
+    def __init__(self, key, override=False, dump=False):
+        self.key = key
+        self._hex = _keys.hex_key(key)
+        self._files = {}  # filename -> path, from a group lookup
+        self._group = None  # the compile this manager serves, from get_group to put_group
+        self._stock = None
+        if override or dump or not active():
+            self._stock = FileCacheManager(key, override=override, dump=dump)
+
+    def _go_stock(self, error):
+        self._stock = FileCacheManager(self.key)
+        _go_stock(error)
+
+    def _lookup_or_claim(self):
+        """kilnd's answer for this key; on a miss this process may get the claim
+        (it compiles, others wait), held for as long as the call stays open. A
+        plain lookup first, where a hit is the common case: it costs half a
+        streaming call. Where kilnd serves this process files, its index has
+        already missed here, and kilnd rarely has the kernel: one call, not two."""
+        if _paths.served_files_dir() is None or not _files.wanted_as_served_files():
+            response = _lookup("triton", self._hex)
+            if response.found:
+                return response
+        call = _stub().LookupOrClaim(_api.LookupRequest(
+            namespace="triton", key=self._hex, claimant=_frontend.CLAIMANT,
+            as_files=_files.wanted_as_served_files(),
+            key_components=_key_inputs.of_current_compile(self._hex, _api)))
+        try:
+            response = next(call)
+        except StopIteration:
+            return _api.LookupResponse()
+        if response.claimed:
+            self._group.claim = call
+        elif response.found and not _files.readable_served(response.entry):
+            return _lookup("triton", self._hex)
+        return response
+
+    @_stock_on_failure
+    def get_group(self, filename):
+        # triton.compile looks its key up first: the compile starts here.
+        self._group = _frontend.begin(self._hex)
+        response = self._lookup_or_claim()
+        if not response.found:
+            if getattr(getattr(knobs, "build", None), "impl", None) is _build_hook.build:
+                _early_launchers.start(_stub())  # built while the kernel compiles
+            return None  # the stages hook sends the compile to kilnd
+        files = _hit_files("triton", self._hex, response.entry)
+        if filename not in files:
+            return None
+        self._files = hand_over(self.key, files)
+        return HitGroup(self._files)
+
+    @_stock_on_failure
+    def get_file(self, filename):
+        if filename in self._files:
+            return self._files[filename]
+        response = _lookup("triton-files", f"{self._hex}/{filename}")
+        if not response.found:
+            return None
+        return _hit_files("triton-files", f"{self._hex}/{filename}", response.entry)[filename]
+
+    @_stock_on_failure
+    def put(self, data, filename, binary=True):
+        if filename.endswith(".source"):  # the frontend's output: its Python part is over
+            _compile_threads.python_part_done()
+        data = data if isinstance(data, bytes) else str(data).encode()
+        digest = hashlib.sha256(data).digest()
+        path = _files.materialize(filename, data, digest)
+        self._files[filename] = path
+        if "torch._inductor" in sys.modules:  # its static launcher reads the cubin from Triton's cache dir
+            _files.mirror_cubin(path, self.key, filename)
+        if self._group is not None:
+            # A compile's file: it reaches kilnd with the compile, or with put_group.
+            self._group.made[filename] = data
+            return path
+        # Something Triton made outside a compile (autotuner timings, a module
+        # built without kilnd): share it with other processes.
+        _stub().Put(_api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
+                                    blobs=[_api.blob(filename, data, digest)]))
+        _index.record("triton-files", f"{self._hex}/{filename}", {filename: path})
+        return path
+
+    @_stock_on_failure
+    def put_group(self, filename, group):
+        compile_group, self._group = self._group, None
+        output_blob, indexed = None, dict(group)
+        try:
+            if compile_group is not None and _frontend.worth_keeping(compile_group.output):
+                output_blob = _output_blob(compile_group.output)
+                indexed[output_blob.name] = _files.materialize(output_blob.name, output_blob.data,
+                                                               output_blob.sha256)
+                # A hit shows the output again only where Triton's cache dir lacks
+                # the kernel (hand_over), as stock compiles only there: this
+                # one has it now.
+                for name, path in group.items():
+                    _files.mirror_cubin(path, self.key, name)
+            if compile_group is None or not compile_group.recorded_by_kilnd:
+                # Triton compiled in this process (a flow Kiln leaves stock): share it.
+                made = compile_group.made if compile_group is not None else {}
+                blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
+                if output_blob is not None:
+                    blobs.append(output_blob)
+                _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
+            _index.record("triton", self._hex, indexed)
+        finally:
+            if compile_group is not None:
+                _frontend.finish(compile_group)
+        return None
+
+
+def _output_blob(output):
+    return _api.blob(_index.OUTPUT_BLOB, _frontend.encode(output))
+
+
+# --- the stages hook ---------------------------------------------------------
+
+def _raise_compile_error(error):
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    if error.kind == _api.CompileError.KIND_PTXAS_ERROR:
+        raise PTXASError(error.message)
+    if error.kind == _api.CompileError.KIND_OUT_OF_RESOURCES:
+        raise OutOfResources(0, 0, error.message)
+    # What stock Triton raises when an MLIR pass or LLVM fails.
+    raise RuntimeError(f"{error.message}\n{error.log}".rstrip())
+
+
+# The stages that run in this process, as in stock Triton: up to the LLVM IR,
+# Triton's stages hand each other in-memory MLIR modules whose text form loses
+# the locations of loop-carried values (and those reach the LLVM debug info),
+# so TTIR, TTGIR and LLIR must be made here to equal stock's. make_llir returns
+# text and make_ptx parses it: there Triton itself serializes, and kilnd takes
+# over (PTX and ptxas, about half of a compile) with nothing lost.
+_LOCAL_STAGES = ("ttir", "ttgir", "llir")
+_INPUT_STAGE = {"ttgir": "STAGE_TTGIR", "llir": "STAGE_LLIR", "ptx": "STAGE_PTX"}
+
+
+class _RemoteCompile:
+    """One kernel's stages: TTIR, TTGIR and LLIR run here; the first later stage
+    sends the LLIR to kilnd and each returns kilnd's artifact. A stage whose input is
+    not what kilnd returned for the stage before (an ir_override or
+    TRITON_KERNEL_OVERRIDE replaced it) compiles again from that input. If kilnd
+    goes away, the stock stages run."""
+
+    def __init__(self, backend, options, original):
+        self.backend = backend
+        self.options = options
+        self.original = original
+        self.order = list(original)
+        self.group = _frontend.current()
+        self.artifacts = None  # ext -> what kilnd returned
+        self.stock = False
+
+    def stage(self, ext, module, metadata):
+        _compile_threads.python_part_done()  # a Triton that keeps no frontend output ends it here
+        try:
+            return self._run(ext, module, metadata)
+        except BaseException:
+            if self.group is not None:
+                self.group.end_claim()  # nobody waits on a compile that failed
+            raise
+
+    def _run(self, ext, module, metadata):
+        if self.stock or ext in _LOCAL_STAGES:
+            return self.original[ext](module, metadata)
+        if self.group is not None and self.group.hex != metadata["hash"]:
+            self.group = None  # not the compile this thread looked up last
+        input_ext = self.order[self.order.index(ext) - 1]
+        if self.artifacts is None or self.artifacts.get(input_ext) is not module:
+            try:
+                kernel_error = self._compile(input_ext, module, metadata)
+            except Exception as error:  # noqa: BLE001  (Kiln's failure, never the kernel's: stock compiles it)
+                _go_stock(error)
+                self.stock = True
+                return self.original[ext](module, metadata)
+            if kernel_error is not None:
+                _raise_compile_error(kernel_error)  # the kernel's own failure, as stock raises it
+        return self.artifacts[ext]
+
+    def _input_text(self, input_ext, module):
+        """The IR text Triton stored for the input stage (printed once, by put)."""
+        if isinstance(module, (str, bytes)):
+            return module.decode() if isinstance(module, bytes) else module
+        made = self.group.made if self.group is not None else {}
+        text = next((data for name, data in made.items() if name.endswith("." + input_ext)), None)
+        return text.decode() if text is not None else str(module)
+
+    def _client_artifacts(self, triton_key, target, options_json, env):
+        if self.group is None:
+            return []
+        blobs = [_api.blob(name, data) for name, data in self.group.made.items() if not name.endswith(".json")]
+        if _frontend.worth_keeping(self.group.output):
+            blobs.append(_output_blob(self.group.output))
+        key_inputs = _key_inputs.recorded_for_prewarm(
+            self.group.hex, triton_key, {"backend": target.backend, "arch": str(target.arch), "warp_size": target.warp_size},
+            options_json, env, self.group.frontend_read_device)
+        if key_inputs is not None:
+            blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, key_inputs))
+        return blobs
+
+    def _compile(self, input_ext, module, metadata):
+        """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
+        if it failed, else None with self.artifacts and `metadata` filled in."""
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        from kiln.triton.versions import triton_key
+
+        target = self.backend.target
+        options_json, env = json.dumps(self.options.__dict__), get_cache_invalidating_env_vars()
+        request = _api.CompileRequest(
+            triton_key=triton_key(), stage=_api.STAGE[_INPUT_STAGE[input_ext]],
+            ir=self._input_text(input_ext, module),
+            target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
+            options_json=options_json, env=env, namespace="triton", cache_key=metadata["hash"],
+            local_python_executable=sys.executable, metadata_json=json.dumps(metadata, default=vars),
+            client_artifacts=self._client_artifacts(triton_key(), target, options_json, env),
+            tool_paths=_tool_paths(), requester=_requester())
+        response = _stub().Compile(request)
+        if self.group is not None:
+            self.group.end_claim()  # kilnd ended it with the compile; this closes our side
+        _compile_threads.note_remote_seconds(sum(response.stage_seconds.values()))
+        if response.WhichOneof("result") == "error":
+            return response.error
+        self.artifacts = {}
+        for blob in response.entry.blobs:
+            ext = blob.name.rsplit(".", 1)[-1]
+            if ext == "json":
+                compiled = json.loads(blob.data)
+                compiled.pop("target", None)  # keep Triton's GPUTarget object
+                metadata.update(compiled)
+            elif ext == "cubin":
+                self.artifacts[ext] = blob.data
+            elif ext in self.original:
+                self.artifacts[ext] = blob.data.decode()
+        if self.group is not None:
+            self.group.recorded_by_kilnd = True
+        return None
+
+
+# The variables that choose the ptxas this process's Triton runs (inductor
+# sets the first to torch's own): its version is in the kernel's key, so
+# kilnd's worker must run the same one.
+_TOOL_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+
+
+def _tool_paths():
+    return {name: os.environ[name] for name in _TOOL_VARIABLES if os.environ.get(name)}
+
+
+def _requester():
+    """This process, as kilnd shares its workers among processes."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _usable(backend, language):
+    from triton.backends.compiler import Language
+
+    return language == Language.TRITON and backend.target.backend == "cuda"
+
+
+def stages_hook(*args):
+    """Kiln's stages for a compile (_stages_hook asks for them)."""
+    backend, stages, options, language = args[:4]
+    if not _installed:
+        return None
+    _frontend.guard_frontends()  # before this compile's make_ir runs
+    remote = _RemoteCompile(backend, options, dict(stages))
+    if not _usable(backend, language):
+        remote.stock = True  # still ends the claim if a stage fails
+    for ext in list(stages):
+        stages[ext] = functools.partial(remote.stage, ext)
+    return None
+
+
+_original_add_stages = None
+
+
+def _install_stages_hook():
+    global _original_add_stages
+    if _triton_versions.has_stages_knob(knobs):
+        _stages_hook.claim(knobs)  # again after kiln.disable(), which released it
+        return
+    # Triton 3.4 and 3.5: wrap the CUDA backend's add_stages.
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    _original_add_stages = CUDABackend.add_stages
+
+    def add_stages(self, stages, options, language):
+        _original_add_stages(self, stages, options, language)
+        stages_hook(self, stages, options, language)
+
+    CUDABackend.add_stages = add_stages
+
+
+def _unwrap_add_stages():
+    global _original_add_stages
+    if _original_add_stages is not None:
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        CUDABackend.add_stages = _original_add_stages
+        _original_add_stages = None
+
+
+# --- launcher builds ---------------------------------------------------------
+
+def _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries):
+    from triton.runtime import build
+
+    with _install_lock:
+        saved, knobs.build.impl = knobs.build.impl, None
+        try:
+            extra = [[]] if _triton_versions.build_takes_ccflags(build) else []
+            return build._build(name, src, srcdir, library_dirs, include_dirs, libraries, *extra)
+        finally:
+            knobs.build.impl = saved
+
+
+def _origin(name, source):
+    """kiln.v1.LauncherOrigin of a source Triton's nvidia driver generated; None otherwise."""
+    args = _launcher_origin.arguments_of(source)
+    if args is not None:
+        return _api.LauncherOrigin(make_launcher_args=args)
+    if _launcher_origin.is_cuda_utils(name, source):
+        return _api.LauncherOrigin(cuda_utils=True)
+    return None
+
+
+def build_module(name, src, srcdir, library_dirs, include_dirs, libraries):
+    """_build_hook.build's work: kilnd builds the module (and caches it for every process)."""
+    if not _installed:
+        return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+    try:
+        return _build_through_kilnd(name, src, srcdir, library_dirs, include_dirs, libraries)
+    except Exception as error:  # noqa: BLE001  (Kiln's failure: the machine's compiler builds it, as in stock)
+        _go_stock(error)
+        return _stock_build(name, src, srcdir, library_dirs, include_dirs, libraries)
+
+
+def _build_through_kilnd(name, src, srcdir, library_dirs, include_dirs, libraries):
+    source = _files.read(src).decode()
+    request = _early_launchers.request(name, source, library_dirs, include_dirs, libraries, _origin(name, source))
+    response = _early_launchers.take(request)
+    if response is None:
+        response = _stub().BuildLauncher(request)
+    if response.WhichOneof("result") == "error":
+        # kilnd's compiler failed where the machine's may not: Kiln's failure.
+        raise RuntimeError(f"kilnd could not build {name}: {response.error.message}\n{response.error.log}")
+    path = os.path.join(srcdir, name + request.python_abi.ext_suffix)
+    with open(path, "wb") as module:
+        module.write(response.module.data)
+    return path
