@@ -22,7 +22,8 @@ with Kiln on:
 The pool works for Triton kernels only (inductor's C++ kernels compile on
 threads), so CPU-only compiles lose nothing either. A cached graph whose
 kernels kilnd no longer has (evicted apart from it) compiles them in this
-process, one after another.
+process, at once in Kiln's compile threads (threads.py) as any graph does
+while no pool is up.
 """
 
 import functools
