@@ -68,7 +68,7 @@ _INDUCTOR_REMOTE_CACHES = ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR
 
 def _activate_inductor():
     """Turns inductor's remote caches on, unless the user set them: Kiln's
-    backend (_inductor) serves them from kilnd."""
+    backend (inductor/caches) serves them from kilnd."""
     for switch in _INDUCTOR_REMOTE_CACHES:
         os.environ.setdefault(switch, "1")
     if sys.platform == "win32":

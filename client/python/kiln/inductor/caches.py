@@ -8,11 +8,11 @@ backend. Kiln sets it to KilnInductorBackend when that module is imported, and
 turns the remote caches on through inductor's environment variables (an
 explicit 0 from the user wins). Entries live in kilnd's "inductor" namespace
 of the caller's trust domain, under the cache's size cap, eviction and
-integrity checks. An entry kilnd serves this account as a file (_index) is
+integrity checks. An entry kilnd serves this account as a file (local/index) is
 read from it, with no call: a warm start then imports no gRPC, like stock's
 local caches. Misses of the FX graph, AOTAutograd and autotune caches are
-single flight across processes (_inductor_claims), and a process whose
-graphs all come from the cache starts no compile workers (_inductor_pool).
+single flight across processes (inductor/claims), and a process whose
+graphs all come from the cache starts no compile workers (inductor/pool).
 """
 
 import functools
@@ -27,7 +27,7 @@ log = logging.getLogger("kiln")
 
 _CACHE_CLASSES = ("RemoteFxGraphCache", "RemoteAOTAutogradCache", "RemoteAutotuneCache",
                   "RemoteBundledAutotuneCache")
-# A miss of these inside a claim scope of their kind claims its key (_inductor_claims).
+# A miss of these inside a claim scope of their kind claims its key (inductor/claims).
 _SINGLE_FLIGHT_KINDS = {"RemoteFxGraphCache": _inductor_claims.GRAPHS,
                         "RemoteAOTAutogradCache": _inductor_claims.GRAPHS,
                         "RemoteAutotuneCache": _inductor_claims.AUTOTUNING}

@@ -1,6 +1,6 @@
 """The threads that compile kernels ahead of their first use: an autotuned
-kernel's configs (_autotune_ahead) and a torch.compile graph's Triton kernels
-(_inductor_threads). One pool for both, so they never add up to more threads
+kernel's configs (triton/autotune_ahead) and a torch.compile graph's Triton kernels
+(inductor/threads). One pool for both, so they never add up to more threads
 than it has. Each thread runs the frontend in this process (it needs this
 Python; Triton's pass managers let go of the GIL) while the stages from LLIR
 to the cubin run in kilnd's worker processes.

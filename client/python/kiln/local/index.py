@@ -42,8 +42,8 @@ from kiln.local import files as _files
 from kiln.service import paths as _paths
 
 # Blobs Kiln stores with a Triton kernel's entry besides Triton's own files, so
-# the indexes list them, never part of the group Triton gets (_cache): what the
-# kernel's frontend showed (_frontend), and the inputs of its key
+# the indexes list them, never part of the group Triton gets (triton/cache_manager): what the
+# kernel's frontend showed (triton/frontend), and the inputs of its key
 # (kiln.v1.KeyInputs as JSON: what `kiln prewarm` needs to compile it for
 # other targets). Here, not with the frontend: a hit imports only this.
 OUTPUT_BLOB = "kiln.frontend-output.json"

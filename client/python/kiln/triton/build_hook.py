@@ -26,7 +26,7 @@ def build(name, src, srcdir, library_dirs, include_dirs, libraries):
 
 def install(knobs):
     """The installer of triton.knobs. After kiln.disable() a later import of
-    it leaves Triton stock: kiln.enable() claims the knob again (_triton)."""
+    it leaves Triton stock: kiln.enable() claims the knob again (triton/remote)."""
     if os.environ.get("TRITON_CACHE_MANAGER") == _MANAGER:
         claim(knobs)
 

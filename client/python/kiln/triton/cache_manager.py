@@ -2,7 +2,7 @@
 the module that names it here).
 
 A kernel this user's processes already got from kilnd is served from the
-client's local index (_index): as cheap as stock Triton's file cache, without
+client's local index (local/index): as cheap as stock Triton's file cache, without
 importing gRPC. Everything else goes to the manager over kilnd (_triton, that
 is kiln.triton.remote), which is imported, and connects, on first need.
 """
@@ -24,7 +24,7 @@ class KilnCacheManager(CacheManager):
         self.key = key
         self._hex = hex_key(key)
         # Dump and override dirs are stock Triton's; so is every file of a
-        # Triton Kiln does not support (_triton falls back, with its warning).
+        # Triton Kiln does not support (triton/remote falls back, with its warning).
         self._local = not (override or dump) and _triton_versions.supported()
         self._override, self._dump = override, dump
         self._over_kilnd = None

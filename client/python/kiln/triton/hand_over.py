@@ -14,7 +14,7 @@ def hand_over(key, files):
     cache dir lacks the kernel: then the frontend's output is shown again, and
     inductor's static launcher (which reads <cache dir>/<key>/<kernel>.cubin)
     finds the cubin there. A HitGroup: CompiledKernel reads its IR texts only
-    when asked (_deferred_texts)."""
+    when asked (triton/deferred_texts)."""
     files = HitGroup(files)
     files.pop(_index.KEY_INPUTS_BLOB, None)
     output = files.pop(_index.OUTPUT_BLOB, None)

@@ -338,7 +338,7 @@ def _leave_the_allocator_as_hashing_does():
 
 
 def install_triton_key(cache_module):
-    """triton_key() of the module that defines it (_triton_versions), remembered
+    """triton_key() of the module that defines it (triton/versions), remembered
     for this Triton install."""
     if not _triton_versions.defines_triton_key(cache_module):
         return

@@ -410,7 +410,7 @@ def _usable(backend, language):
 
 
 def stages_hook(*args):
-    """Kiln's stages for a compile (_stages_hook asks for them)."""
+    """Kiln's stages for a compile (triton/stages_hook asks for them)."""
     backend, stages, options, language = args[:4]
     if not _installed:
         return None

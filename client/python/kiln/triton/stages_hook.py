@@ -11,7 +11,7 @@ byte, so they belong under stock's key, the one kilnd's workers and
 `kiln prewarm` compute (on 3.5 and 3.6 no hook enters the key at all).
 
 Costs an interpreter only this module: the stages are Kiln's once Kiln is
-active (_triton); until then, or when it fell back, Triton's own.
+active (triton/remote); until then, or when it fell back, Triton's own.
 """
 
 import os
@@ -44,7 +44,7 @@ def install(knobs):
 def claim(knobs):
     """Sets the hook, unless the user set their own (their pipeline then runs
     stock, cached through Kiln). Before Triton 3.6 there is no such knob
-    (_triton wraps the backend instead)."""
+    (triton/remote wraps the backend instead)."""
     if _triton_versions.has_stages_knob(knobs) and knobs.runtime.add_stages_inspection_hook is None:
         knobs.runtime.add_stages_inspection_hook = stages
 

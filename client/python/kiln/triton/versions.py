@@ -66,8 +66,8 @@ def triton_key():
 def has_stages_knob(knobs):
     """knobs.runtime.add_stages_inspection_hook, which the backends call with
     their stages (Triton 3.6+). From 3.7 compile() and the JIT also call it
-    with no arguments for a key (_stages_hook answers both). Before 3.6 Kiln
-    wraps CUDABackend.add_stages instead (_triton)."""
+    with no arguments for a key (triton/stages_hook answers both). Before 3.6 Kiln
+    wraps CUDABackend.add_stages instead (triton/remote)."""
     runtime = getattr(knobs, "runtime", None)
     return runtime is not None and hasattr(runtime, "add_stages_inspection_hook")
 
