@@ -10,15 +10,22 @@
 
 namespace kiln {
 
-// A fixed set of threads running tasks in FIFO order, interactive tasks before
-// background ones. The destructor runs every task already queued, then joins,
-// so no accepted work is dropped at shutdown.
+// Threads running tasks in FIFO order, interactive tasks before background
+// ones. The destructor runs every task already queued, then joins, so no
+// accepted work is dropped at shutdown.
 class ThreadPool {
  public:
   // kLoweredCpu: the threads run at a lowered CPU priority (platform::LowerCurrentThreadPriority).
   enum CpuPriority { kNormalCpu, kLoweredCpu };
 
+  // A fixed set of `threads`.
   explicit ThreadPool(int threads, CpuPriority cpu = kNormalCpu);
+  // No thread at first: a task scheduled while none is idle starts one, so
+  // every task starts at once. A thread, once started, stays until the pool
+  // is destroyed; for tasks whose threads must outlive them (see
+  // client/cpp/client.cc).
+  struct GrowWithDemand {};
+  explicit ThreadPool(GrowWithDemand);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -35,7 +42,9 @@ class ThreadPool {
   std::deque<std::function<void()>> interactive_;  // guarded by mutex_
   std::deque<std::function<void()>> background_;   // guarded by mutex_
   bool stopping_ = false;                    // guarded by mutex_
-  std::vector<std::thread> threads_;
+  const bool grows_with_demand_ = false;
+  int idle_threads_ = 0;  // guarded by mutex_
+  std::vector<std::thread> threads_;  // guarded by mutex_ when grows_with_demand_
 };
 
 }  // namespace kiln

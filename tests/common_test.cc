@@ -4,7 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <fstream>
 #include <thread>
@@ -84,6 +89,51 @@ TEST(JsonSyntaxTest, NestingIsLimitedSoNoInputExhaustsTheStack) {
   EXPECT_TRUE(IsJsonObject(nested(kMaxJsonDepth)));
   EXPECT_FALSE(IsJsonObject(nested(kMaxJsonDepth + 1)));
   EXPECT_FALSE(IsJsonObject(nested(1000000)));
+}
+
+// Sets the flag it is given when its thread exits.
+struct ThreadExitWatch {
+  std::atomic<bool>* exited = nullptr;
+  ~ThreadExitWatch() {
+    if (exited != nullptr) *exited = true;
+  }
+};
+thread_local ThreadExitWatch thread_exit_watch;
+
+// Runs `count` tasks on `pool`, each waiting until all have started, and says
+// whether they all started; `first` runs in each task, given its index.
+bool StartsABatchAtOnce(ThreadPool& pool, int count, const std::function<void(int)>& first) {
+  std::mutex mutex;
+  std::condition_variable all_started;
+  int started = 0;
+  std::vector<std::promise<bool>> results(count);
+  for (int i = 0; i < count; ++i) {
+    pool.Schedule([&, i] {
+      first(i);
+      std::unique_lock lock(mutex);
+      ++started;
+      all_started.notify_all();
+      // Bounded, so a pool that does not grow fails the test rather than hanging it.
+      results[i].set_value(
+          all_started.wait_for(lock, std::chrono::seconds(10), [&] { return started == count; }));
+    });
+  }
+  bool all = true;
+  for (std::promise<bool>& result : results) all = result.get_future().get() && all;
+  return all;
+}
+
+TEST(ThreadPoolTest, GrowingPoolStartsEveryTaskAtOnceAndKeepsItsThreadsUntilDestroyed) {
+  std::array<std::atomic<bool>, 6> exited{};
+  {
+    ThreadPool pool{ThreadPool::GrowWithDemand{}};
+    EXPECT_TRUE(StartsABatchAtOnce(pool, 6, [&](int i) { thread_exit_watch.exited = &exited[i]; }));
+    EXPECT_TRUE(StartsABatchAtOnce(pool, 6, [](int) {}));
+    for (const std::atomic<bool>& flag : exited) {
+      EXPECT_FALSE(flag) << "a thread exited when its task ended";
+    }
+  }
+  for (const std::atomic<bool>& flag : exited) EXPECT_TRUE(flag) << "the pool's threads end with it";
 }
 
 #ifdef __linux__
