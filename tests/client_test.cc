@@ -1,10 +1,18 @@
-// The C++ SDK's pieces that need no service or GPU.
+// The C++ SDK's pieces that need no kilnd or GPU.
 
+#include <atomic>
 #include <cstdlib>
+#include <memory>
+#include <string>
 
+#include "absl/strings/str_cat.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "kiln/client.h"
 #include "kiln/cuda_module.h"
+#include "kiln/v1/kiln.grpc.pb.h"
 
 namespace kiln {
 namespace {
@@ -54,6 +62,53 @@ TEST(ClientTest, UnreachableServiceIsUnavailableNamingTheEndpoint) {
   EXPECT_TRUE(absl::IsUnavailable(stats.status()) || absl::IsDeadlineExceeded(stats.status()))
       << stats.status();
   EXPECT_NE(stats.status().message().find("/nonexistent/kiln/kilnd.sock"), absl::string_view::npos);
+}
+
+// A stand-in for kilnd, on loopback: its GetStats fails the first `failures`
+// calls with `failure`, as gRPC's transport would report them, then answers.
+class FailingFirstStats final : public v1::Kiln::Service {
+ public:
+  FailingFirstStats(int failures, grpc::Status failure) : failures_(failures), failure_(std::move(failure)) {}
+
+  grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::GetStatsResponse*) override {
+    return calls_++ < failures_ ? failure_ : grpc::Status::OK;
+  }
+  int calls() const { return calls_; }
+
+ private:
+  const int failures_;
+  const grpc::Status failure_;
+  std::atomic<int> calls_ = 0;
+};
+
+// Stats through a client of `service`, served on a loopback port of its own.
+absl::Status StatsFrom(FailingFirstStats& service) {
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  EXPECT_NE(port, 0);
+  ClientOptions options;
+  options.endpoint = absl::StrCat("127.0.0.1:", port);
+  options.max_attempts = 3;
+  options.retry_backoff = absl::Milliseconds(10);
+  absl::Status status = Client(options).Stats().status();
+  server->Shutdown();
+  return status;
+}
+
+TEST(ClientTest, ACallTheConnectionDroppedIsMadeAgain) {
+  FailingFirstStats service(2, grpc::Status(grpc::StatusCode::UNKNOWN, "Stream removed"));
+  EXPECT_TRUE(StatsFrom(service).ok());
+  EXPECT_EQ(service.calls(), 3);
+}
+
+TEST(ClientTest, OtherUnknownFailuresAreNotMadeAgain) {
+  FailingFirstStats service(1, grpc::Status(grpc::StatusCode::UNKNOWN, "a handler threw"));
+  absl::Status status = StatsFrom(service);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnknown) << status;
+  EXPECT_EQ(service.calls(), 1);
 }
 
 }  // namespace

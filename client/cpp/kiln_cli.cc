@@ -287,17 +287,15 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
       kilnds.push_back(std::make_unique<kiln::Client>(std::move(one)));
     }
   }
+  std::vector<kiln::CompileInput> inputs;
+  std::vector<bool> asked_the_fleet;
   std::vector<std::future<absl::StatusOr<kiln::CompiledKernel>>> futures;
   for (const kiln::v1::Target& target : parsed->targets) {
     input.target = target;
-    kiln::Client* kilnd = kilnds.empty() ? &client : kilnds[futures.size() % kilnds.size()].get();
-    futures.push_back(std::async(std::launch::async, [&client, kilnd, input] {
-      absl::StatusOr<kiln::CompiledKernel> kernel = kilnd->Compile(input);
-      if (kilnd != &client && absl::IsUnavailable(kernel.status())) {
-        kernel = client.Compile(input);  // its kilnd went away: any other of the fleet
-      }
-      return kernel;
-    }));
+    kiln::Client& kilnd = kilnds.empty() ? client : *kilnds[futures.size() % kilnds.size()];
+    inputs.push_back(input);
+    asked_the_fleet.push_back(&kilnd == &client);
+    futures.push_back(kilnd.CompileFuture(input));
   }
   // Results are reported as they come, under a status line on a terminal.
   const absl::Time started = absl::Now();
@@ -315,11 +313,17 @@ int Compile(kiln::Client& client, const std::vector<std::string>& args) {
       if (reported[i] || futures[i].wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
         continue;
       }
+      absl::StatusOr<kiln::CompiledKernel> kernel = futures[i].get();
+      if (!asked_the_fleet[i] && absl::IsUnavailable(kernel.status())) {
+        // Its kilnd went away: any other of the fleet.
+        asked_the_fleet[i] = true;
+        futures[i] = client.CompileFuture(inputs[i]);
+        continue;
+      }
       reported[i] = true;
       ++done;
       const kiln::v1::Target& target = parsed->targets[i];
       const std::string label = absl::StrCat(target.backend(), ":", target.arch());
-      absl::StatusOr<kiln::CompiledKernel> kernel = futures[i].get();
       if (!kernel.ok()) {
         ++failed;
         progress.Clear();  // the error goes to stderr, on the terminal too

@@ -108,9 +108,15 @@ struct CompiledKernel {
 // problem), the failure as kilnd reported it: kind, message, compiler log.
 std::optional<v1::CompileError> CompileErrorOf(const absl::Status& status);
 
+class ThreadPool;
+
 class Client {
  public:
   explicit Client(ClientOptions options);
+  // Waits for the CompileAsync and CompileFuture calls still running.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
 
   const std::string& endpoint() const { return endpoint_; }
 
@@ -126,7 +132,8 @@ class Client {
   // INVALID_ARGUMENT carrying a CompileError (see CompileErrorOf); an unknown
   // toolchain is FAILED_PRECONDITION listing the registered ones.
   absl::StatusOr<CompiledKernel> Compile(const CompileInput& input);
-  // The same without blocking: on a thread of its own, `done` gets the result.
+  // The same without blocking: every call starts at once, on a thread of this
+  // client's, and `done` gets the result there (it must not destroy the client).
   void CompileAsync(CompileInput input,
                     std::function<void(absl::StatusOr<CompiledKernel>)> done);
   std::future<absl::StatusOr<CompiledKernel>> CompileFuture(CompileInput input);
@@ -154,8 +161,8 @@ class Client {
   // Takes `resolved` as this client's endpoint and opens a channel to it
   // (none when it is unresolved or its TLS settings cannot be read).
   void Connect(ResolvedEndpoint resolved);
-  // Runs `call` with a fresh context per attempt, retrying UNAVAILABLE and
-  // ABORTED; converts the final status.
+  // Runs `call` with a fresh context per attempt, retrying UNAVAILABLE,
+  // ABORTED and a connection broken under it; converts the final status.
   template <typename Call>
   absl::Status WithRetries(absl::string_view method, absl::Duration timeout, Call call);
   // One retried unary call of `rpc` (a synchronous Stub method).
@@ -170,6 +177,9 @@ class Client {
   std::string endpoint_problem_;  // set when no endpoint could be resolved
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Kiln::Stub> stub_;
+  // Last, so that it drains before the channel goes. Its threads stay until the
+  // client goes: see CompileAsync in client.cc.
+  std::unique_ptr<ThreadPool> call_threads_;
 };
 
 // Human-readable stats, as printed by `kilnd --stats` and `kiln stats`.
