@@ -480,8 +480,9 @@ def autotune_benchmarks():
     a stand-in for the GPU's timings in which two configs tie for the fastest,
     the first config's compile 4 s slower than the others':
     the configs in the order they were benchmarked, their timings in the order
-    the autotuner keeps them, the config it chose, and how the call ended (no
-    kernel can run here: it fails as it launches the chosen config)."""
+    the autotuner keeps them, the config it chose, the configs the JIT
+    compiled, and how the call ended (no kernel can run here: it fails as it
+    launches the chosen config)."""
     from triton.runtime.driver import driver
 
     import autotuned_kernels
@@ -489,9 +490,13 @@ def autotune_benchmarks():
     driver.set_active(autotuned_kernels.CompileOnlyDriver())
     compile_kernel = triton.compiler.compile
 
+    compiled = []  # (BLOCK_M, BLOCK_N) of each config the JIT compiled
+
     def compile_first_config_last(src, *args, **kwargs):  # the JIT's compile, 4 s late for the first config
-        if (src.constants.get((src.fn.arg_names.index("BLOCK_M"), )),
-                src.constants.get((src.fn.arg_names.index("BLOCK_N"), ))) == (32, 32):
+        blocks = (src.constants.get((src.fn.arg_names.index("BLOCK_M"), )),
+                  src.constants.get((src.fn.arg_names.index("BLOCK_N"), )))
+        compiled.append(list(blocks))
+        if blocks == (32, 32):
             time.sleep(4.0)
         return compile_kernel(src, *args, **kwargs)
 
@@ -506,7 +511,8 @@ def autotune_benchmarks():
         ended = type(error).__name__
     return {"benchmarked": benchmark.benchmarked, "timings": [[str(config), timing[0]]
                                                               for config, timing in kernel.configs_timings.items()],
-            "best": str(kernel.best_config), "ended": ended, "frontend_threads": sorted(frontend_threads)}
+            "best": str(kernel.best_config), "ended": ended, "frontend_threads": sorted(frontend_threads),
+            "compiled": sorted(compiled)}
 
 
 def main():

@@ -50,6 +50,27 @@ def test_benchmarks_of_configs_compiled_ahead_choose_as_stock(base_env, fresh_ki
     assert compiled["ended"] == stock["ended"]
 
 
+def test_autotune_results_triton_cached_compile_only_the_chosen_config(base_env, tmp_path, fresh_kilnd):
+    """TRITON_CACHE_AUTOTUNING=1: a later process finds the timings in the
+    cache and benchmarks nothing, compiling only the config chosen, as stock;
+    through Kiln it finds them in kilnd, from files of its own."""
+    def process(env, name):
+        files = dict(env, TRITON_CACHE_DIR=str(tmp_path / name / "triton"),
+                     KILN_FILES_DIR=str(tmp_path / name / "kiln-files"), TRITON_CACHE_AUTOTUNING="1")
+        return probe_json(run_probe(files, "autotune-benchmarks"))
+
+    stock_first = process(base_env, "stock")
+    stock_later = process(base_env, "stock")
+    assert stock_later["benchmarked"] == [] and stock_later["compiled"] == [[32, 64]], stock_later
+    kilnd = fresh_kilnd(f"--toolchain={sys.executable}")
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    first = process(env, "first")
+    assert first["timings"] == stock_first["timings"] and first["best"] == stock_first["best"]
+    later = process(env, "later")
+    assert later["benchmarked"] == [] and later["compiled"] == stock_later["compiled"], later
+    assert later["best"] == stock_later["best"]
+
+
 def test_a_fleet_compiles_each_config_on_the_kilnd_its_key_ranks_first(base_env, tmp_path):
     fleet = [tcp_kilnd(tmp_path / f"kilnd{i}", f"--toolchain={sys.executable}") for i in range(3)]
     try:

@@ -1,8 +1,8 @@
 """An autotuned kernel's configs compiled at once: Triton's autotuner compiles
 each config when its benchmark first runs it, one after another. Under Kiln,
-once the configs to try are known (prune_configs), every one of them starts
-compiling in a thread of _compile_threads (in turns: the first is ready first)
-and the benchmarks begin as soon as one is ready. The benchmark loop stays
+once the configs to try are known (prune_configs) and the first benchmark
+begins, every one of them starts compiling in a thread of _compile_threads (in
+turns: the first is ready first) and the benchmarks go on as each is ready. The benchmark loop stays
 stock's (the same configs, pruning and benchmarks, the timings in the same
 order): a config still compiling when its turn comes waits while those ready
 are benchmarked, as upstream's overlap mode does. Each thread's compile is
@@ -70,20 +70,31 @@ def install(autotuner_module):
         return
     stock_prune, stock_bench, stock_warmup = autotuner.prune_configs, autotuner._bench, autotuner.warmup
 
-    def prune_configs(self, kwargs):
-        configs = stock_prune(self, kwargs)
-        self._kiln_ahead, self._kiln_benchmarked = {}, {}
+    def start(self):
+        kwargs, configs = self._kiln_to_start
+        self._kiln_to_start = None
         try:
-            if len(configs) > 1 and self.nargs is not None and _wanted():
-                self._kiln_ahead = _start(self, kwargs, configs)
+            self._kiln_ahead = _start(self, kwargs, configs)
         except Exception as error:  # stock's loop compiles them one by one
             log.debug("configs not compiled ahead: %s: %s", type(error).__name__, error)
-        if getattr(self, "_kiln_wait_all", False):
+
+    def prune_configs(self, kwargs):
+        configs = stock_prune(self, kwargs)
+        self._kiln_ahead, self._kiln_benchmarked, self._kiln_to_start = {}, {}, None
+        if len(configs) > 1 and self.nargs is not None and _wanted():
+            # Started by the first benchmark: timings the autotuner finds in
+            # the cache (cache_results) need none, and stock then compiles
+            # only the config they choose.
+            self._kiln_to_start = (kwargs, configs)
+        if getattr(self, "_kiln_wait_all", False) and self._kiln_to_start is not None:
+            start(self)
             for future in self._kiln_ahead.values():
                 future.result()  # _compile keeps its errors to itself
         return configs
 
     def _bench(self, *args, config, **meta):
+        if getattr(self, "_kiln_to_start", None) is not None:
+            start(self)
         # Stock's loop asks for each config in turn; one still compiling waits
         # while those already compiled are benchmarked, and their timings are
         # kept for their turn: the same benchmarks, each in one piece, and the
