@@ -7,12 +7,17 @@ empty Triton cache, in rounds that interleave:
   kiln-serial     Kiln against a fresh kilnd, configs compiled one by one (KILN_AUTOTUNE_AHEAD=0)
   kiln            Kiln against a fresh kilnd, configs compiled at once (kiln/triton/autotune_ahead.py)
   kiln-warm       the last kilnd again, from a fresh process with no local files
+  stock-warm      stock again, on the Triton cache its cold run left
+
+--cache-autotuning runs all of them with TRITON_CACHE_AUTOTUNING=1: the cold
+runs store the autotuner's timings in the cache, and the warm runs find them
+there (kiln-warm through kilnd) and benchmark nothing.
 
 Prints each kind's median and its ratio to stock, whether every run chose
 the same best configs and computed correct results, and the three fastest
 configs of each kernel with their timings. Run on the GPU machine:
 
-  python3 bench/autotune_gpu_bench.py gpu_bundle [--rounds 3] [--threads 16]
+  python3 bench/autotune_gpu_bench.py gpu_bundle [--rounds 3] [--threads 16] [--cache-autotuning]
 """
 
 import argparse
@@ -31,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from gpu_bundle import install_client  # noqa: E402
 
 PROGRAM = Path(__file__).resolve().with_name("autotune_program.py")
-KINDS = ("stock", "stock-threads", "kiln-serial", "kiln", "kiln-warm")
+KINDS = ("stock", "stock-threads", "kiln-serial", "kiln", "kiln-warm", "stock-warm")
 # KILN_* settings of the Kiln runs, from this process's environment as
 # BENCH_KILN_* (BENCH_KILN_DEBUG=1 shows when the configs compiled ahead were done).
 EXTRA_KILN_ENV = {name[len("BENCH_"):]: value for name, value in os.environ.items() if name.startswith("BENCH_KILN_")}
@@ -73,9 +78,11 @@ class Kilnd:
         self.process.wait()
 
 
-def run(kind, work, threads, kilnd=None):
+def run(kind, work, threads, cache_autotuning, kilnd=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     env.update(TRITON_CACHE_DIR=str(work / "triton"), KILN_FILES_DIR=str(work / "files"))
+    if cache_autotuning:
+        env["TRITON_CACHE_AUTOTUNING"] = "1"
     args = []
     if kind == "stock-threads":
         args = ["--precompile-threads", str(threads)]
@@ -108,33 +115,39 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds of run, comma-separated (stock always)")
+    parser.add_argument("--cache-autotuning", action="store_true", help="TRITON_CACHE_AUTOTUNING=1 in every run")
     options = parser.parse_args()
     kinds = [kind for kind in KINDS if kind == "stock" or kind in options.kinds.split(",")]
     bundle, root = prepare(options.bundle, "kiln-autotune-")
     results = {kind: [] for kind in kinds}
     for number in range(options.rounds):
+        cached = options.cache_autotuning
         for kind in kinds:
             if kind == "kiln-warm":  # run with kiln's kilnd, below
+                continue
+            if kind == "stock-warm":  # where stock's cold run left its cache
+                results[kind].append(run(kind, root / f"{number}-stock", options.threads, cached))
                 continue
             work = root / f"{number}-{kind}"
             work.mkdir()
             if kind in ("kiln-serial", "kiln"):
                 kilnd = Kilnd(bundle, work)
-                results[kind].append(run(kind, work, options.threads, kilnd))
+                results[kind].append(run(kind, work, options.threads, cached, kilnd))
                 if kind == "kiln" and "kiln-warm" in kinds:
                     warm = work.parent / f"{number}-kiln-warm"
                     warm.mkdir()
-                    results["kiln-warm"].append(run("kiln-warm", warm, options.threads, kilnd))
+                    results["kiln-warm"].append(run("kiln-warm", warm, options.threads, cached, kilnd))
                     print(kilnd.stats().splitlines()[4])  # compile: N run by workers, ...
                 kilnd.stop()
             else:
-                results[kind].append(run(kind, work, options.threads))
+                results[kind].append(run(kind, work, options.threads, cached))
         print(f"round {number + 1}: " + ", ".join(
             f"{kind} {results[kind][-1]['seconds']:.2f} s (benchmarks {results[kind][-1]['benchmark_seconds']:.2f})"
             for kind in kinds))
 
     stock = statistics.median(r["seconds"] for r in results["stock"])
-    print(f"\ncores: {os.cpu_count()}, threads for stock-threads: {options.threads}, rounds: {options.rounds}")
+    print(f"\ncores: {os.cpu_count()}, threads for stock-threads: {options.threads}, rounds: {options.rounds}, "
+          f"TRITON_CACHE_AUTOTUNING: {int(options.cache_autotuning)}")
     for kind in kinds:
         seconds = statistics.median(r["seconds"] for r in results[kind])
         print(f"{kind:14s} {seconds:7.2f} s  {seconds / stock:5.2f}x stock")

@@ -10,6 +10,8 @@ process with empty local caches, in rounds that interleave:
   kiln-threads    Kiln against a fresh kilnd, Kiln's threads in place of inductor's
                   pool (KILN_INDUCTOR_AHEAD=pool)
   kiln-one-by-one Kiln, TORCHINDUCTOR_COMPILE_THREADS=1, KILN_INDUCTOR_AHEAD=0 (not by default)
+  kiln-pool-4     Kiln, inductor's pool of 4 processes (TORCHINDUCTOR_COMPILE_THREADS=4; not by default)
+  kiln-pool-8     the same with 8
 
 Prints each kind's median first call and CPU (the program with the processes it
 waited for, plus kilnd and its workers), as ratios to stock-serial and
@@ -31,12 +33,14 @@ from pathlib import Path
 from autotune_gpu_bench import Kilnd, prepare  # noqa: E402
 
 PROGRAM = Path(__file__).resolve().with_name("inductor_program.py")
-KINDS = ("stock-serial", "kiln-serial", "kiln-warm", "stock-pool", "kiln-pool", "kiln-threads", "kiln-one-by-one")
-DEFAULT_KINDS = KINDS[:-1]
+KINDS = ("stock-serial", "kiln-serial", "kiln-warm", "stock-pool", "kiln-pool", "kiln-threads", "kiln-one-by-one",
+         "kiln-pool-4", "kiln-pool-8")
+DEFAULT_KINDS = KINDS[:-3]
 SERIAL = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 SETTINGS = {"stock-serial": SERIAL, "kiln-serial": SERIAL, "kiln-warm": SERIAL, "stock-pool": {}, "kiln-pool": {},
             "kiln-threads": {"KILN_INDUCTOR_AHEAD": "pool"},
-            "kiln-one-by-one": dict(SERIAL, KILN_INDUCTOR_AHEAD="0")}
+            "kiln-one-by-one": dict(SERIAL, KILN_INDUCTOR_AHEAD="0"),
+            "kiln-pool-4": {"TORCHINDUCTOR_COMPILE_THREADS": "4"}, "kiln-pool-8": {"TORCHINDUCTOR_COMPILE_THREADS": "8"}}
 EXTRA_KILN_ENV = {name[len("BENCH_"):]: value for name, value in os.environ.items() if name.startswith("BENCH_KILN_")}
 
 
@@ -99,7 +103,7 @@ def main():
     print(f"\nmodel: {options.model}, cores: {os.cpu_count()}, rounds: {options.rounds}, "
           f"Triton kernels: {sorted({r['triton_kernels'] for kind in kinds for r in results[kind]})}")
     for kind in kinds:
-        base = "stock-pool" if kind in ("kiln-pool", "kiln-threads", "stock-pool") else "stock-serial"
+        base = "stock-pool" if kind.startswith(("kiln-pool", "stock-pool")) or kind == "kiln-threads" else "stock-serial"
         seconds, cpu = median(kind, "first_call_s"), median(kind, "cpu_s")
         line = f"{kind:16s} first call {seconds:7.2f} s  cpu {cpu:7.1f} s"
         if results.get(base):
