@@ -114,8 +114,11 @@ bool StartsABatchAtOnce(ThreadPool& pool, int count, const std::function<void(in
       ++started;
       all_started.notify_all();
       // Bounded, so a pool that does not grow fails the test rather than hanging it.
-      results[i].set_value(
-          all_started.wait_for(lock, std::chrono::seconds(10), [&] { return started == count; }));
+      const bool all_at_once =
+          all_started.wait_for(lock, std::chrono::seconds(10), [&] { return started == count; });
+      // Unlocked first: once the last result is set, this function returns and the mutex is gone.
+      lock.unlock();
+      results[i].set_value(all_at_once);
     });
   }
   bool all = true;
