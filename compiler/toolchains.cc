@@ -235,6 +235,43 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   return CompileFailure{kind->second, header.message(), header.log()};
 }
 
+absl::StatusOr<std::variant<InductorKernels, CompileFailure>> WorkerPool::InductorKernel(
+    const InductorKernelJob& job) {
+  worker::Request request;
+  request.set_op("inductor_kernel");
+  request.set_kernel_name(job.kernel_name);
+  request.set_inductor_cache_dir(job.inductor_cache_dir);
+  request.mutable_env()->insert(job.env.begin(), job.env.end());
+  request.mutable_tool_env()->insert(job.tool_env.begin(), job.tool_env.end());
+  absl::StatusOr<WorkerReply> reply =
+      Call(request, {{"source", job.source}}, job.priority, job.requester);
+  if (absl::IsDeadlineExceeded(reply.status())) {
+    return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
+  }
+  if (absl::IsUnavailable(reply.status()) || absl::IsAborted(reply.status())) {
+    return CompileFailure{Kind::kWorkerCrashed, std::string(reply.status().message()), ""};
+  }
+  RETURN_IF_ERROR(reply.status());
+  const worker::Reply& header = reply->header;
+  if (!header.ok()) {
+    const auto kind = FailureKinds().find(header.kind());
+    if (kind == FailureKinds().end()) return absl::InvalidArgumentError(header.message());
+    return CompileFailure{kind->second, header.message(), header.log()};
+  }
+  InductorKernels kernels;
+  for (auto& [name, data] : reply->parts) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == name.size()) {
+      return absl::InternalError(absl::StrFormat("the worker named a kernel's file '%s', not KEY/FILE", name));
+    }
+    kernels.files_by_key[name.substr(0, slash)].emplace_back(name.substr(slash + 1), std::move(data));
+  }
+  if (const auto seconds = header.timings().find("inductor_kernel"); seconds != header.timings().end()) {
+    kernels.seconds = seconds->second;
+  }
+  return kernels;
+}
+
 absl::StatusOr<WorkerReply> WorkerPool::Call(const worker::Request& request, const Parts& parts,
                                              Priority priority, const std::string& requester) {
   absl::StatusOr<WorkerReply> reply = absl::AbortedError("no worker tried");

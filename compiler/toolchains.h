@@ -115,6 +115,26 @@ struct Retargeted {
   std::string frontend_ir;  // to compile (loop variables keep their names)
 };
 
+// A torch.compile kernel: the Python module inductor generated for it, whose
+// every config a worker compiles as inductor's compile pool does. The module
+// is the client's program: kilnd runs it only for its own user.
+struct InductorKernelJob {
+  Priority priority = Priority::kInteractive;
+  std::string kernel_name;
+  std::string source;
+  std::string inductor_cache_dir;  // the client's: the cubins' line info names the module's file there
+  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> tool_env;
+  std::string requester;
+};
+
+// Each config's kernel as stock Triton caches it: its key (hex, as kilnd keys
+// Triton's kernels) and its files, named as in Triton's cache.
+struct InductorKernels {
+  std::map<std::string, Parts> files_by_key;
+  double seconds = 0;  // the worker's time on the module
+};
+
 struct PoolStats {
   uint64_t jobs = 0;
   uint64_t workers_started = 0;
@@ -144,6 +164,12 @@ class WorkerPool {
   // INVALID_ARGUMENT when the recording is malformed; UNAVAILABLE when no
   // worker could answer.
   absl::StatusOr<Retargeted> Retarget(const RetargetJob& job, Priority priority);
+
+  // A CompileFailure when the module fails to load or no config compiles;
+  // INVALID_ARGUMENT when the worker refuses the job; UNAVAILABLE when no
+  // worker could answer.
+  absl::StatusOr<std::variant<InductorKernels, CompileFailure>> InductorKernel(
+      const InductorKernelJob& job);
 
   // Adds an already started worker (registration's identifying worker) as idle.
   void Adopt(std::unique_ptr<WorkerProcess> worker);

@@ -147,6 +147,54 @@ void CompileCoordinator::PlanPrewarm(v1::PrewarmRequest request,
                                                      : ThreadPool::kInteractive);
 }
 
+void CompileCoordinator::CompileInductorKernel(
+    v1::CompileInductorKernelRequest request, Caller caller,
+    std::function<void(absl::StatusOr<InductorKernelOutcome>)> done) {
+  threads_.Schedule(
+      [this, request = std::move(request), caller = std::move(caller), done = std::move(done)] {
+        done(CompileInductorKernelOnThread(request, caller));
+      },
+      ThreadPool::kInteractive);
+}
+
+absl::StatusOr<InductorKernelOutcome> CompileCoordinator::CompileInductorKernelOnThread(
+    const v1::CompileInductorKernelRequest& request, const Caller& caller) {
+  // The toolchain and the tools are found and checked as a Compile of the
+  // same client's finds them.
+  v1::CompileRequest as_compile;
+  as_compile.set_triton_key(request.triton_key());
+  as_compile.set_local_python_executable(request.local_python_executable());
+  as_compile.mutable_target()->set_backend("cuda");
+  as_compile.mutable_tool_paths()->insert(request.tool_paths().begin(), request.tool_paths().end());
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, ResolveToolchain(as_compile, caller));
+  RETURN_IF_ERROR(CheckToolPaths(as_compile, caller.same_local_user, pool->info().triton_dir));
+
+  compiler::InductorKernelJob job;
+  job.kernel_name = request.kernel_name();
+  job.source = request.source();
+  job.inductor_cache_dir = request.inductor_cache_dir();
+  job.env.insert(request.env().begin(), request.env().end());
+  job.tool_env.insert(request.tool_paths().begin(), request.tool_paths().end());
+  job.requester = absl::StrCat(caller.trust_domain, "/", request.requester());
+  ASSIGN_OR_RETURN(auto compiled, pool->InductorKernel(job));
+  InductorKernelOutcome outcome;
+  if (auto* failure = std::get_if<compiler::CompileFailure>(&compiled)) {
+    outcome.failure = std::move(*failure);
+    return outcome;
+  }
+  auto& kernels = std::get<compiler::InductorKernels>(compiled);
+  outcome.worker_seconds = kernels.seconds;
+  const std::string ns = ScopedNamespace(caller, "triton");
+  for (auto& [key, files] : kernels.files_by_key) {
+    std::vector<cache::BlobInput> blobs;
+    for (auto& [name, data] : files) blobs.push_back({name, std::move(data), ""});
+    // As a client's Put of a kernel it compiled itself: in its trust domain.
+    RETURN_IF_ERROR(store_.Put(ns, key, std::move(blobs)).status());
+    outcome.keys.push_back(key);
+  }
+  return outcome;
+}
+
 absl::StatusOr<PrewarmPlan> CompileCoordinator::PlanPrewarmOnThread(
     const v1::PrewarmRequest& request) {
   const v1::Blob* source = nullptr;

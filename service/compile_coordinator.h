@@ -54,6 +54,15 @@ struct CompileOutcome {
   std::map<std::string, double> stage_seconds;
 };
 
+// A torch.compile kernel a worker compiled from its generated module: the
+// Triton keys its configs' kernels are now stored under in the caller's
+// namespace "triton", or why the module did not compile.
+struct InductorKernelOutcome {
+  std::vector<std::string> keys;
+  std::optional<compiler::CompileFailure> failure;
+  double worker_seconds = 0;
+};
+
 // What a PrewarmRequest comes to: a Compile of the recorded frontend TTIR
 // for the new target under the key its clients compute, or why not.
 struct PrewarmPlan {
@@ -104,6 +113,12 @@ class CompileCoordinator {
   void PlanPrewarm(v1::PrewarmRequest request,
                    std::function<void(absl::StatusOr<PrewarmPlan>)> done);
 
+  // Calls `done` once, on one of the coordinator's threads, once the
+  // kernels are stored. The module is the caller's program: the service lets
+  // only its own user ask. Errors as Compile's.
+  void CompileInductorKernel(v1::CompileInductorKernelRequest request, Caller caller,
+                             std::function<void(absl::StatusOr<InductorKernelOutcome>)> done);
+
   CoordinatorStats Stats() const;
   // The shared tier's, when there is one.
   std::optional<cache::SharedTierStats> SharedTierStats() const;
@@ -139,6 +154,8 @@ class CompileCoordinator {
   void BuildLauncherOnThread(const v1::BuildLauncherRequest& request, const Caller& caller,
                              Done done);
   absl::StatusOr<PrewarmPlan> PlanPrewarmOnThread(const v1::PrewarmRequest& request);
+  absl::StatusOr<InductorKernelOutcome> CompileInductorKernelOnThread(
+      const v1::CompileInductorKernelRequest& request, const Caller& caller);
   // Stores `artifacts` under the shared key; the entry holds their data.
   absl::StatusOr<cache::CacheEntry> StoreShared(absl::string_view shared_ns,
                                                 const std::string& shared_key,

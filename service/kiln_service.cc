@@ -388,6 +388,36 @@ void KilnService::StartCompile(const Caller& caller, const v1::CompileRequest& r
   }
 }
 
+grpc::ServerUnaryReactor* KilnService::CompileInductorKernel(
+    grpc::CallbackServerContext* context, const v1::CompileInductorKernelRequest* request,
+    v1::CompileInductorKernelResponse* response) {
+  return ServeAsync(context, Rpc::kCompileInductorKernel, [&](const Caller& caller, auto finish) {
+    // The module is a Python program: kilnd runs it only as the user who sent it.
+    if (!caller.same_local_user) {
+      return finish(absl::PermissionDeniedError(
+          "CompileInductorKernel runs the client's module, so kilnd serves it only to its own "
+          "user (over its local socket, or with the access token from its endpoint file); "
+          "other clients compile inductor's kernels with Compile"));
+    }
+    if (absl::Status status = ValidateCompileInductorKernel(*request); !status.ok()) {
+      return finish(status);
+    }
+    coordinator_.CompileInductorKernel(
+        *request, caller, [response, finish](absl::StatusOr<InductorKernelOutcome> outcome) {
+          if (!outcome.ok()) return finish(outcome.status());
+          if (outcome->failure.has_value()) {
+            FillError(*outcome->failure, *response->mutable_error());
+          } else {
+            for (std::string& key : outcome->keys) {
+              response->mutable_compiled()->add_keys(std::move(key));
+            }
+          }
+          response->set_worker_seconds(outcome->worker_seconds);
+          finish(absl::OkStatus());
+        });
+  });
+}
+
 grpc::ServerUnaryReactor* KilnService::Prewarm(grpc::CallbackServerContext* context,
                                                const v1::PrewarmRequest* request,
                                                v1::PrewarmResponse* response) {

@@ -94,6 +94,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* Prewarm(grpc::CallbackServerContext* context,
                                     const v1::PrewarmRequest* request,
                                     v1::PrewarmResponse* response) override;
+  grpc::ServerUnaryReactor* CompileInductorKernel(
+      grpc::CallbackServerContext* context, const v1::CompileInductorKernelRequest* request,
+      v1::CompileInductorKernelResponse* response) override;
   grpc::ServerUnaryReactor* ListToolchains(grpc::CallbackServerContext* context,
                                            const v1::ListToolchainsRequest* request,
                                            v1::ListToolchainsResponse* response) override;

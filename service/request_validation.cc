@@ -190,6 +190,37 @@ absl::Status ValidateCompile(const v1::CompileRequest& request) {
   return ValidateSentBlobs(request.client_artifacts());
 }
 
+absl::Status ValidateCompileInductorKernel(const v1::CompileInductorKernelRequest& request) {
+  if (request.triton_key().empty()) {
+    return absl::InvalidArgumentError(
+        "triton_key is empty; send triton.runtime.cache.triton_key() of the client's Triton");
+  }
+  const std::string& name = request.kernel_name();
+  const bool identifier =
+      !name.empty() && name.size() <= 200 && !absl::ascii_isdigit(name.front()) &&
+      std::all_of(name.begin(), name.end(), [](char c) { return absl::ascii_isalnum(c) || c == '_'; });
+  if (!identifier) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "kernel_name '%s' is not a Python identifier (up to 200 characters); send the kernel's "
+        "name in its module",
+        absl::CHexEscape(name.substr(0, 64))));
+  }
+  if (request.source().empty()) {
+    return absl::InvalidArgumentError("source is empty; send the module inductor generated");
+  }
+  if (request.inductor_cache_dir().empty()) {
+    return absl::InvalidArgumentError(
+        "inductor_cache_dir is empty; send where the client's inductor writes its modules");
+  }
+  for (const auto& [variable, value] : request.env()) {
+    if (variable.empty() || variable.find('=') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("env variable name '%s' is invalid", absl::CHexEscape(variable)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidatePrewarm(const v1::PrewarmRequest& request) {
   if (request.namespace_().empty()) {
     return absl::InvalidArgumentError(

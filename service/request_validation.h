@@ -15,6 +15,7 @@ absl::Status ValidatePut(const v1::PutRequest& request);
 absl::Status ValidateCompile(const v1::CompileRequest& request);
 absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request);
 absl::Status ValidatePrewarm(const v1::PrewarmRequest& request);
+absl::Status ValidateCompileInductorKernel(const v1::CompileInductorKernelRequest& request);
 absl::Status ValidateListEntries(const v1::ListEntriesRequest& request);
 
 }  // namespace kiln::service

@@ -4,7 +4,8 @@ namespace kiln::service {
 namespace {
 
 constexpr std::array<absl::string_view, static_cast<size_t>(Rpc::kCount)> kRpcNames = {
-    "Lookup", "LookupOrClaim", "Put", "RecordHits", "Compile", "BuildLauncher", "GetStats", "ListToolchains", "Evict", "Verify", "ListEntries", "ListMisses", "Prewarm"};
+    "Lookup", "LookupOrClaim", "Put", "RecordHits", "Compile", "BuildLauncher", "GetStats", "ListToolchains", "Evict", "Verify", "ListEntries", "ListMisses", "Prewarm",
+    "CompileInductorKernel"};
 
 double Millis(absl::Duration duration) { return absl::ToDoubleMilliseconds(duration); }
 

@@ -28,6 +28,7 @@ enum class Rpc {
   kListEntries,
   kListMisses,
   kPrewarm,
+  kCompileInductorKernel,
   kCount
 };
 

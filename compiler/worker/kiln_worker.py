@@ -24,10 +24,16 @@ Jobs:
               replies with what a compile of it for `target` takes (the
               client's cache key, options, new key inputs, part "ir"), or
               header "skipped" saying why the recording does not serve it.
+  inductor_kernel -> header {kernel_name, inductor_cache_dir, env, tool_env},
+              parts {"source"}: a torch.compile kernel's generated module;
+              compiles each of its configs as inductor's compile pool does and
+              replies with parts {"<hex key>/<file>"}: each config's kernel,
+              as stock Triton caches it.
 Failures reply {"ok": false, "kind": ..., "message": ...}; kind is one of
 compilation_error, ptxas_error, out_of_resources, invalid_request.
 """
 
+import base64
 import contextlib
 import faulthandler
 import hashlib
@@ -604,13 +610,91 @@ def restore_loop_names(text):
     return "\n".join(out)
 
 
+# --- a torch.compile kernel's configs, from the module inductor generated -------
+
+_KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
+
+
+def _triton_dir_key(name):
+    """kilnd keys a kernel by the hex SHA-256 Triton names its cache directory
+    for in base32."""
+    return base64.b32decode(name + "=" * (-len(name) % 8)).hex()
+
+
+def _kernels_made(cache_dir):
+    """{"<hex key>/<file>": bytes} of the kernels a Triton cache directory
+    holds: each kernel's group of files, less Triton's own index of them."""
+    made = {}
+    for key_dir in sorted(os.listdir(cache_dir)):
+        files = os.path.join(cache_dir, key_dir)
+        for name in sorted(os.listdir(files)):
+            if name.startswith("__grp__") or not os.path.isfile(os.path.join(files, name)):
+                continue
+            with open(os.path.join(files, name), "rb") as made_file:
+                made["%s/%s" % (_triton_dir_key(key_dir), name)] = made_file.read()
+    return made
+
+
+def inductor_kernel(header, parts):
+    """Does what a worker of inductor's compile pool does with a kernel: loads
+    its generated module and compiles every config (precompile with
+    warm_cache_only, which names its own target: no GPU is touched), here with
+    stock Triton into a Triton cache directory of the job's own, whose
+    kernels go back to kilnd. The module is written where the client's
+    inductor writes it (inductor_cache_dir): the cubins' line info names that
+    file, as stock's do."""
+    kernel_name, source = header.get("kernel_name", ""), parts.get("source")
+    if not _KERNEL_NAME.match(kernel_name) or source is None or not header.get("inductor_cache_dir"):
+        return _error("invalid_request", "inductor_kernel needs kernel_name, inductor_cache_dir and the source")
+    try:
+        source = source.decode()
+    except UnicodeDecodeError:
+        return _error("invalid_request", "the kernel's module is not UTF-8 text")
+    if "kiln" in sys.modules:
+        # Kiln in this Python would send the job's compiles back to kilnd.
+        return _error("invalid_request", "the toolchain's Python has the kiln client active (KILN or "
+                      "KILN_ENDPOINT in kilnd's environment); start kilnd without them")
+    with client_environment({**header.get("env", {}), **header.get("tool_env", {})}), \
+            tempfile.TemporaryDirectory(prefix="kiln-inductor-") as triton_cache:
+        job_env = {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": header["inductor_cache_dir"]}
+        saved = {name: os.environ.get(name) for name in job_env}
+        os.environ.update(job_env)
+        choose_gpu_driver = None
+        try:
+            from torch._inductor.async_compile import _load_triton_kernel_from_source
+            from torch._inductor.runtime import triton_helpers
+
+            # Inductor makes sure a GPU driver is Triton's active one before
+            # each config's compile (torch.cuda.is_available(): CUDA starts in
+            # the process). The compile names its target, and nothing of it
+            # asks the driver: workers start no CUDA.
+            choose_gpu_driver = triton_helpers.set_driver_to_gpu
+            triton_helpers.set_driver_to_gpu = lambda: None
+            began = time.perf_counter()
+            kernel = _load_triton_kernel_from_source(kernel_name, source)
+            kernel.precompile(warm_cache_only=True)
+            elapsed = time.perf_counter() - began
+            made = _kernels_made(triton_cache)
+        except Exception as error:  # the client compiles it itself, and meets the error as stock
+            return _error(_classify(error), "%s: %s" % (type(error).__name__, error), traceback.format_exc())
+        finally:
+            if choose_gpu_driver is not None:
+                triton_helpers.set_driver_to_gpu = choose_gpu_driver
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+    return {"ok": True, "timings": {"inductor_kernel": elapsed}}, made
+
+
 def ping(_header, _parts):
     """A new worker's first answer, which says its imports are done."""
     return {"ok": True}, {}
 
 
 JOBS = {"hello": hello, "ping": ping, "compile": compile_job, "launcher_source": launcher_source,
-        "retarget": retarget}
+        "retarget": retarget, "inductor_kernel": inductor_kernel}
 
 
 def main():

@@ -29,6 +29,7 @@ import logging
 import os
 import time
 
+from kiln.inductor import kilnd_workers as _kilnd_workers
 from kiln.local import compile_threads as _compile_threads
 from kiln.triton import serving
 
@@ -110,8 +111,8 @@ def install(module):
     tool_paths = [getattr(module, name) for name in ("_set_triton_ptxas_path", "_set_triton_libdevice_path")
                   if callable(getattr(module, name, None))]
 
-    def compile_in_thread(kernel_name, source_code):
-        begun = time.perf_counter_ns()
+    def compile_in_thread(kernel_name, source_code, begun, _compiled_in_kilnd=False):
+        # After kilnd's workers compiled the kernel, its configs are hits here.
         kernel = module._load_triton_kernel_from_source(kernel_name, source_code)
         kernel.precompile(warm_cache_only=True)
         return kernel, (time.perf_counter_ns() - begun) // 1000
@@ -132,7 +133,10 @@ def install(module):
             is_backward = getattr(module.V.graph, "is_backward", False)
             for set_path in tool_paths:
                 set_path()
-            future = _compile_threads.submit(compile_in_thread, kernel_name, source_code)
+            in_kilnd = _kilnd_workers.start(kernel_name, source_code)
+            future = _compile_threads.submit(
+                compile_in_thread, kernel_name, source_code, time.perf_counter_ns(),
+                after=None if in_kilnd is None else lambda: _kilnd_workers.finish(in_kilnd, kernel_name))
         except Exception as error:  # inductor's internals moved: stock compiles it
             log.debug("a graph's kernel not compiled ahead: %s: %s", type(error).__name__, error)
             return stock_triton(self, kernel_name, source_code, device_str)

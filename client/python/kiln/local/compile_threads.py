@@ -63,9 +63,10 @@ def pool():
         return _executor
 
 
-def submit(function, *args):
-    """Runs function(*args) in the pool, accounted as one compile ahead."""
-    return pool().submit(_accounted, function, *args)
+def submit(function, *args, after=None):
+    """Runs function(*args) in the pool, accounted as one compile ahead; first,
+    before its turn, after() where given (a wait for work elsewhere)."""
+    return pool().submit(_accounted, function, *args, after=after)
 
 
 def note_remote_seconds(seconds):
@@ -118,7 +119,7 @@ def take_unreported():
     return taken
 
 
-def _accounted(function, *args):
+def _accounted(function, *args, after=None):
     global _running, _busy_since
     begun, cpu_begun = time.perf_counter(), time.thread_time()
     _this_thread.remote_seconds = 0.0
@@ -126,8 +127,10 @@ def _accounted(function, *args):
         if _running == 0:
             _busy_since = begun
         _running += 1
-    _wait_for_turn()
     try:
+        if after is not None:
+            args += (after(),)
+        _wait_for_turn()
         return function(*args)
     finally:
         python_part_done()

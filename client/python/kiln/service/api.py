@@ -84,6 +84,8 @@ ListEntriesResponse = _message("ListEntriesResponse")
 BundleEntry = _message("BundleEntry")
 PrewarmRequest = _message("PrewarmRequest")
 PrewarmResponse = _message("PrewarmResponse")
+CompileInductorKernelRequest = _message("CompileInductorKernelRequest")
+CompileInductorKernelResponse = _message("CompileInductorKernelResponse")
 
 STAGE = _enum_values("Stage")
 
@@ -107,6 +109,7 @@ _METHODS = {
     "ListEntries": (ListEntriesRequest, ListEntriesResponse),
     "ListMisses": (ListMissesRequest, ListMissesResponse),
     "Prewarm": (PrewarmRequest, PrewarmResponse),
+    "CompileInductorKernel": (CompileInductorKernelRequest, CompileInductorKernelResponse),
 }
 # Methods that answer with a stream.
 _STREAMING_METHODS = {

@@ -365,7 +365,7 @@ class _RemoteCompile:
             options_json=options_json, env=env, namespace="triton", cache_key=metadata["hash"],
             local_python_executable=sys.executable, metadata_json=json.dumps(metadata, default=vars),
             client_artifacts=self._client_artifacts(triton_key(), target, options_json, env),
-            tool_paths=_tool_paths(), requester=_requester())
+            tool_paths=tool_paths(), requester=requester())
         response = _stub().Compile(request)
         if self.group is not None:
             self.group.end_claim()  # kilnd ended it with the compile; this closes our side
@@ -394,11 +394,11 @@ class _RemoteCompile:
 _TOOL_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
 
 
-def _tool_paths():
+def tool_paths():
     return {name: os.environ[name] for name in _TOOL_VARIABLES if os.environ.get(name)}
 
 
-def _requester():
+def requester():
     """This process, as kilnd shares its workers among processes."""
     return f"{socket.gethostname()}:{os.getpid()}"
 

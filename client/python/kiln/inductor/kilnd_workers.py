@@ -1,0 +1,77 @@
+"""A torch.compile kernel compiled whole in kilnd's workers.
+
+In Kiln's compile threads (threads.py) the frontend and Triton's stages up to
+LLIR run in this process, and only LLIR to cubin in kilnd's workers. The
+frontend holds this process's GIL, so a graph of a hundred kernels compiles no
+faster than its frontends run one after another. Inductor's own pool gets
+round that with a process per CPU, each importing torch again.
+
+Where kilnd is this user's own, it can do what a worker of that pool does,
+in its long-lived workers of this Python (which import torch once, not once
+per process): load the kernel's generated module and compile every config of
+it with stock Triton. It stores each config's kernel under the Triton key this
+process then looks up, so the compile thread's own precompile finds them all
+and runs no frontend. Anything else (an old kilnd, another user's kilnd, a
+module that fails there) and the thread compiles as before, meeting any error
+of the kernel's as stock does.
+
+KILN_INDUCTOR_IN_KILND=0 turns this off.
+"""
+
+import logging
+import os
+import sys
+
+import grpc
+
+log = logging.getLogger("kiln")
+
+# Why kilnd compiles no kernel module for this process, once it said so.
+_refused = None
+_REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+
+
+def start(kernel_name, source_code):
+    """Sends the kernel's module to kilnd; returns the call's future, or None
+    where kilnd does not take it."""
+    if _refused is not None or os.environ.get("KILN_INDUCTOR_IN_KILND", "1") == "0":
+        return None
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        from kiln.service import api as _api
+        from kiln.service import connection as _service
+        from kiln.triton import remote as _remote
+        from kiln.triton.versions import triton_key
+
+        request = _api.CompileInductorKernelRequest(
+            triton_key=triton_key(), local_python_executable=sys.executable, kernel_name=kernel_name,
+            source=source_code, inductor_cache_dir=cache_dir(), env=get_cache_invalidating_env_vars(),
+            tool_paths=_remote.tool_paths(), requester=_remote.requester())
+        return _service.connect().stub.CompileInductorKernel.future(request)
+    except Exception as error:  # the compile thread compiles it itself
+        log.debug("%s not sent to kilnd's workers: %s: %s", kernel_name, type(error).__name__, error)
+        return None
+
+
+def finish(call, kernel_name):
+    """Waits for kilnd; True when every config that compiles is stored."""
+    global _refused
+    try:
+        response = call.result()
+    except grpc.RpcError as error:
+        if error.code() in _REFUSALS:
+            _refused = error.details()
+            log.debug("kilnd compiles no kernel modules for this process: %s", _refused)
+        else:
+            log.debug("%s not compiled in kilnd's workers: %s", kernel_name, error.details())
+        return False
+    if response.WhichOneof("result") != "compiled":
+        log.debug("%s did not compile in kilnd's workers: %s\n%s", kernel_name, response.error.message,
+                  response.error.log)
+        return False
+    from kiln.local import compile_threads as _compile_threads
+
+    _compile_threads.note_remote_seconds(response.worker_seconds)
+    return True
