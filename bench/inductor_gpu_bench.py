@@ -9,6 +9,10 @@ process with empty local caches, in rounds that interleave:
   kiln-pool       Kiln against a fresh kilnd, inductor's pool as in stock
   kiln-threads    Kiln against a fresh kilnd, Kiln's threads in place of inductor's
                   pool (KILN_INDUCTOR_AHEAD=pool)
+  kiln-serial-running, kiln-threads-running
+                  the same against a kilnd that is already running: it has compiled
+                  another model before (the transformer), so its workers have
+                  imported torch; only the measured run's CPU counts
   kiln-one-by-one Kiln, TORCHINDUCTOR_COMPILE_THREADS=1, KILN_INDUCTOR_AHEAD=0 (not by default)
   kiln-pool-4     Kiln, inductor's pool of 4 processes (TORCHINDUCTOR_COMPILE_THREADS=4; not by default)
   kiln-pool-8     the same with 8
@@ -33,12 +37,13 @@ from pathlib import Path
 from autotune_gpu_bench import Kilnd, prepare  # noqa: E402
 
 PROGRAM = Path(__file__).resolve().with_name("inductor_program.py")
-KINDS = ("stock-serial", "kiln-serial", "kiln-warm", "stock-pool", "kiln-pool", "kiln-threads", "kiln-one-by-one",
-         "kiln-pool-4", "kiln-pool-8")
+KINDS = ("stock-serial", "kiln-serial", "kiln-warm", "kiln-serial-running", "stock-pool", "kiln-pool", "kiln-threads",
+         "kiln-threads-running", "kiln-one-by-one", "kiln-pool-4", "kiln-pool-8")
 DEFAULT_KINDS = KINDS[:-3]
 SERIAL = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 SETTINGS = {"stock-serial": SERIAL, "kiln-serial": SERIAL, "kiln-warm": SERIAL, "stock-pool": {}, "kiln-pool": {},
-            "kiln-threads": {"KILN_INDUCTOR_AHEAD": "pool"},
+            "kiln-threads": {"KILN_INDUCTOR_AHEAD": "pool"}, "kiln-serial-running": SERIAL,
+            "kiln-threads-running": {"KILN_INDUCTOR_AHEAD": "pool"},
             "kiln-one-by-one": dict(SERIAL, KILN_INDUCTOR_AHEAD="0"),
             "kiln-pool-4": {"TORCHINDUCTOR_COMPILE_THREADS": "4"}, "kiln-pool-8": {"TORCHINDUCTOR_COMPILE_THREADS": "8"}}
 EXTRA_KILN_ENV = {name[len("BENCH_"):]: value for name, value in os.environ.items() if name.startswith("BENCH_KILN_")}
@@ -85,6 +90,10 @@ def main():
             work.mkdir()
             if kind.startswith("kiln"):
                 kilnd = Kilnd(bundle, work)
+                if kind.endswith("-running"):
+                    before = root / f"{number}-{kind}-before"
+                    before.mkdir()
+                    run(kind, before, "transformer" if options.model != "transformer" else "deep", kilnd)
                 results[kind].append(run(kind, work, options.model, kilnd))
                 if kind == "kiln-serial" and "kiln-warm" in kinds:
                     warm = root / f"{number}-kiln-warm"
@@ -103,7 +112,7 @@ def main():
     print(f"\nmodel: {options.model}, cores: {os.cpu_count()}, rounds: {options.rounds}, "
           f"Triton kernels: {sorted({r['triton_kernels'] for kind in kinds for r in results[kind]})}")
     for kind in kinds:
-        base = "stock-pool" if kind.startswith(("kiln-pool", "stock-pool")) or kind == "kiln-threads" else "stock-serial"
+        base = "stock-pool" if kind.startswith(("kiln-pool", "stock-pool", "kiln-threads")) else "stock-serial"
         seconds, cpu = median(kind, "first_call_s"), median(kind, "cpu_s")
         line = f"{kind:16s} first call {seconds:7.2f} s  cpu {cpu:7.1f} s"
         if results.get(base):
