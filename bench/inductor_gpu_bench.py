@@ -67,8 +67,10 @@ def run(kind, work, model, kilnd=None):
     measured = json.loads(result.stdout.strip().splitlines()[-1])
     measured["cpu_s"] = children_cpu() - cpu_before + ((kilnd.cpu_seconds() - kilnd_before) if kilnd else 0)
     for line in result.stderr.splitlines():
-        if "compiled at once" in line:
+        if "compiled at once" in line or "kilnd's workers" in line:
             print(f"  {kind}: {line.strip()}")
+    if kilnd is not None and os.environ.get("BENCH_STATS"):
+        print(f"  {kind}: kilnd stats:\n" + "\n".join("    " + line for line in kilnd.stats().splitlines()))
     return measured
 
 
