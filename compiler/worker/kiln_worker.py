@@ -58,6 +58,27 @@ _PROTOCOL_IN = sys.stdin.buffer
 # kilnd reports with the failure.
 faulthandler.enable()
 
+
+def _without_kiln():
+    """A kilnd started from an environment with KILN or KILN_ENDPOINT set (the
+    Python client starts one from its own) hands them on to its workers, and
+    the client's .pth then activated Kiln in this interpreter: a job that runs
+    Triton whole (inductor_kernel) would send its compiles back to kilnd.
+    Workers are stock Triton, so that is undone before triton or torch loads."""
+    kiln = sys.modules.get("kiln")
+    if kiln is not None:
+        kiln.disable()
+        sys.meta_path[:] = [finder for finder in sys.meta_path
+                            if not type(finder).__module__.startswith("kiln.")]
+        for name in ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+                     "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"):
+            os.environ.pop(name, None)
+    for name in [name for name in os.environ if name.startswith("KILN")]:
+        del os.environ[name]
+
+
+_without_kiln()
+
 import triton  # noqa: E402  (after the fd shuffle, so import-time prints are safe)
 from triton._C.libtriton import get_cache_invalidating_env_vars, ir, llvm  # noqa: E402
 from triton.backends.compiler import GPUTarget, Language  # noqa: E402
@@ -650,15 +671,14 @@ def inductor_kernel(header, parts):
         source = source.decode()
     except UnicodeDecodeError:
         return _error("invalid_request", "the kernel's module is not UTF-8 text")
-    if "kiln" in sys.modules:
-        # Kiln in this Python would send the job's compiles back to kilnd.
-        return _error("invalid_request", "the toolchain's Python has the kiln client active (KILN or "
-                      "KILN_ENDPOINT in kilnd's environment); start kilnd without them")
     with client_environment({**header.get("env", {}), **header.get("tool_env", {})}), \
             tempfile.TemporaryDirectory(prefix="kiln-inductor-") as triton_cache:
-        job_env = {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": header["inductor_cache_dir"]}
-        saved = {name: os.environ.get(name) for name in job_env}
-        os.environ.update(job_env)
+        # Triton's own cache manager, whatever kilnd's environment names: the
+        # kernels are read from its directory.
+        job_env = {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": header["inductor_cache_dir"],
+                   "TRITON_CACHE_MANAGER": None}
+        saved = {name: os.environ.pop(name, None) for name in job_env}
+        os.environ.update({name: value for name, value in job_env.items() if value is not None})
         choose_gpu_driver = None
         try:
             from torch._inductor.async_compile import _load_triton_kernel_from_source

@@ -82,7 +82,7 @@ class Kilnd:
     """A kilnd process on a private socket and data directory, started by
     `wrapper` (a command that ends by running the one it is given) if any."""
 
-    def __init__(self, root, *flags, wrapper=()):
+    def __init__(self, root, *flags, wrapper=(), env=None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.socket = self.root / "kilnd.sock"
@@ -90,7 +90,7 @@ class Kilnd:
         self.process = subprocess.Popen(
             [*wrapper, str(BUILD / "service" / "kilnd"), f"--data-dir={self.root / 'data'}",
              f"--local-socket={self.socket}", *flags],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.channel = grpc.insecure_channel(f"unix:{self.socket}", options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         try:

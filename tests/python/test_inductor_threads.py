@@ -7,6 +7,7 @@ KILN_INDUCTOR_IN_KILND=0, the frontend in Kiln's threads); a kernel that fails
 to compile fails as in stock; KILN_INDUCTOR_AHEAD=0 and =pool."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -21,7 +22,11 @@ KERNELS = 6
 
 @pytest.fixture
 def kilnd(tmp_path):
-    server = Kilnd(tmp_path / "kilnd", f"--toolchain={PYTHON}", "--compile-workers=2")
+    # Started from an environment with Kiln on, as the client starts one: its
+    # workers must compile a kernel's module with stock Triton all the same.
+    socket = tmp_path / "kilnd" / "kilnd.sock"
+    server = Kilnd(tmp_path / "kilnd", f"--toolchain={PYTHON}", "--compile-workers=2",
+                   env=dict(os.environ, KILN="1", KILN_ENDPOINT=f"unix:{socket}"))
     yield server
     assert server.stop() == 0, (server.root / "kilnd.out").read_text()
 
