@@ -241,6 +241,7 @@ absl::StatusOr<std::variant<InductorKernels, CompileFailure>> WorkerPool::Induct
   request.set_op("inductor_kernel");
   request.set_kernel_name(job.kernel_name);
   request.set_inductor_cache_dir(job.inductor_cache_dir);
+  request.mutable_ptxas_versions()->insert(job.ptxas_versions.begin(), job.ptxas_versions.end());
   request.mutable_env()->insert(job.env.begin(), job.env.end());
   request.mutable_tool_env()->insert(job.tool_env.begin(), job.tool_env.end());
   absl::StatusOr<WorkerReply> reply =

@@ -123,6 +123,7 @@ struct InductorKernelJob {
   std::string kernel_name;
   std::string source;
   std::string inductor_cache_dir;  // the client's: the cubins' line info names the module's file there
+  std::map<int, std::string> ptxas_versions;  // the client's, per arch: its kernels' keys hold them
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> tool_env;
   std::string requester;

@@ -173,6 +173,7 @@ absl::StatusOr<InductorKernelOutcome> CompileCoordinator::CompileInductorKernelO
   job.kernel_name = request.kernel_name();
   job.source = request.source();
   job.inductor_cache_dir = request.inductor_cache_dir();
+  job.ptxas_versions.insert(request.ptxas_versions().begin(), request.ptxas_versions().end());
   job.env.insert(request.env().begin(), request.env().end());
   job.tool_env.insert(request.tool_paths().begin(), request.tool_paths().end());
   job.requester = absl::StrCat(caller.trust_domain, "/", request.requester());

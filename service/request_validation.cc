@@ -218,6 +218,14 @@ absl::Status ValidateCompileInductorKernel(const v1::CompileInductorKernelReques
           absl::StrFormat("env variable name '%s' is invalid", absl::CHexEscape(variable)));
     }
   }
+  for (const auto& [arch, version] : request.ptxas_versions()) {
+    if (arch < 0 || version.empty() || version.size() > 4096) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ptxas_versions[%d] is not an arch and what `ptxas --version` printed (up to 4096 "
+          "characters)",
+          arch));
+    }
+  }
   return absl::OkStatus();
 }
 

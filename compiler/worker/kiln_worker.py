@@ -656,6 +656,28 @@ def _kernels_made(cache_dir):
     return made
 
 
+def _as_the_client_has_ptxas(client_versions):
+    """Makes the nvidia backend answer `ptxas --version` as the client's Triton
+    does (client_versions: arch -> answer; arch 0 where one ptxas serves all),
+    so that this job keys its kernels as the client does; returns the function
+    it replaced. The client's Triton may remember another ptxas's answer than
+    the one that compiles (see kiln.v1.CompileInductorKernelRequest)."""
+    import inspect
+
+    from triton.backends.nvidia import compiler as nvidia
+
+    versions = {int(arch): version for arch, version in client_versions.items()}
+    ask_ptxas = nvidia.get_ptxas_version
+    per_arch = bool(inspect.signature(nvidia.get_ptxas).parameters)
+
+    def get_ptxas_version(*args, **kwargs):
+        arch = (args[0] if args else kwargs.get("arch", 80)) if per_arch else 0
+        return versions[arch] if arch in versions else ask_ptxas(*args, **kwargs)
+
+    nvidia.get_ptxas_version = get_ptxas_version
+    return ask_ptxas
+
+
 def inductor_kernel(header, parts):
     """Does what a worker of inductor's compile pool does with a kernel: loads
     its generated module and compiles every config (precompile with
@@ -679,7 +701,7 @@ def inductor_kernel(header, parts):
                    "TRITON_CACHE_MANAGER": None}
         saved = {name: os.environ.pop(name, None) for name in job_env}
         os.environ.update({name: value for name, value in job_env.items() if value is not None})
-        choose_gpu_driver = None
+        choose_gpu_driver = ask_ptxas = None
         try:
             from torch._inductor.async_compile import _load_triton_kernel_from_source
             from torch._inductor.runtime import triton_helpers
@@ -690,6 +712,7 @@ def inductor_kernel(header, parts):
             # asks the driver: workers start no CUDA.
             choose_gpu_driver = triton_helpers.set_driver_to_gpu
             triton_helpers.set_driver_to_gpu = lambda: None
+            ask_ptxas = _as_the_client_has_ptxas(header.get("ptxas_versions", {}))
             began = time.perf_counter()
             kernel = _load_triton_kernel_from_source(kernel_name, source)
             kernel.precompile(warm_cache_only=True)
@@ -700,6 +723,10 @@ def inductor_kernel(header, parts):
         finally:
             if choose_gpu_driver is not None:
                 triton_helpers.set_driver_to_gpu = choose_gpu_driver
+            if ask_ptxas is not None:
+                from triton.backends.nvidia import compiler as nvidia
+
+                nvidia.get_ptxas_version = ask_ptxas
             for name, value in saved.items():
                 if value is None:
                     os.environ.pop(name, None)

@@ -92,6 +92,13 @@ def main():
     triton_helpers.set_driver_to_gpu = lambda: None  # the stand-in driver stays
     triton_heuristics.CachingAutotuner._make_launchers = lambda self: None  # loads cubins: needs a GPU
     triton.compile = _recording(triton.compile)
+    # Inductor keys its caches by Triton's backend hash as it generates a
+    # graph, before it points TRITON_PTXAS_PATH at torch's ptxas: Triton then
+    # remembers the ptxas it found first (its own, where torch's differs) in
+    # every kernel's key, whichever ptxas compiles.
+    from torch.utils._triton import triton_hash_with_backend
+
+    triton_hash_with_backend()
 
     compiler = async_compile.AsyncCompile()
     scope, result = {}, {}

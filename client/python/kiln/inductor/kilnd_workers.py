@@ -20,6 +20,7 @@ KILN_INDUCTOR_IN_KILND=0 turns this off.
 
 import logging
 import os
+import re
 import sys
 
 import grpc
@@ -29,6 +30,8 @@ log = logging.getLogger("kiln")
 # Why kilnd compiles no kernel module for this process, once it said so.
 _refused = None
 _REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+# The device inductor generated the kernel for, in its triton_meta: DeviceProperties(..., cc=90, ...).
+_DEVICE_ARCH = re.compile(r"\bcc=(\d+)\b")
 
 
 def start(kernel_name, source_code):
@@ -48,11 +51,28 @@ def start(kernel_name, source_code):
         request = _api.CompileInductorKernelRequest(
             triton_key=triton_key(), local_python_executable=sys.executable, kernel_name=kernel_name,
             source=source_code, inductor_cache_dir=cache_dir(), env=get_cache_invalidating_env_vars(),
-            tool_paths=_remote.tool_paths(), requester=_remote.requester())
+            tool_paths=_remote.tool_paths(), requester=_remote.requester(),
+            ptxas_versions=_ptxas_versions(source_code))
         return _service.connect().stub.CompileInductorKernel.future(request)
     except Exception as error:  # the compile thread compiles it itself
         log.debug("%s not sent to kilnd's workers: %s: %s", kernel_name, type(error).__name__, error)
         return None
+
+
+def _ptxas_versions(source_code):
+    """`ptxas --version` as this process's Triton has it for each arch the
+    kernel names (inductor writes its device's `cc=` into the module), which
+    its keys hold: Triton remembers the first answer per arch, and inductor
+    asks before it points TRITON_PTXAS_PATH at torch's ptxas, so the answer
+    may be another ptxas's than the one that compiles. Asking now gives what
+    the compile here would get."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    from kiln.triton.versions import ptxas_is_per_arch
+
+    if not ptxas_is_per_arch(nvidia):
+        return {0: nvidia.get_ptxas_version()}
+    return {arch: nvidia.get_ptxas_version(arch) for arch in {int(cc) for cc in _DEVICE_ARCH.findall(source_code)}}
 
 
 def finish(call, kernel_name):
