@@ -302,6 +302,31 @@ def test_the_farm_compiles_no_c_a_remote_client_wrote_and_says_what_it_needs(pki
     assert server.stub.GetStats(_api.GetStatsRequest()).launcher_builds >= 1  # still serving
 
 
+def inductor_module_that_touches(marker):
+    """A kernel module as inductor's would be named, whose import leaves `marker`."""
+    return f"import pathlib\npathlib.Path({str(marker)!r}).touch()\ntriton_poi_fused_0 = None\n"
+
+
+def test_the_farm_runs_no_kernel_module_a_remote_client_sent(pki, farm, tmp_path):
+    """CompileInductorKernel imports the caller's Python module in a worker:
+    kilnd serves it to its own user only, never to a tenant (test_inductor_threads.py
+    compiles real modules)."""
+    server, address, _ = farm
+    marker = tmp_path / "ran"
+    request = _api.CompileInductorKernelRequest(
+        triton_key=server.stub.ListToolchains(_api.ListToolchainsRequest()).toolchains[0].triton_key,
+        kernel_name="triton_poi_fused_0", source=inductor_module_that_touches(marker),
+        inductor_cache_dir=str(tmp_path / "inductor"))
+    refused = refusal(lambda: stub(pki, address, "beta").CompileInductorKernel(request, timeout=60))
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "own user" in refused.details(), refused.details()
+    assert not marker.exists()
+    # kilnd's own user, on its local socket, is served: this toolchain has no
+    # torch to load the module with, and the answer says so.
+    answer = server.stub.CompileInductorKernel(request, timeout=120)
+    assert answer.WhichOneof("result") == "error" and "torch" in answer.error.message, answer
+
+
 def test_a_tenant_storing_past_its_cap_evicts_only_its_own_entries(pki, tmp_path):
     import random
 
@@ -498,6 +523,9 @@ def valid_requests():
         "Verify": _api.VerifyRequest(),
         "ListEntries": _api.ListEntriesRequest(namespace="triton", limit=10),
         "ListMisses": _api.ListMissesRequest(last=5),
+        "CompileInductorKernel": _api.CompileInductorKernelRequest(
+            triton_key="0" * 64, kernel_name="triton_poi_fused_0", inductor_cache_dir="/nonexistent",
+            source=inductor_module_that_touches("/tmp/kiln-fuzzed-module-ran")),
         "Prewarm": _api.PrewarmRequest(
             namespace="triton", target=_api.Target(backend="cuda", arch="80", warp_size=32),
             recorded=[_api.blob(f"{frontend.name}.source", frontend.ttir.encode()),
@@ -568,6 +596,7 @@ def test_a_thousand_random_and_mutated_requests_per_rpc_get_answers_and_kilnd_ke
         else:
             # Maintenance and exports stay with kilnd's local user, however the request is bent.
             assert "OK" not in codes["Evict"] | codes["Verify"] | codes["ListEntries"], codes
+            assert codes["CompileInductorKernel"] <= {"PERMISSION_DENIED", "UNIMPLEMENTED"}, codes
             assert "UNAVAILABLE" not in set().union(*codes.values()), codes
         fuzz_channel.close()
     assert server.process.poll() is None, "kilnd died"
