@@ -202,6 +202,26 @@ void WorkerPool::RetireIdleLoop() {
   }
 }
 
+absl::StatusOr<std::variant<WorkerReply, CompileFailure>> WorkerPool::CompileOnWorker(
+    const worker::Request& request, const Parts& parts, Priority priority,
+    const std::string& requester) {
+  absl::StatusOr<WorkerReply> reply = Call(request, parts, priority, requester);
+  if (absl::IsDeadlineExceeded(reply.status())) {
+    return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
+  }
+  if (absl::IsUnavailable(reply.status()) || absl::IsAborted(reply.status())) {
+    return CompileFailure{Kind::kWorkerCrashed, std::string(reply.status().message()), ""};
+  }
+  RETURN_IF_ERROR(reply.status());
+  const worker::Reply& header = reply->header;
+  if (header.ok()) return *std::move(reply);
+  const auto kind = FailureKinds().find(header.kind());
+  if (kind == FailureKinds().end()) {
+    return absl::InvalidArgumentError(header.message());
+  }
+  return CompileFailure{kind->second, header.message(), header.log()};
+}
+
 absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   worker::Request request;
   request.set_op("compile");
@@ -212,27 +232,15 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   request.mutable_tool_env()->insert(job.tool_env.begin(), job.tool_env.end());
   request.set_hash(job.hash);
   request.set_metadata_json(job.metadata_json);
-  absl::StatusOr<WorkerReply> reply = Call(request, {{"ir", job.ir}}, job.priority, job.requester);
-  if (absl::IsDeadlineExceeded(reply.status())) {
-    return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
-  }
-  if (absl::IsUnavailable(reply.status()) || absl::IsAborted(reply.status())) {
-    return CompileFailure{Kind::kWorkerCrashed, std::string(reply.status().message()), ""};
-  }
-  RETURN_IF_ERROR(reply.status());
-  const worker::Reply& header = reply->header;
-  if (header.ok()) {
-    CompileOutput output;
-    output.artifacts = std::move(reply->parts);
-    output.ptxas_log = header.ptxas_log();
-    output.stage_seconds.insert(header.timings().begin(), header.timings().end());
-    return output;
-  }
-  const auto kind = FailureKinds().find(header.kind());
-  if (kind == FailureKinds().end()) {
-    return absl::InvalidArgumentError(header.message());
-  }
-  return CompileFailure{kind->second, header.message(), header.log()};
+  ASSIGN_OR_RETURN(auto compiled,
+                   CompileOnWorker(request, {{"ir", job.ir}}, job.priority, job.requester));
+  if (auto* failure = std::get_if<CompileFailure>(&compiled)) return std::move(*failure);
+  auto& reply = std::get<WorkerReply>(compiled);
+  CompileOutput output;
+  output.artifacts = std::move(reply.parts);
+  output.ptxas_log = reply.header.ptxas_log();
+  output.stage_seconds.insert(reply.header.timings().begin(), reply.header.timings().end());
+  return output;
 }
 
 absl::StatusOr<std::variant<InductorKernels, CompileFailure>> WorkerPool::InductorKernel(
@@ -244,30 +252,22 @@ absl::StatusOr<std::variant<InductorKernels, CompileFailure>> WorkerPool::Induct
   request.mutable_ptxas_versions()->insert(job.ptxas_versions.begin(), job.ptxas_versions.end());
   request.mutable_env()->insert(job.env.begin(), job.env.end());
   request.mutable_tool_env()->insert(job.tool_env.begin(), job.tool_env.end());
-  absl::StatusOr<WorkerReply> reply =
-      Call(request, {{"source", job.source}}, job.priority, job.requester);
-  if (absl::IsDeadlineExceeded(reply.status())) {
-    return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
-  }
-  if (absl::IsUnavailable(reply.status()) || absl::IsAborted(reply.status())) {
-    return CompileFailure{Kind::kWorkerCrashed, std::string(reply.status().message()), ""};
-  }
-  RETURN_IF_ERROR(reply.status());
-  const worker::Reply& header = reply->header;
-  if (!header.ok()) {
-    const auto kind = FailureKinds().find(header.kind());
-    if (kind == FailureKinds().end()) return absl::InvalidArgumentError(header.message());
-    return CompileFailure{kind->second, header.message(), header.log()};
-  }
+  ASSIGN_OR_RETURN(auto compiled,
+                   CompileOnWorker(request, {{"source", job.source}}, job.priority, job.requester));
+  if (auto* failure = std::get_if<CompileFailure>(&compiled)) return std::move(*failure);
+  auto& reply = std::get<WorkerReply>(compiled);
   InductorKernels kernels;
-  for (auto& [name, data] : reply->parts) {
+  for (auto& [name, data] : reply.parts) {
     const size_t slash = name.find('/');
     if (slash == std::string::npos || slash == 0 || slash + 1 == name.size()) {
-      return absl::InternalError(absl::StrFormat("the worker named a kernel's file '%s', not KEY/FILE", name));
+      return absl::InternalError(
+          absl::StrFormat("the worker named a kernel's file '%s', not KEY/FILE", name));
     }
-    kernels.files_by_key[name.substr(0, slash)].emplace_back(name.substr(slash + 1), std::move(data));
+    kernels.files_by_key[name.substr(0, slash)].emplace_back(name.substr(slash + 1),
+                                                             std::move(data));
   }
-  if (const auto seconds = header.timings().find("inductor_kernel"); seconds != header.timings().end()) {
+  const auto& timings = reply.header.timings();
+  if (const auto seconds = timings.find("inductor_kernel"); seconds != timings.end()) {
     kernels.seconds = seconds->second;
   }
   return kernels;

@@ -183,6 +183,12 @@ class WorkerPool {
   // idle (the job never ran there).
   absl::StatusOr<WorkerReply> Call(const worker::Request& request, const Parts& parts,
                                    Priority priority, const std::string& requester = "");
+  // Call for a compiling job: a timeout, a lost worker and the kernel's own
+  // failures (as the worker classed them) are a CompileFailure; any other
+  // failure the worker declares is INVALID_ARGUMENT.
+  absl::StatusOr<std::variant<WorkerReply, CompileFailure>> CompileOnWorker(
+      const worker::Request& request, const Parts& parts, Priority priority,
+      const std::string& requester);
   // Call for a job whose refusal is the request's fault: INVALID_ARGUMENT with
   // the worker's message; UNAVAILABLE naming `what` when no worker answered.
   absl::StatusOr<WorkerReply> Ask(const worker::Request& request, const Parts& parts,
