@@ -79,7 +79,8 @@ def _ptxas_versions(source_code):
 
 
 def finish(call, kernel_name):
-    """Waits for kilnd; True when every config that compiles is stored."""
+    """Waits for kilnd to compile the kernel; whatever it did not store, the
+    thread that loads the kernel next compiles itself."""
     global _refused
     try:
         response = call.result()
@@ -89,12 +90,11 @@ def finish(call, kernel_name):
             log.debug("kilnd compiles no kernel modules for this process: %s", _refused)
         else:
             log.debug("%s not compiled in kilnd's workers: %s", kernel_name, error.details())
-        return False
+        return
     if response.WhichOneof("result") != "compiled":
         log.debug("%s did not compile in kilnd's workers: %s\n%s", kernel_name, response.error.message,
                   response.error.log)
-        return False
+        return
     from kiln.local import compile_threads as _compile_threads
 
     _compile_threads.note_remote_seconds(response.worker_seconds)
-    return True

@@ -111,7 +111,7 @@ def install(module):
     tool_paths = [getattr(module, name) for name in ("_set_triton_ptxas_path", "_set_triton_libdevice_path")
                   if callable(getattr(module, name, None))]
 
-    def compile_in_thread(kernel_name, source_code, begun, _compiled_in_kilnd=False):
+    def compile_in_thread(kernel_name, source_code, begun):
         # After kilnd's workers compiled the kernel, its configs are hits here.
         kernel = module._load_triton_kernel_from_source(kernel_name, source_code)
         kernel.precompile(warm_cache_only=True)

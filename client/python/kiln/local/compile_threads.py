@@ -129,7 +129,7 @@ def _accounted(function, *args, after=None):
         _running += 1
     try:
         if after is not None:
-            args += (after(),)
+            after()
         _wait_for_turn()
         return function(*args)
     finally:
