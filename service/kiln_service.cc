@@ -22,6 +22,8 @@
 namespace kiln::service {
 namespace {
 
+constexpr absl::string_view kMaintenance = "maintenance RPCs are";
+
 // Errors caused by the client are its to handle; only these are our problem.
 bool IsServerSideError(const absl::Status& status) {
   return absl::IsInternal(status) || absl::IsDataLoss(status) || absl::IsUnknown(status);
@@ -179,11 +181,12 @@ absl::StatusOr<Caller> KilnService::Authenticate(
       certificates && tokens ? " or " : "", tokens ? "send a token (KILN_TOKEN_FILE)" : ""));
 }
 
-absl::Status KilnService::RequireLocalUser(const Caller& caller) const {
+absl::Status KilnService::RequireLocalUser(const Caller& caller, absl::string_view what) const {
   if (caller.same_local_user) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      "maintenance RPCs are served only to kilnd's own user: over its local socket, or with the "
-      "access token from its endpoint file");
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "%s served only to kilnd's own user: over its local socket, or with the access token "
+      "from its endpoint file",
+      what));
 }
 
 template <typename Handler>
@@ -393,11 +396,11 @@ grpc::ServerUnaryReactor* KilnService::CompileInductorKernel(
     v1::CompileInductorKernelResponse* response) {
   return ServeAsync(context, Rpc::kCompileInductorKernel, [&](const Caller& caller, auto finish) {
     // The module is a Python program: kilnd runs it only as the user who sent it.
-    if (!caller.same_local_user) {
-      return finish(absl::PermissionDeniedError(
-          "CompileInductorKernel runs the client's module, so kilnd serves it only to its own "
-          "user (over its local socket, or with the access token from its endpoint file); "
-          "other clients compile inductor's kernels with Compile"));
+    if (absl::Status local = RequireLocalUser(
+            caller, "CompileInductorKernel runs the client's module (other clients compile "
+                    "inductor's kernels with Compile), so it is");
+        !local.ok()) {
+      return finish(local);
     }
     if (absl::Status status = ValidateCompileInductorKernel(*request); !status.ok()) {
       return finish(status);
@@ -562,7 +565,7 @@ grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* contex
                                              v1::EvictResponse* response) {
   return Serve(context, Rpc::kEvict, Where::kBlockingPool,
                [this, request, response](const Caller& caller) {
-    RETURN_IF_ERROR(RequireLocalUser(caller));
+    RETURN_IF_ERROR(RequireLocalUser(caller, kMaintenance));
     ASSIGN_OR_RETURN(uint64_t evicted, store_.EvictToSize(request->target_bytes()));
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_evicted_entries(evicted);
@@ -577,7 +580,7 @@ grpc::ServerUnaryReactor* KilnService::Verify(grpc::CallbackServerContext* conte
                                               v1::VerifyResponse* response) {
   return Serve(context, Rpc::kVerify, Where::kBlockingPool,
                [this, response](const Caller& caller) {
-    RETURN_IF_ERROR(RequireLocalUser(caller));
+    RETURN_IF_ERROR(RequireLocalUser(caller, kMaintenance));
     ASSIGN_OR_RETURN(cache::ArtifactStore::VerifyReport report, store_.VerifyAll());
     response->set_blobs_checked(report.blobs_checked);
     response->set_corrupt_blobs(report.corrupt_blobs);
@@ -591,7 +594,7 @@ grpc::ServerUnaryReactor* KilnService::ListEntries(grpc::CallbackServerContext* 
   return Serve(context, Rpc::kListEntries, Where::kBlockingPool,
                [this, request, response](const Caller& caller) {
     // An export hands out blobs as they are: the service's own user's only.
-    RETURN_IF_ERROR(RequireLocalUser(caller));
+    RETURN_IF_ERROR(RequireLocalUser(caller, kMaintenance));
     RETURN_IF_ERROR(ValidateListEntries(*request));
     const std::string domain_prefix = ScopedNamespace(caller, "");
     const std::string only = request->namespace_().empty() ? "" : ScopedNamespace(caller, request->namespace_());

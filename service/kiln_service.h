@@ -121,7 +121,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   // Every call asks once, before its handler runs.
   absl::StatusOr<Caller> Authenticate(const grpc::CallbackServerContext& context) const;
   // Maintenance changes the service user's cache: nobody else may ask for it.
-  absl::Status RequireLocalUser(const Caller& caller) const;
+  // PERMISSION_DENIED unless the caller is kilnd's own user; `what` begins
+  // the message ("... is" / "are").
+  absl::Status RequireLocalUser(const Caller& caller, absl::string_view what) const;
 
   // The store lookup behind Lookup; a miss is found = false. Blobs come as
   // served files when the request asks and the caller is kilnd's own user
