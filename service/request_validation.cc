@@ -81,6 +81,18 @@ absl::Status ValidateTarget(const v1::Target& target) {
   return absl::OkStatus();
 }
 
+// The worker sets each variable for its job: a name must be one it can set.
+absl::Status ValidateEnvNames(const google::protobuf::Map<std::string, std::string>& env) {
+  for (const auto& [name, value] : env) {
+    if (name.empty() || name.find('=') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "env variable name '%s' is invalid; send names without '=', as the environment has them",
+          absl::CHexEscape(name)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateLookup(const v1::LookupRequest& request) {
@@ -169,12 +181,7 @@ absl::Status ValidateCompile(const v1::CompileRequest& request) {
         "options_json is not a JSON object; send the backend options (CUDAOptions.__dict__) "
         "as JSON");
   }
-  for (const auto& [name, value] : request.env()) {
-    if (name.empty() || name.find('=') != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("env variable name '%s' is invalid", absl::CHexEscape(name)));
-    }
-  }
+  RETURN_IF_ERROR(ValidateEnvNames(request.env()));
   for (const std::string& digest : request.have_sha256()) {
     RETURN_IF_ERROR(ValidateDigest(digest, "have_sha256"));
   }
@@ -212,12 +219,7 @@ absl::Status ValidateCompileInductorKernel(const v1::CompileInductorKernelReques
     return absl::InvalidArgumentError(
         "inductor_cache_dir is empty; send where the client's inductor writes its modules");
   }
-  for (const auto& [variable, value] : request.env()) {
-    if (variable.empty() || variable.find('=') != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("env variable name '%s' is invalid", absl::CHexEscape(variable)));
-    }
-  }
+  RETURN_IF_ERROR(ValidateEnvNames(request.env()));
   for (const auto& [arch, version] : request.ptxas_versions()) {
     if (arch < 0 || version.empty() || version.size() > 4096) {
       return absl::InvalidArgumentError(absl::StrFormat(
