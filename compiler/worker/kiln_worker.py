@@ -70,8 +70,7 @@ def _without_kiln():
         kiln.disable()
         sys.meta_path[:] = [finder for finder in sys.meta_path
                             if not type(finder).__module__.startswith("kiln.")]
-        for name in ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
-                     "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"):
+        for name in getattr(kiln, "_INDUCTOR_REMOTE_CACHES", ()):  # the switches Kiln turned on
             os.environ.pop(name, None)
     for name in [name for name in os.environ if name.startswith("KILN")]:
         del os.environ[name]
