@@ -58,20 +58,24 @@ class Kilnd:
                               text=True).stdout
 
     def cpu_seconds(self):
-        """CPU kilnd and its worker processes have used so far (Linux /proc)."""
+        """CPU kilnd and every process under it (workers, their ptxas, the
+        inductor fork server and its children) have used so far (Linux
+        /proc): each live process's own time and its waited-for children's,
+        which hold every process of the tree that has ended."""
         ticks = os.sysconf("SC_CLK_TCK")
-
-        def used(pid, waited_children):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # it ended meanwhile: its parent's waited-for time has it
-                return 0
-            return sum(int(value) for value in fields[11:15 if waited_children else 13]) / ticks
-
-        # Each thread's children: kilnd starts workers from several threads.
-        children = {child for task in Path(f"/proc/{self.process.pid}/task").iterdir()
-                    for child in (task / "children").read_text().split()}
-        return used(self.process.pid, True) + sum(used(child, False) for child in children)
+        processes = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:  # it ended meanwhile: its parent's waited-for time has it
+                    continue
+                processes[int(entry.name)] = (int(fields[1]), sum(int(value) for value in fields[11:15]))
+        tree, used = [self.process.pid], 0
+        for parent in tree:  # grows as it goes: breadth first
+            tree += [pid for pid, (its_parent, _) in processes.items() if its_parent == parent]
+            used += processes.get(parent, (0, 0))[1]
+        return used / ticks
 
     def stop(self):
         self.process.terminate()
