@@ -41,6 +41,7 @@ import io
 import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -87,32 +88,34 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 _MAX_FILE_NAME = 150
 
 
-def _read_exact(count):
-    data = _PROTOCOL_IN.read(count)
+def _read_exact(stream, count):
+    data = stream.read(count)
     if data is None or len(data) != count:
         raise EOFError
     return data
 
 
-def read_message():
-    (length,) = struct.unpack("<I", _read_exact(4))
-    header = json.loads(_read_exact(length))
+def read_message(stream=None):
+    stream = stream or _PROTOCOL_IN
+    (length,) = struct.unpack("<I", _read_exact(stream, 4))
+    header = json.loads(_read_exact(stream, length))
     parts = {}
     for name in header.get("parts", []):
-        (size,) = struct.unpack("<I", _read_exact(4))
-        parts[name] = _read_exact(size)
+        (size,) = struct.unpack("<I", _read_exact(stream, 4))
+        parts[name] = _read_exact(stream, size)
     return header, parts
 
 
-def write_message(header, parts=None):
+def write_message(header, parts=None, stream=None):
+    stream = stream or _PROTOCOL_OUT
     parts = parts or {}
     header = dict(header, parts=list(parts))
     encoded = json.dumps(header).encode()
     chunks = [struct.pack("<I", len(encoded)), encoded]
     for data in parts.values():
         chunks += [struct.pack("<I", len(data)), data]
-    _PROTOCOL_OUT.write(b"".join(chunks))
-    _PROTOCOL_OUT.flush()
+    stream.write(b"".join(chunks))
+    stream.flush()
 
 
 def _as_tuples(value):
@@ -677,7 +680,7 @@ def _as_the_client_has_ptxas(client_versions):
     return ask_ptxas
 
 
-def inductor_kernel(header, parts):
+def _inductor_kernel_here(header, parts):
     """Does what a worker of inductor's compile pool does with a kernel: loads
     its generated module and compiles every config (precompile with
     warm_cache_only, which names its own target: no GPU is touched), here with
@@ -734,6 +737,148 @@ def inductor_kernel(header, parts):
     return {"ok": True, "timings": {"inductor_kernel": elapsed}}, made
 
 
+def inductor_kernel(header, parts):
+    """An inductor_kernel job, run by a child of the toolchain's inductor fork
+    server where there is one (Linux), else in this worker."""
+    served = _in_forked_child(header, parts) if _FORK_SERVER_PLATFORM else None
+    return served if served is not None else _inductor_kernel_here(header, parts)
+
+
+# --- the inductor fork server (Linux) ---------------------------------------------
+# A kernel module needs torch and inductor's runtime, whose imports cost each
+# worker about 4 s of CPU: with a pool as large as the machine's cores that
+# was more CPU than inductor's own pool spends, which imports once and forks
+# its workers. Here the same: the first worker to need it starts a fork
+# server for kilnd's pool of this toolchain, which imports them once and
+# forks a child for each job; a worker hands its job to it and waits. Each
+# job thus also starts from the same fresh state, whatever the jobs before.
+
+_FORK_SERVER_PLATFORM = sys.platform.startswith("linux")
+_FORK_SERVER_FLAG = "--inductor-fork-server"
+_CONNECT_TRIES = 50  # 0.02 s apart: another worker is between bind and listen
+_TAKEN = b"\x01"  # a child's first byte: from here on, the job is its
+
+
+def _fork_server_address():
+    """An abstract socket (no file to place or leave behind) named for kilnd,
+    this worker's parent, and this toolchain; only this user is served and
+    trusted (SO_PEERCRED on both ends), so that another account that binds
+    the name first is never sent a job."""
+    toolchain = hashlib.sha256(("%s\0%s" % (sys.executable, triton.__file__)).encode()).hexdigest()[:16]
+    return "\0kiln-inductor-%d-%d-%s" % (os.getuid(), os.getppid(), toolchain)
+
+
+def _peer_is_this_user(connection):
+    creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid == os.getuid()
+
+
+def _start_fork_server(address):
+    """Binds the address and starts a fork server on it; does nothing when
+    another worker holds it (it is starting one)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address)
+    except OSError:
+        listener.close()
+        return
+    with listener:
+        # Listening before the server's imports: the workers' jobs queue
+        # meanwhile, and no other worker starts a second server.
+        listener.listen(64)
+        subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), _FORK_SERVER_FLAG,
+                          str(listener.fileno())], pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL,
+                         env=_BASE_ENV)
+
+
+def _connect_to_fork_server():
+    address = _fork_server_address()
+    for attempt in range(_CONNECT_TRIES):
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(address)
+        except (ConnectionRefusedError, FileNotFoundError):
+            connection.close()
+            if attempt == 0:
+                _start_fork_server(address)
+            else:
+                time.sleep(0.02)
+            continue
+        if _peer_is_this_user(connection):
+            return connection
+        connection.close()
+        print("kiln_worker: %r is held by another account; kernel modules compile in this worker"
+              % address[1:], file=sys.stderr)
+        return None
+    return None
+
+
+def _in_forked_child(header, parts):
+    """The reply of the fork server's child that ran the job; None where no
+    server could be reached (the job runs here)."""
+    try:
+        connection = _connect_to_fork_server()
+    except OSError as error:
+        print("kiln_worker: no inductor fork server (%s); kernel modules compile in this worker" % error,
+              file=sys.stderr)
+        return None
+    if connection is None:
+        return None
+    with connection, connection.makefile("rb") as replies, connection.makefile("wb") as requests:
+        try:
+            write_message(header, parts, requests)
+            taken = replies.read(1) == _TAKEN
+        except OSError:
+            taken = False
+        if not taken:  # the server ended before it forked for this job
+            return None
+        try:
+            return read_message(replies)
+        except (EOFError, OSError):
+            # The child died in the job (a fatal LLVM error, a signal): end as
+            # a worker that died in it would, and kilnd reports the crash.
+            print("kiln_worker: the fork server's child died compiling %s" % header.get("kernel_name"),
+                  file=sys.stderr)
+            os._exit(70)
+
+
+def _serve_forks(listener_fd):
+    """The fork server: imports what kernel modules need, then forks a child
+    for each connection, which runs its one job and exits. It ends with the
+    worker that started it, whose pool then starts another when it needs one."""
+    listener = socket.socket(fileno=listener_fd)
+    started_by = os.getppid()
+    import torch  # noqa: F401  (the imports each child then has)
+    from torch._inductor import async_compile  # noqa: F401
+    from torch._inductor.runtime import triton_heuristics  # noqa: F401
+    from triton.backends.nvidia import compiler  # noqa: F401
+
+    listener.settimeout(1.0)
+    while os.getppid() == started_by:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] != 0:
+                pass
+        try:
+            connection, _ = listener.accept()
+        except socket.timeout:
+            continue
+        connection.settimeout(None)
+        if not _peer_is_this_user(connection):
+            connection.close()
+            continue
+        if os.fork() == 0:
+            listener.close()
+            try:
+                with connection, connection.makefile("rb") as requests, connection.makefile("wb") as replies:
+                    replies.write(_TAKEN)
+                    replies.flush()
+                    write_message(*_inductor_kernel_here(*read_message(requests)), stream=replies)
+            finally:
+                os._exit(0)
+        connection.close()
+
+
 def ping(_header, _parts):
     """A new worker's first answer, which says its imports are done."""
     return {"ok": True}, {}
@@ -757,4 +902,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == [_FORK_SERVER_FLAG]:
+        _serve_forks(int(sys.argv[2]))
+    else:
+        main()

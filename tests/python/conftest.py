@@ -78,6 +78,20 @@ def tcp_kilnd(root, *flags, config=""):
     return Kilnd(root / "kilnd", f"--config={path}", *flags)
 
 
+def _processes():
+    """{pid: (parent pid, command line)} of the processes running now."""
+    processes = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            processes[int(entry.name)] = (int(fields[1]), (entry / "cmdline").read_bytes())
+        except OSError:  # it ended meanwhile
+            continue
+    return processes
+
+
 class Kilnd:
     """A kilnd process on a private socket and data directory, started by
     `wrapper` (a command that ends by running the one it is given) if any."""
@@ -109,18 +123,15 @@ class Kilnd:
 
     def worker_pids(self):
         """The kiln_worker.py processes this kilnd started."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(fields[1]) == self.process.pid and b"kiln_worker.py" in cmdline:
-                pids.append(int(entry.name))
-        return pids
+        return [pid for pid, (parent, cmdline) in _processes().items()
+                if parent == self.process.pid and b"kiln_worker.py" in cmdline]
+
+    def descendant_pids(self):
+        """Every process this kilnd started, and theirs."""
+        processes, found = _processes(), [self.process.pid]
+        for parent in found:  # grows as it goes: breadth first
+            found += [pid for pid, (its_parent, _) in processes.items() if its_parent == parent]
+        return found[1:]
 
     def stop(self):
         self.channel.close()

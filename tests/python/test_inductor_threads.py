@@ -8,7 +8,10 @@ compile fails as in stock; KILN_INDUCTOR_AHEAD=0 and =pool."""
 
 import json
 import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +87,17 @@ def test_with_kiln_inductor_in_kilnd_1_each_kernel_compiles_whole_in_kilnds_work
     stats = kilnd.stats()
     assert rpc_calls(stats, "CompileInductorKernel") == (3, 0)
     assert stats.compiles == 0 and stats.hits == sum(stock["configs_compiled"].values()), stats
+    # One process imported torch for every module, the fork server a worker
+    # started (kiln_worker.py), whose children ran them: no worker did.
+    with_torch = [pid for pid in kilnd.descendant_pids() if torch_loaded(pid)]
+    assert len(with_torch) == 1 and with_torch[0] not in kilnd.worker_pids(), with_torch
+
+
+def torch_loaded(pid):
+    try:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # it ended meanwhile
+        return False
 
 
 @pytest.mark.parametrize("in_kilnd", ["0", "1"])
@@ -116,3 +130,52 @@ def test_where_inductors_pool_is_not_up_kilns_threads_compile(tmp_path, kilnd):
     in_place, _ = run(tmp_path, "pool", "2", "5", "--compile-threads", "2", kilnd=kilnd, KILN_INDUCTOR_AHEAD="pool")
     assert in_place["returned"] == "_Compiling" and in_place["compile_threads"] == ["kiln-compile"]
     assert not default["pool_started"] and not in_place["pool_started"]
+
+
+SQUATTER = """
+import os, socket, sys
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1].encode("latin-1").replace(b"@", b"\\0", 1))
+listener.listen(16)
+print("listening", flush=True)
+while True:
+    connection, _ = listener.accept()
+    print(len(connection.recv(1 << 20)), flush=True)
+    connection.close()
+"""
+
+
+def fork_server_addresses(kilnd):
+    """The abstract socket names (as /proc/net/unix writes them, "@...") of
+    fork servers for this kilnd's workers."""
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return {line.split()[-1] for line in lines
+            if len(line.split()) == 8 and line.split()[-1].startswith("@kiln-inductor-")
+            and f"-{kilnd.process.pid}-" in line.split()[-1]}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another account needs root")
+def test_a_fork_server_address_another_account_holds_is_sent_no_module(tmp_path, kilnd):
+    run(tmp_path, "first", "2", "7", kilnd=kilnd, KILN_INDUCTOR_IN_KILND="1")
+    (address, ) = fork_server_addresses(kilnd)
+    # Another account takes the address once the fork server has ended.
+    (server, ) = [pid for pid in kilnd.descendant_pids() if torch_loaded(pid)]
+    os.kill(server, signal.SIGKILL)
+    while fork_server_addresses(kilnd):
+        time.sleep(0.05)
+    # The system's Python: the account cannot read the test's own.
+    squatter = subprocess.Popen(["/usr/bin/python3", "-c", SQUATTER, address], user=65534,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline() == "listening\n"
+        stock, _ = run(tmp_path, "stock", "2", "8")
+        compiled, _ = run(tmp_path, "second", "2", "8", kilnd=kilnd, KILN_INDUCTOR_IN_KILND="1")
+    finally:
+        squatter.kill()
+        received = squatter.communicate()[0].split()
+    # The workers met the other account's socket, sent it nothing, and
+    # compiled the modules themselves: every config was kilnd's all the same.
+    assert received and set(received) == {"0"}, received
+    assert compiled["cubins"] == stock["cubins"]
+    stats = kilnd.stats()
+    assert rpc_calls(stats, "CompileInductorKernel") == (4, 0) and stats.compiles == 0, stats
