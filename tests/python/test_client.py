@@ -340,6 +340,20 @@ def test_kilns_build_hook_is_set_only_while_kiln_is_enabled_and_the_user_has_non
     assert stock.stdout.strip() == "None"
 
 
+def test_whether_kiln_serves_is_answered_while_another_thread_is_importing_its_triton_side(base_env, tmp_path):
+    # Inductor asks (its pool's gate) from one thread while a compile thread
+    # imports kiln.triton.remote: sys.modules holds it half made, without
+    # its functions. That is a Kiln not fallen back, never an AttributeError
+    # in the user's torch.compile (as the H100 bench met).
+    check = (
+        "import sys, types, kiln, kiln.triton\n"
+        "sys.modules['kiln.triton.remote'] = types.ModuleType('kiln.triton.remote')\n"
+        "print(kiln.triton.serving(), kiln.is_enabled())\n")
+    env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{tmp_path / 'none.sock'}")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr[-2000:]
+
+
 def test_cache_manager_keys_decode_to_the_hex_kilnd_keys_by():
     from triton.runtime.cache import _base32
 

@@ -107,6 +107,6 @@ def disable():
 
 
 def is_enabled():
-    triton_side = sys.modules.get("kiln.triton.remote")
-    return os.environ.get("TRITON_CACHE_MANAGER") == _MANAGER and (
-        triton_side is None or triton_side._installed is not False)
+    # kiln.triton.remote may be half made (another thread imports it): not fallen back.
+    installed = getattr(sys.modules.get("kiln.triton.remote"), "_installed", None)
+    return os.environ.get("TRITON_CACHE_MANAGER") == _MANAGER and installed is not False

@@ -25,5 +25,7 @@ def serving():
     kiln.enable(), not after kiln.disable() or a fall back to stock)."""
     if os.environ.get("TRITON_CACHE_MANAGER") != CACHE_MANAGER:
         return False
-    triton_side = sys.modules.get("kiln.triton.remote")
-    return triton_side is None or triton_side.active_or_untried()
+    # Another thread may be importing it: a module half made, which has not
+    # fallen back either (its import does not).
+    active_or_untried = getattr(sys.modules.get("kiln.triton.remote"), "active_or_untried", None)
+    return active_or_untried is None or active_or_untried()
