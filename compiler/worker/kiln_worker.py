@@ -35,17 +35,22 @@ compilation_error, ptxas_error, out_of_resources, invalid_request.
 
 import base64
 import contextlib
+import ctypes
 import faulthandler
+import gc
 import hashlib
 import io
 import json
 import os
 import re
+import select
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -750,13 +755,15 @@ def inductor_kernel(header, parts):
 # was more CPU than inductor's own pool spends, which imports once and forks
 # its workers. Here the same: the first worker to need it starts a fork
 # server for kilnd's pool of this toolchain, which imports them once and
-# forks a child for each job; a worker hands its job to it and waits. Each
-# job thus also starts from the same fresh state, whatever the jobs before.
+# forks a child for each worker that connects; the worker hands its jobs to
+# its child and waits. A child lives as long as its worker's connection, as
+# inductor's workers do: a child per job cost more in copied pages than the
+# compile (H100: kilnd's CPU 2x what inductor's pool spent).
 
 _FORK_SERVER_PLATFORM = sys.platform.startswith("linux")
 _FORK_SERVER_FLAG = "--inductor-fork-server"
 _CONNECT_TRIES = 50  # 0.02 s apart: another worker is between bind and listen
-_TAKEN = b"\x01"  # a child's first byte: from here on, the job is its
+_TAKEN = b"\x01"  # a child's first answer to a job: from here on, the job is its
 
 
 def _fork_server_address():
@@ -787,9 +794,11 @@ def _start_fork_server(address):
         # Listening before the server's imports: the workers' jobs queue
         # meanwhile, and no other worker starts a second server.
         listener.listen(64)
+        # It holds no worker's pipes: kilnd waits for a worker's stderr to
+        # close when it ends; each child writes to its own worker's instead.
         subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), _FORK_SERVER_FLAG,
                           str(listener.fileno())], pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL,
-                         env=_BASE_ENV)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_BASE_ENV)
 
 
 def _connect_to_fork_server():
@@ -806,6 +815,7 @@ def _connect_to_fork_server():
                 time.sleep(0.02)
             continue
         if _peer_is_this_user(connection):
+            socket.send_fds(connection, [b"2"], [2])  # where the child's output goes: this worker's stderr
             return connection
         connection.close()
         print("kiln_worker: %r is held by another account; kernel modules compile in this worker"
@@ -814,46 +824,79 @@ def _connect_to_fork_server():
     return None
 
 
+_forked_child = None  # (connection, replies, requests) to this worker's child
+
+
+def _child_connection():
+    global _forked_child
+    if _forked_child is None:
+        try:
+            connection = _connect_to_fork_server()
+        except OSError as error:
+            print("kiln_worker: no inductor fork server (%s); kernel modules compile in this worker" % error,
+                  file=sys.stderr)
+            return None
+        if connection is not None:
+            _forked_child = (connection, connection.makefile("rb"), connection.makefile("wb"))
+    return _forked_child
+
+
+def _drop_child_connection():
+    global _forked_child
+    for end in reversed(_forked_child):
+        with contextlib.suppress(OSError):
+            end.close()
+    _forked_child = None
+
+
 def _in_forked_child(header, parts):
-    """The reply of the fork server's child that ran the job; None where no
-    server could be reached (the job runs here)."""
-    try:
-        connection = _connect_to_fork_server()
-    except OSError as error:
-        print("kiln_worker: no inductor fork server (%s); kernel modules compile in this worker" % error,
-              file=sys.stderr)
-        return None
-    if connection is None:
-        return None
-    with connection, connection.makefile("rb") as replies, connection.makefile("wb") as requests:
+    """The reply of this worker's child of the fork server, which ran the job;
+    None where none could be reached (the job runs here)."""
+    for _attempt in range(2):  # a child that ended between jobs is replaced once
+        child = _child_connection()
+        if child is None:
+            return None
+        _connection, replies, requests = child
         try:
             write_message(header, parts, requests)
             taken = replies.read(1) == _TAKEN
         except OSError:
             taken = False
-        if not taken:  # the server ended before it forked for this job
-            return None
-        try:
-            return read_message(replies)
-        except (EOFError, OSError):
-            # The child died in the job (a fatal LLVM error, a signal): end as
-            # a worker that died in it would, and kilnd reports the crash.
-            print("kiln_worker: the fork server's child died compiling %s" % header.get("kernel_name"),
-                  file=sys.stderr)
-            os._exit(70)
+        if taken:
+            break
+        _drop_child_connection()
+    else:
+        return None
+    try:
+        return read_message(replies)
+    except (EOFError, OSError):
+        # The child died in the job (a fatal LLVM error, a signal): end as a
+        # worker that died in it would, and kilnd reports the crash.
+        print("kiln_worker: the fork server's child died compiling %s" % header.get("kernel_name"),
+              file=sys.stderr)
+        os._exit(70)
 
 
 def _serve_forks(listener_fd):
     """The fork server: imports what kernel modules need, then forks a child
-    for each connection, which runs its one job and exits. It ends with the
-    worker that started it, whose pool then starts another when it needs one."""
+    for each worker that connects, which runs that worker's jobs. It ends
+    with the worker that started it (its children go on serving theirs); a
+    worker that connects later then starts another."""
     listener = socket.socket(fileno=listener_fd)
     started_by = os.getppid()
+    # Killed the moment that worker ends (PR_SET_PDEATHSIG), not at the next
+    # look at the parent below: nothing of kilnd's outlives it.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    if os.getppid() != started_by:
+        return
     import torch  # noqa: F401  (the imports each child then has)
     from torch._inductor import async_compile  # noqa: F401
     from torch._inductor.runtime import triton_heuristics  # noqa: F401
     from triton.backends.nvidia import compiler  # noqa: F401
 
+    # What is made so far is the children's to share: their collections
+    # leave it be, and its pages uncopied.
+    gc.freeze()
     listener.settimeout(1.0)
     while os.getppid() == started_by:
         with contextlib.suppress(ChildProcessError):
@@ -870,13 +913,39 @@ def _serve_forks(listener_fd):
         if os.fork() == 0:
             listener.close()
             try:
-                with connection, connection.makefile("rb") as requests, connection.makefile("wb") as replies:
-                    replies.write(_TAKEN)
-                    replies.flush()
-                    write_message(*_inductor_kernel_here(*read_message(requests)), stream=replies)
+                _serve_worker(connection)
             finally:
                 os._exit(0)
         connection.close()
+
+
+def _end_with_worker(fd):
+    """Ends the child the moment its worker's end of the connection closes,
+    in a job too: kilnd kills a worker whose job ran past its timeout, and
+    waits for every holder of its stderr (this child) to go."""
+    watch = select.poll()
+    watch.register(fd, select.POLLRDHUP)
+    while not any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, events in watch.poll()):
+        pass
+    os._exit(0)
+
+
+def _serve_worker(connection):
+    """A fork server's child: runs its worker's jobs until the worker goes."""
+    _, (worker_stderr, *_), _, _ = socket.recv_fds(connection, 1, 1)
+    for output in (1, 2):
+        os.dup2(worker_stderr, output)
+    os.close(worker_stderr)
+    threading.Thread(target=_end_with_worker, args=(connection.fileno(), ), daemon=True).start()
+    with connection, connection.makefile("rb") as requests, connection.makefile("wb") as replies:
+        while True:
+            try:
+                job = read_message(requests)
+            except (EOFError, OSError):
+                return
+            replies.write(_TAKEN)
+            replies.flush()
+            write_message(*_inductor_kernel_here(*job), stream=replies)
 
 
 def ping(_header, _parts):

@@ -78,7 +78,7 @@ def tcp_kilnd(root, *flags, config=""):
     return Kilnd(root / "kilnd", f"--config={path}", *flags)
 
 
-def _processes():
+def processes():
     """{pid: (parent pid, command line)} of the processes running now."""
     processes = {}
     for entry in Path("/proc").iterdir():
@@ -123,14 +123,14 @@ class Kilnd:
 
     def worker_pids(self):
         """The kiln_worker.py processes this kilnd started."""
-        return [pid for pid, (parent, cmdline) in _processes().items()
+        return [pid for pid, (parent, cmdline) in processes().items()
                 if parent == self.process.pid and b"kiln_worker.py" in cmdline]
 
     def descendant_pids(self):
         """Every process this kilnd started, and theirs."""
-        processes, found = _processes(), [self.process.pid]
+        running, found = processes(), [self.process.pid]
         for parent in found:  # grows as it goes: breadth first
-            found += [pid for pid, (its_parent, _) in processes.items() if its_parent == parent]
+            found += [pid for pid, (its_parent, _) in running.items() if its_parent == parent]
         return found[1:]
 
     def stop(self):

@@ -6,10 +6,12 @@ CompileOnlyDriver, and inductor's two steps that need a device (choosing the
 GPU driver, loading each cubin into a launcher) are left out; what is tested
 is the compile.
 
-usage: inductor_kernels_program.py KERNELS SALT [--failing] [--compile-threads N]
+usage: inductor_kernels_program.py KERNELS SALT [--failing] [--hanging-in-kilnd] [--compile-threads N]
 
 KERNELS: how many kernels; SALT: a number in their source, so that a run can
 have kernels no cache has seen. --failing: the last kernel does not compile.
+--hanging-in-kilnd: the last kernel's module, loaded in a kilnd worker's job
+(KILN_INDUCTOR_IN_KILND=1), sleeps for an hour; anywhere else it loads.
 --compile-threads: inductor's config.compile_threads (1 unless given).
 
 Prints: how many configs of each kernel inductor holds compiled, each
@@ -68,6 +70,13 @@ def NAME(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
     tl.store(out_ptr0 + (xindex), BODY, xmask)
 '''
 
+# A kilnd worker's job compiles into a Triton cache directory named so (kiln_worker.py).
+HANG_IN_KILND = """
+import os, time
+if "kiln-inductor-" in os.environ.get("TRITON_CACHE_DIR", ""):
+    time.sleep(3600)
+"""
+
 compile_threads = set()
 cubins = {}  # kernel name -> sha256 of the cubin of each config compiled
 
@@ -107,6 +116,8 @@ def main():
             name = f"triton_poi_fused_mul_tanh_{index}"
             body = "tmp1 + undefined_name" if "--failing" in sys.argv and index == count - 1 else "tmp1"
             source = TEMPLATE.replace("NAME", name).replace("SCALE", f"{index + 1}.{salt}").replace("BODY", body)
+            if "--hanging-in-kilnd" in sys.argv and index == count - 1:
+                source = HANG_IN_KILND + source
             scope[name] = compiler.triton(name, source)
             result["returned"] = type(scope[name]).__name__
         compiler.wait(scope)

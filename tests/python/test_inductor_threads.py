@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import REPO, Kilnd
+from conftest import REPO, Kilnd, processes
 
 PYTHON = REPO / ".venv-torch" / "bin" / "python"
 PROGRAM = REPO / "tests" / "python" / "inductor_kernels_program.py"
@@ -88,9 +88,15 @@ def test_with_kiln_inductor_in_kilnd_1_each_kernel_compiles_whole_in_kilnds_work
     assert rpc_calls(stats, "CompileInductorKernel") == (3, 0)
     assert stats.compiles == 0 and stats.hits == sum(stock["configs_compiled"].values()), stats
     # One process imported torch for every module, the fork server a worker
-    # started (kiln_worker.py), whose children ran them: no worker did.
+    # started (kiln_worker.py); its children, one per worker, ran them: no
+    # worker has torch loaded.
+    parents = {pid: parent for pid, (parent, _) in processes().items()}
     with_torch = [pid for pid in kilnd.descendant_pids() if torch_loaded(pid)]
-    assert len(with_torch) == 1 and with_torch[0] not in kilnd.worker_pids(), with_torch
+    workers = kilnd.worker_pids()
+    (server, ) = [pid for pid in with_torch if parents[pid] in workers]
+    children = [pid for pid in with_torch if pid != server]
+    assert children and all(parents[pid] == server for pid in children), (server, children, workers)
+    assert not set(with_torch) & set(workers)
 
 
 def torch_loaded(pid):
@@ -110,6 +116,24 @@ def test_a_kernel_that_fails_to_compile_fails_as_in_stock(tmp_path, kilnd, in_ki
     assert "kiln-compile" in through_kiln["compile_threads"]
     if in_kilnd == "1":  # the failing one failed in kilnd's worker too, and was compiled here again
         assert rpc_calls(kilnd.stats(), "CompileInductorKernel") == (3, 0)
+
+
+def test_a_kernel_module_that_hangs_in_kilnd_is_killed_at_the_timeout_and_compiled_here(tmp_path):
+    # The job runs in a child of the fork server, which holds the worker's
+    # stderr: killed with its worker, or kilnd would wait on it for an hour.
+    server = Kilnd(tmp_path / "kilnd", f"--toolchain={PYTHON}", "--compile-workers=2", "--compile-timeout-seconds=5")
+    try:
+        stock, _ = run(tmp_path, "stock", "2", "9", "--hanging-in-kilnd")
+        compiled, _ = run(tmp_path, "kiln", "2", "9", "--hanging-in-kilnd", kilnd=server, KILN_INDUCTOR_IN_KILND="1")
+        assert compiled["cubins"] == stock["cubins"]
+        # One kernel's configs came whole from kilnd's workers; the other's
+        # frontends ran here after its job was killed, the rest in kilnd.
+        stats = server.stats()
+        assert rpc_calls(stats, "CompileInductorKernel") == (2, 0), stats
+        assert stats.hits == stock["configs_compiled"]["triton_poi_fused_mul_tanh_0"], stats
+        assert stats.compiles == stock["configs_compiled"]["triton_poi_fused_mul_tanh_1"], stats
+    finally:
+        assert server.stop() == 0, (server.root / "kilnd.out").read_text()[-3000:]
 
 
 def test_kiln_inductor_ahead_0_leaves_the_compile_to_inductor(tmp_path, kilnd):
@@ -159,8 +183,9 @@ def test_a_fork_server_address_another_account_holds_is_sent_no_module(tmp_path,
     run(tmp_path, "first", "2", "7", kilnd=kilnd, KILN_INDUCTOR_IN_KILND="1")
     (address, ) = fork_server_addresses(kilnd)
     # Another account takes the address once the fork server has ended.
-    (server, ) = [pid for pid in kilnd.descendant_pids() if torch_loaded(pid)]
-    os.kill(server, signal.SIGKILL)
+    # The server and its children, which hold the workers' connections.
+    for pid in [pid for pid in kilnd.descendant_pids() if torch_loaded(pid)]:
+        os.kill(pid, signal.SIGKILL)
     while fork_server_addresses(kilnd):
         time.sleep(0.05)
     # The system's Python: the account cannot read the test's own.
