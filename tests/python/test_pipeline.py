@@ -20,6 +20,7 @@ from triton.compiler.compiler import ASTSource
 
 import kernel_suite
 import triton_frontend
+from conftest import Kilnd
 from kiln.service import api as kiln_pb2
 from pipeline_client import blobs_by_name, compile_request
 
@@ -30,6 +31,16 @@ TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
 # The Python client makes TTIR to LLIR in-process and equals stock in all of
 # them (test_client.py).
 IDENTICAL_STAGES = ("ttgir", "llir", "ptx", "cubin")
+
+
+@pytest.fixture(scope="module")
+def kilnd(tmp_path_factory):
+    """A kilnd of this module's own: its compiles store the suite's kernels,
+    TTIR without loop names, under their Triton keys, which the session's
+    kilnd would then serve to the modules that compare with stock."""
+    server = Kilnd(tmp_path_factory.mktemp("pipeline-kilnd"), f"--toolchain={sys.executable}", "--compile-workers=2")
+    yield server
+    assert server.stop() == 0, (server.root / "kilnd.out").read_text()
 
 
 def stock_compile(case, target, cache_dir, monkeypatch):
