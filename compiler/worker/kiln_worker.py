@@ -757,8 +757,8 @@ def inductor_kernel(header, parts):
 # server for kilnd's pool of this toolchain, which imports them once and
 # forks a child for each worker that connects; the worker hands its jobs to
 # its child and waits. A child lives as long as its worker's connection, as
-# inductor's workers do: a child per job cost more in copied pages than the
-# compile (H100: kilnd's CPU 2x what inductor's pool spent).
+# inductor's workers do: with a child per job kilnd spent about twice the CPU
+# of inductor's pool (H100), most likely in the pages each new child copied.
 
 _FORK_SERVER_PLATFORM = sys.platform.startswith("linux")
 _FORK_SERVER_FLAG = "--inductor-fork-server"
