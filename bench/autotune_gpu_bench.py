@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import hermetic  # noqa: E402  (tests/hermetic.py)
+import process_table  # noqa: E402  (tests/process_table.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from gpu_bundle import install_client  # noqa: E402
@@ -59,23 +60,8 @@ class Kilnd:
 
     def cpu_seconds(self):
         """CPU kilnd and every process under it (workers, their ptxas, the
-        inductor fork server and its children) have used so far (Linux
-        /proc): each live process's own time and its waited-for children's,
-        which hold every process of the tree that has ended."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        processes = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:  # it ended meanwhile: its parent's waited-for time has it
-                    continue
-                processes[int(entry.name)] = (int(fields[1]), sum(int(value) for value in fields[11:15]))
-        tree, used = [self.process.pid], 0
-        for parent in tree:  # grows as it goes: breadth first
-            tree += [pid for pid, (its_parent, _) in processes.items() if its_parent == parent]
-            used += processes.get(parent, (0, 0))[1]
-        return used / ticks
+        inductor fork server and its children) have used so far."""
+        return process_table.tree_cpu_seconds(self.process.pid)
 
     def stop(self):
         self.process.terminate()

@@ -21,13 +21,14 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import compiler as triton_compiler  # noqa: E402
 
 import kernel_suite  # noqa: E402
+import process_table  # noqa: E402
 
 frontend_runs = 0
 frontend_threads = set()  # names of the threads the frontend ran in
@@ -391,7 +392,8 @@ class _KillingCall:
         import signal
         import threading
 
-        workers = _children_of(self.kilnd_pid)
+        table = process_table.running()
+        workers = [pid for pid, process in table.items() if process.parent == self.kilnd_pid]
         for worker in workers:
             os.kill(worker, signal.SIGSTOP)
 
@@ -409,17 +411,6 @@ class _KillingCall:
     def future(self, *args, **kwargs):
         self._start()
         return self.real.future(*args, **kwargs)
-
-
-def _children_of(pid):
-    children = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-        except OSError:
-            continue
-    return children
 
 
 def _kill_kilnd_at(spec, pid):

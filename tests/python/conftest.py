@@ -15,6 +15,7 @@ BUILD = Path(os.environ.get("KILN_BUILD_DIR", REPO / "build"))
 sys.path[:0] = [str(Path(__file__).parent), str(REPO / "tests")]
 
 import hermetic  # noqa: E402
+import process_table  # noqa: E402
 from built_wheels import build_wheels  # noqa: E402
 
 # Before any test or fixture runs: none of them reaches this account's kilnd,
@@ -78,20 +79,6 @@ def tcp_kilnd(root, *flags, config=""):
     return Kilnd(root / "kilnd", f"--config={path}", *flags)
 
 
-def processes():
-    """{pid: (parent pid, command line)} of the processes running now."""
-    processes = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            processes[int(entry.name)] = (int(fields[1]), (entry / "cmdline").read_bytes())
-        except OSError:  # it ended meanwhile
-            continue
-    return processes
-
-
 class Kilnd:
     """A kilnd process on a private socket and data directory, started by
     `wrapper` (a command that ends by running the one it is given) if any."""
@@ -123,15 +110,12 @@ class Kilnd:
 
     def worker_pids(self):
         """The kiln_worker.py processes this kilnd started."""
-        return [pid for pid, (parent, cmdline) in processes().items()
-                if parent == self.process.pid and b"kiln_worker.py" in cmdline]
+        return [pid for pid, process in process_table.running().items()
+                if process.parent == self.process.pid and b"kiln_worker.py" in process.command_line]
 
     def descendant_pids(self):
         """Every process this kilnd started, and theirs."""
-        running, found = processes(), [self.process.pid]
-        for parent in found:  # grows as it goes: breadth first
-            found += [pid for pid, (its_parent, _) in running.items() if its_parent == parent]
-        return found[1:]
+        return process_table.tree(self.process.pid, process_table.running())[1:]
 
     def stop(self):
         self.channel.close()

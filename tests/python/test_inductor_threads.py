@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import REPO, Kilnd, processes
+import process_table
+from conftest import REPO, Kilnd
 
 PYTHON = REPO / ".venv-torch" / "bin" / "python"
 PROGRAM = REPO / "tests" / "python" / "inductor_kernels_program.py"
@@ -90,7 +91,7 @@ def test_with_kiln_inductor_in_kilnd_1_each_kernel_compiles_whole_in_kilnds_work
     # One process imported torch for every module, the fork server a worker
     # started (kiln_worker.py); its children, one per worker, ran them: no
     # worker has torch loaded.
-    parents = {pid: parent for pid, (parent, _) in processes().items()}
+    parents = {pid: process.parent for pid, process in process_table.running().items()}
     with_torch = [pid for pid in kilnd.descendant_pids() if torch_loaded(pid)]
     workers = kilnd.worker_pids()
     (server, ) = [pid for pid in with_torch if parents[pid] in workers]
