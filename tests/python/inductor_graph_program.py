@@ -8,9 +8,13 @@ usage: inductor_graph_program.py START_FILE [--raise] [--hold-claim SECONDS] [--
 START_FILE: the process waits until it exists, so that several start compiling
 together. --raise: every graph's compile raises (as a lowering error would) in
 every process. --hold-claim: the process sleeps that long inside its first graph
-compile, after its cache miss (a claimant a test kills). --ask-pool: at the end,
-asks inductor whether to compile kernels in its worker pool, as it does for
-each Triton kernel, and reports whether that started the pool."""
+compile, after its cache miss (a claimant a test kills). --ask-pool: compiles
+through dynamo's registered inductor backend, which asks inductor to start its
+pool of compile workers early (as compile_fx does for a graph with CUDA
+inputs), reports whether that pool had started when inductor began to lower
+the first graph, and at the end asks inductor whether to compile kernels in
+that pool, as it does for each Triton kernel, and reports whether that started
+the pool."""
 
 import json
 import os
@@ -55,6 +59,18 @@ def hold_first_claim(seconds):
     compile_fx.fx_codegen_and_compile = slow
 
 
+def note_pool_at_first_lowering(result):
+    from torch._inductor import async_compile, compile_fx
+
+    lower = compile_fx.fx_codegen_and_compile
+
+    def noting(*args, **kwargs):
+        result.setdefault("pool_up_when_lowering", bool(async_compile._pool_set))
+        return lower(*args, **kwargs)
+
+    compile_fx.fx_codegen_and_compile = noting
+
+
 def main():
     start_file = sys.argv[1]
     while not os.path.exists(start_file):
@@ -67,11 +83,15 @@ def main():
     model = Model()
     x = torch.randn(8, 64)
     result = {}
+    backend = "inductor"
+    if "--ask-pool" in sys.argv:
+        note_pool_at_first_lowering(result)
+        backend = torch._dynamo.lookup_backend("inductor")
     started = time.perf_counter()
     try:
         with torch.no_grad():
-            result["inference_equal"] = bool(torch.allclose(torch.compile(model)(x), model(x), atol=1e-5))
-        compiled = torch.compile(model)
+            result["inference_equal"] = bool(torch.allclose(torch.compile(model, backend=backend)(x), model(x), atol=1e-5))
+        compiled = torch.compile(model, backend=backend)
         x.requires_grad_(True)
         compiled(x).sum().backward()
         compiled_grad = x.grad.clone()

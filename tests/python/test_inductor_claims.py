@@ -136,6 +136,11 @@ def test_a_process_whose_graphs_all_hit_starts_no_compile_workers(kilnd, tmp_pat
     misses, hits, _ = _graph_counts([compiled, loaded])
     assert misses == [GRAPHS, 0] and hits == [0, GRAPHS], (compiled, loaded)
     assert compiled["compile_pool_started"] and not loaded["compile_pool_started"], (compiled, loaded)
+    # Asked to start early, the pool of the process that compiled started as
+    # soon as AOTAutograd's cache missed: it was starting up while AOTAutograd
+    # traced, as stock's is (the processes that lowered no graph report none).
+    assert [r.get("pool_up_when_lowering") for r in stock + [compiled, loaded]] == [True, None, True, None], (
+        stock, compiled, loaded)
 
 
 def test_a_killed_claimant_costs_its_waiter_under_a_second(kilnd, tmp_path):

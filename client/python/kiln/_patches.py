@@ -40,5 +40,6 @@ INDUCTOR = (
     # A graph's Triton kernels compiled at once, in Kiln's threads, as each is generated.
     ("torch._inductor.async_compile", "kiln.inductor.threads:install"),
     ("torch._inductor.codegen.triton", "kiln.inductor.threads:install_codegen"),
+    ("torch._functorch._aot_autograd.autograd_cache", "kiln.inductor.pool:install_autograd_cache"),
     ("torch._inductor.compile_fx", "kiln.inductor.pool:install_compile_fx"),
 )
