@@ -52,9 +52,9 @@ constexpr std::array<absl::string_view, 2> kToolPathVariables = {"TRITON_PTXAS_P
 // ptxas installed in the toolchain's own environment (its site-packages, as
 // torch's is), which whoever registered the toolchain put there: a caller must
 // not make kilnd run a program of its choosing.
-absl::Status CheckToolPaths(const v1::CompileRequest& request, bool same_local_user,
-                            const std::filesystem::path& triton_dir) {
-  for (const auto& [name, value] : request.tool_paths()) {
+absl::Status CheckToolPaths(const google::protobuf::Map<std::string, std::string>& tool_paths,
+                            bool same_local_user, const std::filesystem::path& triton_dir) {
+  for (const auto& [name, value] : tool_paths) {
     if (std::find(kToolPathVariables.begin(), kToolPathVariables.end(), name) ==
         kToolPathVariables.end()) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -161,13 +161,11 @@ absl::StatusOr<InductorKernelOutcome> CompileCoordinator::CompileInductorKernelO
     const v1::CompileInductorKernelRequest& request, const Caller& caller) {
   // The toolchain and the tools are found and checked as a Compile of the
   // same client's finds them.
-  v1::CompileRequest as_compile;
-  as_compile.set_triton_key(request.triton_key());
-  as_compile.set_local_python_executable(request.local_python_executable());
-  as_compile.mutable_target()->set_backend("cuda");
-  as_compile.mutable_tool_paths()->insert(request.tool_paths().begin(), request.tool_paths().end());
-  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, ResolveToolchain(as_compile, caller));
-  RETURN_IF_ERROR(CheckToolPaths(as_compile, caller.same_local_user, pool->info().triton_dir));
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool,
+                   ResolveToolchain(request.triton_key(), request.local_python_executable(),
+                                    "cuda", caller));
+  RETURN_IF_ERROR(
+      CheckToolPaths(request.tool_paths(), caller.same_local_user, pool->info().triton_dir));
 
   compiler::InductorKernelJob job;
   job.kernel_name = request.kernel_name();
@@ -222,7 +220,8 @@ absl::StatusOr<PrewarmPlan> CompileCoordinator::PlanPrewarmOnThread(
   v1::CompileRequest compile;
   compile.set_triton_key(key_inputs.triton_key());
   *compile.mutable_target() = request.target();
-  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, ResolveToolchain(compile, Caller{}));
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool,
+                   ResolveToolchain(compile.triton_key(), "", request.target().backend(), Caller{}));
   compiler::RetargetJob job;
   job.key_inputs_json = key_inputs_blob->data();
   job.target.set_backend(request.target().backend());
@@ -249,22 +248,22 @@ absl::StatusOr<PrewarmPlan> CompileCoordinator::PlanPrewarmOnThread(
 }
 
 absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(
-    const v1::CompileRequest& request, const Caller& caller) {
-  const std::string& python = request.local_python_executable();
+    const std::string& triton_key, const std::string& local_python, absl::string_view backend,
+    const Caller& caller) {
   // An interpreter path is run only for the service's own user: a remote
   // client could otherwise make kilnd execute any program on this machine.
-  if (!python.empty() && caller.same_local_user &&
-      !toolchains_.IsRegisteredAs(python, request.triton_key())) {
-    absl::StatusOr<compiler::ToolchainInfo> info = toolchains_.Register(python);
+  if (!local_python.empty() && caller.same_local_user &&
+      !toolchains_.IsRegisteredAs(local_python, triton_key)) {
+    absl::StatusOr<compiler::ToolchainInfo> info = toolchains_.Register(local_python);
     if (info.ok()) {
-      spdlog::info("registered toolchain triton {} at {}", info->triton_version, python);
+      spdlog::info("registered toolchain triton {} at {}", info->triton_version, local_python);
     } else {
-      spdlog::warn("client interpreter {} not registered: {}", python, info.status().message());
+      spdlog::warn("client interpreter {} not registered: {}", local_python,
+                   info.status().message());
     }
   }
-  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, toolchains_.Find(request.triton_key()));
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, toolchains_.Find(triton_key));
   const auto& backends = pool->info().backends;
-  const std::string& backend = request.target().backend();
   if (backend != "cuda" || std::find(backends.begin(), backends.end(), "nvidia") == backends.end()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "target backend '%s' is not supported by this toolchain; Kiln compiles for 'cuda'",
@@ -387,12 +386,14 @@ void CompileCoordinator::RunOnce(const std::string& shared_key, Finish finish, b
 
 void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, const Caller& caller,
                                          Done done, const std::function<void()>& recorded) {
-  absl::StatusOr<compiler::WorkerPool*> pool = ResolveToolchain(request, caller);
+  absl::StatusOr<compiler::WorkerPool*> pool = ResolveToolchain(
+      request.triton_key(), request.local_python_executable(), request.target().backend(), caller);
   if (!pool.ok()) {
     done(pool.status());
     return recorded();
   }
-  if (absl::Status tools = CheckToolPaths(request, caller.same_local_user, (*pool)->info().triton_dir);
+  if (absl::Status tools =
+          CheckToolPaths(request.tool_paths(), caller.same_local_user, (*pool)->info().triton_dir);
       !tools.ok()) {
     done(tools);
     return recorded();

@@ -178,7 +178,11 @@ class CompileCoordinator {
   absl::StatusOr<compiler::LauncherRequest> RemoteLauncherRequest(
       const v1::BuildLauncherRequest& request);
   void BuildLauncher(compiler::LauncherRequest launcher, Done done);
-  absl::StatusOr<compiler::WorkerPool*> ResolveToolchain(const v1::CompileRequest& request,
+  // The worker pool of the toolchain whose Triton has `triton_key`, registering
+  // `local_python` (the client's interpreter) first for the service's own user.
+  absl::StatusOr<compiler::WorkerPool*> ResolveToolchain(const std::string& triton_key,
+                                                         const std::string& local_python,
+                                                         absl::string_view backend,
                                                          const Caller& caller);
   // Records `entry` under the caller's own key too, if it sent one.
   void RecordAlias(const cache::CacheEntry& entry, const Alias& alias);
