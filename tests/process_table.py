@@ -1,12 +1,11 @@
 """The processes running now, as Linux /proc shows them: what tests and
 benchmarks read to find the processes a kilnd started (its workers, their
-ptxas, the inductor fork server and its children) and the CPU they used."""
+ptxas, the inductor fork server and its children) and the CPU they used.
+Importable on Windows (client_probe.py runs there too); only Linux calls it."""
 
 import os
 from pathlib import Path
 from typing import NamedTuple
-
-TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 
 class Process(NamedTuple):
@@ -44,4 +43,4 @@ def tree_cpu_seconds(root):
     """CPU `root` and every process under it have used so far, those that
     have ended included."""
     table = running()
-    return sum(table[pid].cpu_ticks for pid in tree(root, table) if pid in table) / TICKS_PER_SECOND
+    return sum(table[pid].cpu_ticks for pid in tree(root, table) if pid in table) / os.sysconf("SC_CLK_TCK")
