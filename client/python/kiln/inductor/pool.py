@@ -68,7 +68,6 @@ def _deferred_until_compiling(start_pool):
         elif all(asked.func is not start_pool for asked in _asked):
             _asked.append(functools.partial(start_pool, *args, **kwargs))
 
-    start_when_compiling._kiln_pool_gate = True
     return start_when_compiling
 
 
