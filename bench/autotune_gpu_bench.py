@@ -17,10 +17,14 @@ Prints each kind's median and its ratio to stock, whether every run chose
 the same best configs and computed correct results, and the three fastest
 configs of each kernel with their timings. Run on the GPU machine:
 
-  python3 bench/autotune_gpu_bench.py gpu_bundle [--rounds 3] [--threads 16] [--cache-autotuning]
+  python3 bench/autotune_gpu_bench.py gpu_bundle [--rounds 3] [--threads 16] [--cache-autotuning] [--timeline]
+
+--timeline prints, for each kind's first round, when each config's compile
+and each benchmark began and ended (autotune_program.py --timeline).
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -68,14 +72,14 @@ class Kilnd:
         self.process.wait()
 
 
-def run(kind, work, threads, cache_autotuning, kilnd=None):
+def run(kind, work, threads, cache_autotuning, kilnd=None, timeline=False):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_"))}
     env.update(TRITON_CACHE_DIR=str(work / "triton"), KILN_FILES_DIR=str(work / "files"))
     if cache_autotuning:
         env["TRITON_CACHE_AUTOTUNING"] = "1"
-    args = []
+    args = ["--timeline"] if timeline else []
     if kind == "stock-threads":
-        args = ["--precompile-threads", str(threads)]
+        args += ["--precompile-threads", str(threads)]
     if kilnd is not None:
         env.update(KILN="1", KILN_STRICT="1", KILN_ENDPOINT=kilnd.env["KILN_ENDPOINT"])
         if kind == "kiln-serial":
@@ -106,31 +110,35 @@ def main():
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds of run, comma-separated (stock always)")
     parser.add_argument("--cache-autotuning", action="store_true", help="TRITON_CACHE_AUTOTUNING=1 in every run")
+    parser.add_argument("--timeline", action="store_true", help="print each kind's first round's timeline")
     options = parser.parse_args()
     kinds = [kind for kind in KINDS if kind == "stock" or kind in options.kinds.split(",")]
     bundle, root = prepare(options.bundle, "kiln-autotune-")
     results = {kind: [] for kind in kinds}
     for number in range(options.rounds):
         cached = options.cache_autotuning
+        run_kind = functools.partial(run, threads=options.threads, cache_autotuning=cached,
+                                     timeline=options.timeline and number == 0)
         for kind in kinds:
             if kind == "kiln-warm":  # run with kiln's kilnd, below
                 continue
             if kind == "stock-warm":  # where stock's cold run left its cache
-                results[kind].append(run(kind, root / f"{number}-stock", options.threads, cached))
+                results[kind].append(run_kind(kind, root / f"{number}-stock"))
                 continue
             work = root / f"{number}-{kind}"
             work.mkdir()
             if kind in ("kiln-serial", "kiln"):
                 kilnd = Kilnd(bundle, work)
-                results[kind].append(run(kind, work, options.threads, cached, kilnd))
+                results[kind].append(run_kind(kind, work, kilnd=kilnd))
                 if kind == "kiln" and "kiln-warm" in kinds:
                     warm = work.parent / f"{number}-kiln-warm"
                     warm.mkdir()
-                    results["kiln-warm"].append(run("kiln-warm", warm, options.threads, cached, kilnd))
-                    print(kilnd.stats().splitlines()[4])  # compile: N run by workers, ...
+                    results["kiln-warm"].append(run_kind("kiln-warm", warm, kilnd=kilnd))
+                # compile: N run by workers, ...; workers: N started, ...
+                print(f"  {kind}'s kilnd: " + "; ".join(kilnd.stats().splitlines()[4:6]))
                 kilnd.stop()
             else:
-                results[kind].append(run(kind, work, options.threads, cached))
+                results[kind].append(run_kind(kind, work))
         print(f"round {number + 1}: " + ", ".join(
             f"{kind} {results[kind][-1]['seconds']:.2f} s (benchmarks {results[kind][-1]['benchmark_seconds']:.2f})"
             for kind in kinds))
@@ -146,6 +154,11 @@ def main():
     for name in ("gemm_best", "normalize_best"):
         chosen = {kind: sorted({r[name] for r in results[kind]}) for kind in kinds}
         print(f"{name}: " + "; ".join(f"{kind}: {' | '.join(configs)}" for kind, configs in chosen.items()))
+    for kind in kinds:
+        if "timeline" in results[kind][0]:
+            print(f"\ntimeline of {kind}, first round (s from the first call):")
+            for what, begun, ended in results[kind][0]["timeline"]:
+                print(f"  {begun:6.3f} {ended:6.3f}  {what}")
     # How near the choice is: where the fastest configs lie within the
     # benchmarks' own noise, stock's runs may choose differently too.
     for name in ("gemm_top", "normalize_top"):

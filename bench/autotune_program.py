@@ -5,11 +5,14 @@ object: seconds from the first call to both results on the GPU, the best
 configs, whether the results match torch's, and how much of the time the
 benchmarks themselves took.
 
-  python autotune_program.py [--precompile-threads N]
+  python autotune_program.py [--precompile-threads N] [--timeline]
 
 --precompile-threads N first compiles every config of both kernels in N
 threads of this process (kernel.warmup per config), as Triton's open pull
-requests for parallel autotuning do, then runs them."""
+requests for parallel autotuning do, then runs them.
+
+--timeline adds when each config's compile and benchmark began and ended
+(seconds from the first call): where a cold run's time goes."""
 
 import argparse
 import json
@@ -79,9 +82,32 @@ def _fastest(tuner, count=3):
     return [f"{ms:.4f} {config}" for ms, config in timings[:count]]
 
 
+def _record_compiles(tuner, timeline):
+    """Notes each compile of the tuner's kernel (the JIT's run with
+    warmup=True, as Kiln's threads and precompiles call it) and each first
+    run of a config not yet compiled, which compiles in the benchmark."""
+    stock_run, seen = tuner.fn.run, set()
+
+    def run(*args, **kwargs):
+        config = ",".join(f"{kwargs.get(name)}" for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK") if name in kwargs)
+        config += f"/w{kwargs.get('num_warps')}s{kwargs.get('num_stages')}"
+        first = config not in seen
+        seen.add(config)
+        begun = time.perf_counter()
+        try:
+            return stock_run(*args, **kwargs)
+        finally:
+            if kwargs.get("warmup") or first:
+                what = "compile" if kwargs.get("warmup") else "first run"
+                timeline.append((f"{what} {tuner.fn.__name__} {config}", begun, time.perf_counter()))
+
+    tuner.fn.run = run
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--precompile-threads", type=int, default=0)
+    parser.add_argument("--timeline", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     size = 2048
@@ -99,14 +125,20 @@ def main():
     benchmarking = []
     benchmarker = triton.runtime.driver.active.get_benchmarker()
 
+    timeline = []  # (what, kernel, config, began, ended), relative to `started`
+
     def timed_benchmark(kernel_call, quantiles):
         begun = time.perf_counter()
         try:
             return benchmarker(kernel_call, quantiles=quantiles)
         finally:
             benchmarking.append(time.perf_counter() - begun)
+            timeline.append(("benchmark", begun, time.perf_counter()))
 
     gemm._do_bench = normalize._do_bench = timed_benchmark
+    if args.timeline:
+        for tuner in (gemm, normalize):
+            _record_compiles(tuner, timeline)
 
     started = time.perf_counter()
     if args.precompile_threads:
@@ -121,11 +153,13 @@ def main():
     normalize[(x.shape[0], )](*norm_args)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
+    events = sorted((what, round(begun - started, 3), round(ended - started, 3)) for what, begun, ended in timeline)
 
     reference = torch.nn.functional.layer_norm(x.float(), (x.shape[1], ), eps=1e-5).half() * weight
     print(json.dumps({
         "seconds": seconds,
         "benchmark_seconds": sum(benchmarking),
+        **({"timeline": sorted(events, key=lambda event: event[1])} if args.timeline else {}),
         "gemm_best": str(gemm.best_config),
         "normalize_best": str(normalize.best_config),
         # The three fastest configs of each, in ms: how near the choice was.
