@@ -274,8 +274,14 @@ absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(
 
 void CompileCoordinator::RecordAlias(const cache::CacheEntry& entry, const Alias& alias) {
   if (alias.key.empty()) return;
+  // A file the client made itself stands: a compile from its frontend TTIR
+  // makes a .ttir too, whose loop variables lost their names in the text.
+  absl::flat_hash_set<absl::string_view> clients;
+  for (const cache::BlobInput& blob : alias.client_artifacts) clients.insert(blob.name);
   cache::ArtifactStore::NamedDigests shared;
-  for (const cache::StoredBlob& blob : entry.blobs) shared.emplace_back(blob.name, blob.digest);
+  for (const cache::StoredBlob& blob : entry.blobs) {
+    if (!clients.contains(blob.name)) shared.emplace_back(blob.name, blob.digest);
+  }
   // A lost alias only costs the client a later Compile; the result stands.
   // A full disk the store reports itself, once.
   if (absl::Status status = store_.Put(alias.ns, alias.key, alias.client_artifacts, shared).status();

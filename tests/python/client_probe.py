@@ -44,6 +44,21 @@ def _counting_make_ir(self, *args, **kwargs):
 
 triton_compiler.ASTSource.make_ir = _counting_make_ir
 
+ttgir_made_here = 0  # make_ttgir runs in this process
+
+
+def _counting_make_ttgir(make_ttgir):
+    def counted(*args, **kwargs):
+        global ttgir_made_here
+        ttgir_made_here += 1
+        return make_ttgir(*args, **kwargs)
+    return staticmethod(counted)
+
+
+from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
+
+CUDABackend.make_ttgir = _counting_make_ttgir(CUDABackend.make_ttgir)
+
 
 def digest(value):
     return hashlib.sha256(value if isinstance(value, bytes) else value.encode()).hexdigest()
@@ -461,9 +476,12 @@ def autotune_warmup(failing=False):
         return {"error": type(error).__name__, "message": str(error).splitlines()[-1]}
     kernels = {}
     for config, kernel_compiled in zip(kernel.configs, compiled):
-        kernels[str(config)] = {"hash": kernel_compiled.hash,
-                                "asm": {ext: digest(kernel_compiled.asm[ext]) for ext in ("ttgir", "ptx", "cubin")}}
-    return {"kernels": kernels, "frontend_threads": sorted(frontend_threads)}
+        metadata = kernel_compiled.metadata._asdict()
+        metadata["target"] = list(metadata["target"].__dict__.values())
+        kernels[str(config)] = {"hash": kernel_compiled.hash, "metadata": metadata,
+                                "asm": {ext: digest(kernel_compiled.asm[ext])
+                                        for ext in ("ttir", "ttgir", "llir", "ptx", "cubin")}}
+    return {"kernels": kernels, "frontend_threads": sorted(frontend_threads), "ttgir_made_here": ttgir_made_here}
 
 
 def autotune_benchmarks():

@@ -13,22 +13,44 @@ from conftest import tcp_kilnd
 from test_client import base_env, kiln_env, probe_json, run_probe  # noqa: F401  (fixtures)
 
 
-def test_configs_compile_at_once_through_kilnd_into_stocks_kernels(base_env, kiln_env, kilnd):
+def test_configs_compile_at_once_through_kilnd_into_stocks_kernels(base_env, kiln_env, kilnd, tmp_path):
     stock = probe_json(run_probe(base_env, "autotune-warmup"))
     assert len(stock["kernels"]) == 4 and stock["frontend_threads"] == ["MainThread"]
+    assert stock["ttgir_made_here"] == 4
 
     before = kilnd.stats()
     ahead = run_probe(dict(kiln_env, KILN_STRICT="1", KILN_DEBUG="1"), "autotune-warmup")
     compiled = probe_json(ahead)
     assert compiled["kernels"] == stock["kernels"]
-    # Every config's frontend ran in Kiln's threads, and kilnd compiled each once.
+    # Every config's frontend ran in Kiln's threads, and kilnd compiled each
+    # once, from the frontend's TTIR: no TTGIR was made in the process.
     assert compiled["frontend_threads"] == ["kiln-compile"], compiled["frontend_threads"]
+    assert compiled["ttgir_made_here"] == 0
     assert "4 configs compiled ahead" in ahead.stderr, ahead.stderr[-3000:]
     after = kilnd.stats()
     assert after.compiles - before.compiles == 4
     # Reported as the process exited: its four configs, and the time they saved.
     assert after.compiled_ahead - before.compiled_ahead == 4
     assert after.ahead_seconds_saved >= before.ahead_seconds_saved
+
+    # A process with no files of its own gets the same kernels from kilnd,
+    # stock's .ttir (the compiling process's, not the one kilnd's worker
+    # made from text) among them, and compiles nothing.
+    elsewhere = dict(kiln_env, KILN_STRICT="1", TRITON_CACHE_DIR=str(tmp_path / "other-triton"),
+                     KILN_FILES_DIR=str(tmp_path / "other-files"))
+    served = probe_json(run_probe(elsewhere, "autotune-warmup"))
+    assert served["kernels"] == stock["kernels"] and served["frontend_threads"] == []
+    assert kilnd.stats().compiles == after.compiles
+
+
+def test_a_compile_ahead_under_a_compiler_debugging_variable_makes_its_ttgir_here(base_env, kiln_env):
+    """Variables such as MLIR_ENABLE_TIMING show their output as the stages
+    run: the user's process runs them, as stock."""
+    env = dict(base_env, MLIR_ENABLE_TIMING="1")
+    stock = probe_json(run_probe(env, "autotune-warmup"))
+    compiled = probe_json(run_probe(dict(kiln_env, MLIR_ENABLE_TIMING="1", KILN_STRICT="1"), "autotune-warmup"))
+    assert compiled["kernels"] == stock["kernels"]
+    assert compiled["frontend_threads"] == ["kiln-compile"] and compiled["ttgir_made_here"] == 4
 
 
 def test_benchmarks_of_configs_compiled_ahead_choose_as_stock(base_env, fresh_kilnd):

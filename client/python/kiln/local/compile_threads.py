@@ -1,9 +1,9 @@
 """The threads that compile kernels ahead of their first use: an autotuned
 kernel's configs (triton/autotune_ahead) and a torch.compile graph's Triton kernels
 (inductor/threads). One pool for both, so they never add up to more threads
-than it has. Each thread runs the frontend in this process (it needs this
-Python; Triton's pass managers let go of the GIL) while the stages from LLIR
-to the cubin run in kilnd's worker processes.
+than it has. Each thread runs the frontend and make_ttir in this process (they
+need this Python) while the stages from TTGIR to the cubin run in kilnd's
+worker processes (triton/remote).
 
 KILN_COMPILE_THREADS sets how many (KILN_AUTOTUNE_THREADS, its first name, is
 read too); the default is half the cores, 2 to 8: kilnd's workers need the
@@ -67,6 +67,11 @@ def submit(function, *args, after=None):
     """Runs function(*args) in the pool, accounted as one compile ahead; first,
     before its turn, after() where given (a wait for work elsewhere)."""
     return pool().submit(_accounted, function, *args, after=after)
+
+
+def in_compile_thread():
+    """Whether this thread is running a compile ahead."""
+    return hasattr(_this_thread, "remote_seconds")
 
 
 def note_remote_seconds(seconds):

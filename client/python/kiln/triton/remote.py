@@ -278,17 +278,41 @@ def _raise_compile_error(error):
 
 # The stages that run in this process, as in stock Triton: up to the LLVM IR,
 # Triton's stages hand each other in-memory MLIR modules whose text form loses
-# the locations of loop-carried values (and those reach the LLVM debug info),
-# so TTIR, TTGIR and LLIR must be made here to equal stock's. make_llir returns
+# the names and locations of loop-carried values. They reach the .ttir file
+# itself and, under LLVM_EXTRACT_DI_LOCAL_VARIABLES, the LLVM debug info;
+# nothing after the .ttir otherwise (test_pipeline compiles the suite from
+# frontend TTIR text to stock's TTGIR, LLIR, PTX and cubin). make_llir returns
 # text and make_ptx parses it: there Triton itself serializes, and kilnd takes
 # over (PTX and ptxas, about half of a compile) with nothing lost.
-_LOCAL_STAGES = ("ttir", "ttgir", "llir")
-_INPUT_STAGE = {"ttgir": "STAGE_TTGIR", "llir": "STAGE_LLIR", "ptx": "STAGE_PTX"}
+_FIRST_STAGE_IN_KILND = "ptx"
+# A compile ahead (Kiln's compile threads: an autotuned kernel's configs, a
+# graph's kernels) makes only the .ttir here, and kilnd the TTGIR onwards, from
+# the frontend's TTIR: the stages' Python glue in this process would take the
+# GIL, in many short turns, from the frontends of the compiles beside it and
+# from the benchmark loop waiting for it (the first config of an autotuned
+# kernel was ready in 0.65 s with 7 compiles beside it, 0.26 s alone).
+_FIRST_STAGE_IN_KILND_AHEAD = "ttgir"
+_INPUT_STAGE = {"source": "STAGE_TTIR", "ttgir": "STAGE_TTGIR", "llir": "STAGE_LLIR", "ptx": "STAGE_PTX"}
+
+
+def _stages_may_leave(metadata):
+    """Whether kilnd may run make_ttgir and make_llir for this process: not
+    when anything makes their output differ from what kilnd's workers (which
+    see the client's environment, not its knobs) would make, or shows the user
+    something while they run (dumps, timings, overrides)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    compilation = knobs.compilation
+    return not (metadata.get("ir_override") or get_cache_invalidating_env_vars() or compilation.override
+                or compilation.dump_ir or compilation.use_ir_loc or compilation.disable_line_info
+                or compilation.dump_ir_extract_di_local_variables or compilation.enable_asan
+                or compilation.instrumentation_mode)
 
 
 class _RemoteCompile:
     """One kernel's stages: TTIR, TTGIR and LLIR run here; the first later stage
-    sends the LLIR to kilnd and each returns kilnd's artifact. A stage whose input is
+    sends the LLIR to kilnd and each returns kilnd's artifact. A compile ahead
+    sends the frontend's TTIR at the TTGIR stage instead. A stage whose input is
     not what kilnd returned for the stage before (an ir_override or
     TRITON_KERNEL_OVERRIDE replaced it) compiles again from that input. If kilnd
     goes away, the stock stages run."""
@@ -301,6 +325,8 @@ class _RemoteCompile:
         self.group = _frontend.current()
         self.artifacts = None  # ext -> what kilnd returned
         self.stock = False
+        self.first_in_kilnd = _FIRST_STAGE_IN_KILND
+        self.made_ttir = None  # make_ttir's output, here
 
     def stage(self, ext, module, metadata):
         _compile_threads.python_part_done()  # a Triton that keeps no frontend output ends it here
@@ -312,14 +338,23 @@ class _RemoteCompile:
             raise
 
     def _run(self, ext, module, metadata):
-        if self.stock or ext in _LOCAL_STAGES:
-            return self.original[ext](module, metadata)
         if self.group is not None and self.group.hex != metadata["hash"]:
             self.group = None  # not the compile this thread looked up last
+        if ext == _FIRST_STAGE_IN_KILND_AHEAD and not self.stock and self._frontend_goes(module, metadata):
+            self.first_in_kilnd = ext
+        if self.stock or self.order.index(ext) < self.order.index(self.first_in_kilnd):
+            made = self.original[ext](module, metadata)
+            if ext == "ttir":
+                self.made_ttir = made
+            return made
         input_ext = self.order[self.order.index(ext) - 1]
         if self.artifacts is None or self.artifacts.get(input_ext) is not module:
             try:
-                kernel_error = self._compile(input_ext, module, metadata)
+                # From the frontend's TTIR, kilnd runs make_ttir again: the
+                # .ttir it would make from text differs from stock's (loop
+                # variables' names), so this process keeps its own.
+                sent_ext = "source" if ext == _FIRST_STAGE_IN_KILND_AHEAD else input_ext
+                kernel_error = self._compile(sent_ext, module, metadata)
             except Exception as error:  # noqa: BLE001  (Kiln's failure, never the kernel's: stock compiles it)
                 _go_stock(error)
                 self.stock = True
@@ -327,6 +362,13 @@ class _RemoteCompile:
             if kernel_error is not None:
                 _raise_compile_error(kernel_error)  # the kernel's own failure, as stock raises it
         return self.artifacts[ext]
+
+    def _frontend_goes(self, ttir, metadata):
+        """Whether this compile ahead sends its frontend's TTIR to kilnd: the
+        TTIR stage's input was the frontend's output, kept as Triton's
+        .source, and its output is what this stage gets."""
+        return (_compile_threads.in_compile_thread() and self.group is not None and ttir is self.made_ttir
+                and any(name.endswith(".source") for name in self.group.made) and _stages_may_leave(metadata))
 
     def _input_text(self, input_ext, module):
         """The IR text Triton stored for the input stage (printed once, by put)."""
