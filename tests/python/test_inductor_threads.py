@@ -66,9 +66,10 @@ def test_a_graphs_kernels_compile_at_once_through_kilnd_into_stocks_kernels(tmp_
     stats = kilnd.stats()
     # The frontends ran here, the rest in kilnd's workers.
     assert stats.compiles == configs and rpc_calls(stats, "CompileInductorKernel") == (0, 0)
-    # The process reported them as it exited: a compile ahead per kernel, and
-    # the time saved against one after another (2 cores here: some).
-    assert stats.compiled_ahead == KERNELS and stats.ahead_seconds_saved > 0
+    # The process reported them as it exited: a compile ahead per kernel. The
+    # time they saved depends on the machine's load (none with no core free);
+    # what it adds up from, test_compile_threads.
+    assert stats.compiled_ahead == KERNELS
 
 
 def rpc_calls(stats, method):
