@@ -74,7 +74,8 @@ def _deferred_until_compiling(start_pool):
 def install_async_compile(module):
     async_compile = getattr(module, "AsyncCompile", None)
     use_process_pool = getattr(async_compile, "use_process_pool", None)
-    wakeup = getattr(async_compile, "wakeup", None)
+    # Both classmethods in the torch versions Kiln knows; anything else starts as in stock.
+    wakeup = getattr(getattr(async_compile, "wakeup", None), "__func__", None)
     if use_process_pool is None or wakeup is None or not callable(getattr(module, "maybe_warm_pool", None)):
         log.debug("inductor's compile pool not found: it starts as in stock")
         return
@@ -86,7 +87,7 @@ def install_async_compile(module):
 
     gated._kiln_pool_gate = True
     module.maybe_warm_pool = _deferred_until_compiling(module.maybe_warm_pool)
-    async_compile.wakeup = classmethod(_deferred_until_compiling(wakeup.__func__))
+    async_compile.wakeup = classmethod(_deferred_until_compiling(wakeup))
     async_compile.use_process_pool = classmethod(gated)
 
 
