@@ -3,7 +3,8 @@ a venv of its own (.venv-triton/VERSION, made by scripts/setup-python) with the
 client installed, each with a real kilnd whose toolchain it is: the kernel
 suite equal to that Triton's stock from two processes at once that compile
 each kernel once, a new process that hits every kernel with no compile and no
-frontend, a recording for sm80 prewarmed for sm90, launcher modules built by
+frontend, a recording for sm80 prewarmed for sm90, an autotuned kernel's
+configs compiled at once into stock's kernels, launcher modules built by
 kilnd and served to a new process, failing kernels raised as stock raises
 them, and `kiln misses` naming what changed.
 The full suite of the other test files runs on the main version only."""
@@ -101,6 +102,22 @@ def test_the_suite_equals_stock_and_a_new_process_and_a_prewarmed_target_hit_eve
         fresh = finish(through_kiln("fresh", "suite"))
         assert fresh["kernels"] == stock
         assert fresh["frontend_runs"] == 0 and kilnd.stats().compiles == 2 * len(sm80)
+    finally:
+        assert kilnd.stop() == 0
+
+
+def test_an_autotuned_kernels_configs_compile_ahead_through_kilnd_into_stocks_kernels(version, tmp_path):
+    base = hermetic.stock_env()
+    stock = probe(version, dict(base, TRITON_CACHE_DIR=str(tmp_path / "stock")), "autotune-warmup")
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={python_of(version)}", "--compile-workers=2")
+    try:
+        ahead = probe(version, dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+                                    TRITON_CACHE_DIR=str(tmp_path / "kiln"), KILN_FILES_DIR=str(tmp_path / "files")),
+                      "autotune-warmup")
+        assert ahead["kernels"] == stock["kernels"] and len(stock["kernels"]) == 4
+        # In Kiln's threads, each config's TTGIR onwards made by kilnd.
+        assert ahead["frontend_threads"] == ["kiln-compile"] and ahead["ttgir_made_here"] == 0
+        assert kilnd.stats().compiles == 4
     finally:
         assert kilnd.stop() == 0
 

@@ -18,7 +18,7 @@ TRITON = (
     ("triton.backends.nvidia.driver", "kiln.triton.launcher_origin:follow"),
     # Modules are built by kilnd even in a process that has not activated Kiln.
     ("triton.knobs", "kiln.triton.build_hook:install"),
-    # Kernel keys are the same before Kiln activates as after (Triton 3.7+).
+    # Kiln's stages, in place wherever Triton compiles (Triton 3.6).
     ("triton.knobs", "kiln.triton.stages_hook:install"),
     # An autotuned kernel's configs compiled at once.
     ("triton.runtime.autotuner", "kiln.triton.autotune_ahead:install"),

@@ -3,19 +3,20 @@
 - RemoteCacheManager, behind cache_manager.KilnCacheManager (TRITON_CACHE_MANAGER):
   lookups go to kilnd; a hit returns Triton's group of files without running
   the frontend; a miss may claim the kernel (others wait for this compile).
-- The stages hook (knobs.runtime.add_stages_inspection_hook, set as
-  triton.knobs is imported by _stages_hook; on 3.5 a wrapper of
+- The stages hook (on Triton 3.6 knobs.runtime.add_stages_inspection_hook,
+  set as triton.knobs is imported by _stages_hook; elsewhere a wrapper of
   CUDABackend.add_stages): TTIR, TTGIR and LLIR run here as in stock; the
   LLIR goes to kilnd, and the later stages return kilnd's results.
 - knobs.build.impl (_build_hook, set as triton.knobs is imported): launcher
   and cuda_utils modules are built by kilnd.
 
-Kiln activates once per process (connects to kilnd; on 3.5 wraps the
+Kiln activates once per process (connects to kilnd; but on 3.6 wraps the
 backend), on the first use of the cache manager that needs kilnd (which the
 environment variable carries into subprocesses), so importing kiln costs an
-interpreter nothing until Triton compiles or misses its local index. The two
+interpreter nothing until Triton compiles or misses its local index. The
 knob hooks are in place before that: the build hook activates Kiln when a
-module is to be built, the stages hook runs Kiln's stages once it is active.
+module is to be built, the stages hook (3.6) runs Kiln's stages once it is
+active.
 """
 
 import functools
@@ -295,18 +296,22 @@ _FIRST_STAGE_IN_KILND_AHEAD = "ttgir"
 _INPUT_STAGE = {"source": "STAGE_TTIR", "ttgir": "STAGE_TTGIR", "llir": "STAGE_LLIR", "ptx": "STAGE_PTX"}
 
 
+# Triton's compilation knobs that keep them here when set (3.4 and 3.5 lack the
+# last two).
+_KNOBS_KEEPING_STAGES_HERE = ("override", "dump_ir", "use_ir_loc", "disable_line_info", "enable_asan",
+                              "store_binary_only", "dump_ir_extract_di_local_variables", "instrumentation_mode")
+
+
 def _stages_may_leave(metadata):
     """Whether kilnd may run make_ttgir and make_llir for this process: not
     when anything makes their output differ from what kilnd's workers (which
     see the client's environment, not its knobs) would make, or shows the user
-    something while they run (dumps, timings, overrides)."""
+    something while they run (dumps, timings, overrides). Nor where Triton
+    keeps no .ttir (TRITON_STORE_BINARY_ONLY): kilnd would keep its own."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
-    compilation = knobs.compilation
-    return not (metadata.get("ir_override") or get_cache_invalidating_env_vars() or compilation.override
-                or compilation.dump_ir or compilation.use_ir_loc or compilation.disable_line_info
-                or compilation.dump_ir_extract_di_local_variables or compilation.enable_asan
-                or compilation.instrumentation_mode)
+    return not (metadata.get("ir_override") or get_cache_invalidating_env_vars()
+                or any(getattr(knobs.compilation, knob, None) for knob in _KNOBS_KEEPING_STAGES_HERE))
 
 
 class _RemoteCompile:
@@ -470,17 +475,18 @@ _original_add_stages = None
 
 def _install_stages_hook():
     global _original_add_stages
-    if _triton_versions.has_stages_knob(knobs):
+    if _triton_versions.uses_stages_knob(knobs):
         _stages_hook.claim(knobs)  # again after kiln.disable(), which released it
         return
-    # Triton 3.4 and 3.5: wrap the CUDA backend's add_stages.
+    # Triton 3.4, 3.5 and 3.7+: wrap the CUDA backend's add_stages.
     from triton.backends.nvidia.compiler import CUDABackend
 
     _original_add_stages = CUDABackend.add_stages
 
-    def add_stages(self, stages, options, language):
-        _original_add_stages(self, stages, options, language)
-        stages_hook(self, stages, options, language)
+    def add_stages(self, stages, options, language, *rest):
+        _original_add_stages(self, stages, options, language, *rest)
+        if getattr(knobs.runtime, "add_stages_inspection_hook", None) is None:  # else the user's pipeline runs stock
+            stages_hook(self, stages, options, language)
 
     CUDABackend.add_stages = add_stages
 

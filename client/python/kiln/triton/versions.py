@@ -18,6 +18,7 @@ _patches may call them while Triton is being imported.
 """
 
 import importlib
+import sys
 
 OLDEST = (3, 4)
 NEWEST_TESTED = (3, 9)
@@ -63,13 +64,21 @@ def triton_key():
 
 # --- how Kiln's stages enter a compile --------------------------------------------
 
-def has_stages_knob(knobs):
-    """knobs.runtime.add_stages_inspection_hook, which the backends call with
-    their stages (Triton 3.6+). From 3.7 compile() and the JIT also call it
-    with no arguments for a key (triton/stages_hook answers both). Before 3.6 Kiln
-    wraps CUDABackend.add_stages instead (triton/remote)."""
+def uses_stages_knob(knobs):
+    """Whether Kiln's stages enter a compile through
+    knobs.runtime.add_stages_inspection_hook, which the backends call with
+    their stages (triton/stages_hook): on Triton 3.6. From 3.7 the JIT asks a
+    hook that is set for a key and appends it to the kernel's specialization as
+    text, which becomes a stray attribute of the kernel's source, so every
+    kernel the JIT compiles is keyed apart from stock's even when the key is
+    empty. There, as before 3.6, which has no such knob, Kiln wraps
+    CUDABackend.add_stages (triton/remote). Asked as triton.knobs is imported:
+    triton/__init__ has set __version__ by then."""
     runtime = getattr(knobs, "runtime", None)
-    return runtime is not None and hasattr(runtime, "add_stages_inspection_hook")
+    if runtime is None or not hasattr(runtime, "add_stages_inspection_hook"):
+        return False
+    triton = sys.modules.get("triton")
+    return triton is not None and version_of(getattr(triton, "__version__", "0.0")) < (3, 7)
 
 
 # --- what the frontend reads of the machine's GPU -------------------------------
