@@ -16,6 +16,12 @@ process with empty local caches, in rounds that interleave:
   kiln-one-by-one Kiln, TORCHINDUCTOR_COMPILE_THREADS=1, KILN_INDUCTOR_AHEAD=0 (not by default)
   kiln-pool-4     Kiln, inductor's pool of 4 processes (TORCHINDUCTOR_COMPILE_THREADS=4; not by default)
   kiln-pool-8     the same with 8
+  stock-serial-compiled, stock-pool-compiled
+                  stock-serial and stock-pool again, on the Triton cache their own run
+                  of the round filled but with a fresh inductor cache: everything a
+                  cold first call costs but Triton's compiles (tracing, lowering,
+                  inductor's benchmarks, the pool), the floor under any cold run
+                  whose kernels are stock's
 
 Prints each kind's median first call and CPU (the program with the processes it
 waited for, plus kilnd and its workers), as ratios to stock-serial and
@@ -38,14 +44,16 @@ from autotune_gpu_bench import Kilnd, prepare  # noqa: E402
 
 PROGRAM = Path(__file__).resolve().with_name("inductor_program.py")
 KINDS = ("stock-serial", "kiln-serial", "kiln-warm", "kiln-serial-running", "stock-pool", "kiln-pool", "kiln-threads",
-         "kiln-threads-running", "kiln-one-by-one", "kiln-pool-4", "kiln-pool-8")
-DEFAULT_KINDS = KINDS[:-3]
+         "kiln-threads-running", "kiln-one-by-one", "kiln-pool-4", "kiln-pool-8", "stock-serial-compiled",
+         "stock-pool-compiled")
+DEFAULT_KINDS = KINDS[:-5]
 SERIAL = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 SETTINGS = {"stock-serial": SERIAL, "kiln-serial": SERIAL, "kiln-warm": SERIAL, "stock-pool": {}, "kiln-pool": {},
             "kiln-threads": {"KILN_INDUCTOR_AHEAD": "pool"}, "kiln-serial-running": SERIAL,
             "kiln-threads-running": {"KILN_INDUCTOR_AHEAD": "pool"},
             "kiln-one-by-one": dict(SERIAL, KILN_INDUCTOR_AHEAD="0"),
-            "kiln-pool-4": {"TORCHINDUCTOR_COMPILE_THREADS": "4"}, "kiln-pool-8": {"TORCHINDUCTOR_COMPILE_THREADS": "8"}}
+            "kiln-pool-4": {"TORCHINDUCTOR_COMPILE_THREADS": "4"}, "kiln-pool-8": {"TORCHINDUCTOR_COMPILE_THREADS": "8"},
+            "stock-serial-compiled": SERIAL, "stock-pool-compiled": {}}
 EXTRA_KILN_ENV = {name[len("BENCH_"):]: value for name, value in os.environ.items() if name.startswith("BENCH_KILN_")}
 
 
@@ -54,9 +62,9 @@ def children_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-def run(kind, work, model, kilnd=None):
+def run(kind, work, model, kilnd=None, triton_cache=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR_"))}
-    env.update(TRITON_CACHE_DIR=str(work / "triton"), TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
+    env.update(TRITON_CACHE_DIR=str(triton_cache or work / "triton"), TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
                KILN_FILES_DIR=str(work / "files"), **SETTINGS[kind])
     if kilnd is not None:
         env.update(KILN="1", KILN_STRICT="1", KILN_ENDPOINT=kilnd.env["KILN_ENDPOINT"], **EXTRA_KILN_ENV)
@@ -103,6 +111,11 @@ def main():
                     warm.mkdir()
                     results["kiln-warm"].append(run("kiln-warm", warm, options.model, kilnd))
                 kilnd.stop()
+            elif kind.endswith("-compiled"):
+                filled = root / f"{number}-{kind[:-len('-compiled')]}" / "triton"
+                if not filled.is_dir():
+                    raise SystemExit(f"{kind} needs {kind[:-len('-compiled')]} among the kinds, before it")
+                results[kind].append(run(kind, work, options.model, triton_cache=filled))
             else:
                 results[kind].append(run(kind, work, options.model))
         print(f"round {number + 1}: " + ", ".join(
