@@ -44,21 +44,6 @@ def _counting_make_ir(self, *args, **kwargs):
 
 triton_compiler.ASTSource.make_ir = _counting_make_ir
 
-ttgir_made_here = 0  # make_ttgir runs in this process
-
-
-def _counting_make_ttgir(make_ttgir):
-    def counted(*args, **kwargs):
-        global ttgir_made_here
-        ttgir_made_here += 1
-        return make_ttgir(*args, **kwargs)
-    return staticmethod(counted)
-
-
-from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
-
-CUDABackend.make_ttgir = _counting_make_ttgir(CUDABackend.make_ttgir)
-
 
 def digest(value):
     return hashlib.sha256(value if isinstance(value, bytes) else value.encode()).hexdigest()
@@ -463,10 +448,20 @@ def autotune_warmup(failing=False):
     configs for sm90, as a program precompiles before its first call: each
     config's kernel; with `failing`, one config fails a static_assert, and
     what warmup raised."""
+    from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.driver import driver
 
     import autotuned_kernels
 
+    ttgir_made_here = 0  # where each config's TTGIR was made: in this process, or in kilnd
+    make_ttgir = CUDABackend.make_ttgir
+
+    def counted_make_ttgir(*args, **kwargs):
+        nonlocal ttgir_made_here
+        ttgir_made_here += 1
+        return make_ttgir(*args, **kwargs)
+
+    CUDABackend.make_ttgir = staticmethod(counted_make_ttgir)
     driver.set_active(autotuned_kernels.CompileOnlyDriver())
     kernel = autotuned_kernels.FAILING_MATMUL if failing else autotuned_kernels.MATMUL
     tensor = autotuned_kernels.StandInTensor()
