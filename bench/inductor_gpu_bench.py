@@ -112,9 +112,10 @@ def main():
                     results["kiln-warm"].append(run("kiln-warm", warm, options.model, kilnd))
                 kilnd.stop()
             elif kind.endswith("-compiled"):
-                filled = root / f"{number}-{kind[:-len('-compiled')]}" / "triton"
+                filler = kind.removesuffix("-compiled")
+                filled = root / f"{number}-{filler}" / "triton"
                 if not filled.is_dir():
-                    raise SystemExit(f"{kind} needs {kind[:-len('-compiled')]} among the kinds, before it")
+                    raise SystemExit(f"{kind} needs {filler} among the kinds")
                 results[kind].append(run(kind, work, options.model, triton_cache=filled))
             else:
                 results[kind].append(run(kind, work, options.model))
