@@ -66,7 +66,8 @@ def environment(outer, root):
     # test state: found where scripts/windows-triton put it, outside the run's home.
     outer_cache = outer.get("XDG_CACHE_HOME") or str(Path(outer.get("HOME", "/tmp")) / ".cache")
     env.setdefault("KILN_WINDOWS_DEPS_CACHE", str(Path(outer_cache) / "kiln-windows-deps"))
-    # So is ccache's (scripts/windows-tests builds in here): where ccache keeps it by default.
+    # So is ccache's (scripts/windows-tests builds in here): where ccache 4 keeps it unless
+    # the account set CCACHE_DIR, which is kept (an older ~/.ccache is not looked for).
     env.setdefault("CCACHE_DIR", str(Path(outer_cache) / "ccache"))
     env.update(_isolated(root))
     return env

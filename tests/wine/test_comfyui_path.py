@@ -1,6 +1,6 @@
 """The path of a Windows ComfyUI user, under Wine: ComfyUI portable's
 `python_embeded` (python.org's embeddable CPython 3.12 or 3.13 with `import
-site`, and triton-windows 3.6 or 3.7, from PyPI: scripts/windows-triton), Kiln's Python client
+site`, and triton-windows 3.6, 3.7 or 3.8, from PyPI: scripts/windows-triton), Kiln's Python client
 installed into it with `python.exe -m pip install`, and the zip's kilnd.exe,
 which the client starts for the user when none runs, with that python.exe
 registered as its toolchain. The kernel suite goes through `triton.compile`
