@@ -69,6 +69,9 @@ def environment(outer, root):
     # So is ccache's (scripts/windows-tests builds in here): where ccache 4 keeps it unless
     # the account set CCACHE_DIR, which is kept (an older ~/.ccache is not looked for).
     env.setdefault("CCACHE_DIR", str(Path(outer_cache) / "ccache"))
+    # And pip's, for the venvs and wheels the tests make (triton, hatchling): where
+    # pip keeps it unless the account set PIP_CACHE_DIR, which is kept.
+    env.setdefault("PIP_CACHE_DIR", str(Path(outer_cache) / "pip"))
     env.update(_isolated(root))
     return env
 

@@ -1,5 +1,6 @@
 """Fixtures that run the real kilnd binary with the real triton package."""
 
+import json
 import os
 import re
 import signal
@@ -24,6 +25,27 @@ hermetic.enter()
 
 
 from kiln.service import api as _api  # noqa: E402  (the client package's API messages and stub)
+
+PROBE = Path(__file__).parent / "client_probe.py"
+
+
+def run_probe(env, *args, check=True):
+    result = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"probe failed:\n{result.stderr[-4000:]}")
+    return result
+
+
+def probe_json(result):
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def stock_suite(tmp_path_factory):
+    """The kernel suite as stock Triton compiles it, once for every module that compares with it."""
+    env = hermetic.stock_env()
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("stock-cache"))
+    return probe_json(run_probe(env, "suite"))["kernels"]
 
 
 def run_on_terminal(command, env=None, timeout=600):

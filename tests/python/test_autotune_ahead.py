@@ -9,8 +9,8 @@ KILN_AUTOTUNE_AHEAD=0 compiles them one by one."""
 import hashlib
 import sys
 
-from conftest import tcp_kilnd
-from test_client import base_env, kiln_env, probe_json, run_probe  # noqa: F401  (fixtures)
+from conftest import probe_json, run_probe, tcp_kilnd
+from test_client import base_env, kiln_env  # noqa: F401  (fixtures)
 
 
 def test_configs_compile_at_once_through_kilnd_into_stocks_kernels(base_env, kiln_env, kilnd, tmp_path):

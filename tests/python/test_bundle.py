@@ -8,8 +8,7 @@ import sys
 
 import hermetic
 import kernel_suite
-from conftest import BUILD, Kilnd, run_on_terminal
-from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
+from conftest import BUILD, Kilnd, probe_json, run_on_terminal, run_probe
 
 KILN = BUILD / "client" / "cpp" / "kiln"
 

@@ -10,22 +10,10 @@ from pathlib import Path
 import pytest
 
 import hermetic
-from conftest import BUILD, Kilnd, kilnd_processes_with, tcp_kilnd
+from conftest import BUILD, PROBE, Kilnd, kilnd_processes_with, probe_json, run_probe, tcp_kilnd
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
-PROBE = Path(__file__).parent / "client_probe.py"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run_probe(env, *args, check=True):
-    result = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, env=env)
-    if check and result.returncode != 0:
-        raise AssertionError(f"probe failed:\n{result.stderr[-4000:]}")
-    return result
-
-
-def probe_json(result):
-    return json.loads(result.stdout.splitlines()[-1])
 
 
 @pytest.fixture
@@ -39,13 +27,6 @@ def base_env(tmp_path):
 @pytest.fixture
 def kiln_env(base_env, kilnd):
     return dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
-
-
-@pytest.fixture(scope="module")
-def stock_suite(tmp_path_factory):
-    env = hermetic.stock_env()
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("stock-cache"))
-    return probe_json(run_probe(env, "suite"))["kernels"]
 
 
 def test_pth_activation_reaches_a_subprocess(kiln_env):

@@ -17,9 +17,9 @@ from triton.backends.compiler import GPUTarget
 
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd
+from conftest import BUILD, Kilnd, probe_json, run_probe
 from pipeline_client import compile_request
-from test_client import base_env, kiln_env, probe_json, run_probe  # noqa: F401  (fixtures)
+from test_client import base_env, kiln_env  # noqa: F401  (fixtures)
 
 KILN = BUILD / "client" / "cpp" / "kiln"
 

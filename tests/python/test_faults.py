@@ -15,8 +15,7 @@ import pytest
 from kiln.service import api as _api
 
 import hermetic
-from conftest import Kilnd, tcp_kilnd
-from test_client import PROBE, probe_json
+from conftest import PROBE, Kilnd, probe_json, tcp_kilnd
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
 FALLBACK_WARNING = "compiling with stock Triton instead"

@@ -17,9 +17,8 @@ from triton.backends.nvidia import driver as nvidia_driver
 import hermetic
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd, kilnd_refusing
+from conftest import BUILD, Kilnd, kilnd_refusing, probe_json, run_probe
 from pipeline_client import compile_request
-from test_client import probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
 

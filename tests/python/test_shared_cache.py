@@ -15,9 +15,8 @@ from triton.backends.compiler import GPUTarget
 import hermetic
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd, kilnd_refusing, tcp_kilnd
+from conftest import BUILD, PROBE, Kilnd, kilnd_refusing, probe_json, run_probe, tcp_kilnd
 from pipeline_client import blobs_by_name, compile_request
-from test_client import PROBE, probe_json, run_probe, stock_suite  # noqa: F401  (fixture)
 
 PASSWORD = "fleet-secret"
 

