@@ -30,7 +30,7 @@ ROOT_VARIABLE = "KILN_TEST_ROOT"
 # Where scripts/test's builds and downloads are: inputs of the tests, kept.
 HARNESS_VARIABLES = frozenset({
     ROOT_VARIABLE, "KILN_MACHINE_RUNTIME_DIR", "KILN_BUILD_DIR", "KILN_VENV", "KILN_PYTHON",
-    "KILN_MINGW_BUILD_DIR", "KILN_WINDOWS_BUILD_DIR", "KILN_WINDOWS_DEPS_CACHE",
+    "KILN_MINGW_BUILD_DIR", "KILN_WINDOWS_BUILD_DIR", "KILN_WINDOWS_DEPS_CACHE", "KILN_WINDOWS_DEPS_SEED",
 })
 # Settings of a harness that share a prefix with those below: tests/gpu/triton_suite.sh's.
 HARNESS_PREFIXES = ("TRITON_SUITE_",)
