@@ -3,7 +3,7 @@
 # cache already holds (scripts/test built or unpacked it; skipped where none
 # is): --make-seed writes a seed of it, an empty cache takes that seed instead
 # of building, and a damaged or mismatched seed, or none, is refused with one
-# line saying why (--no-build stops there instead of a 30-minute build).
+# line saying why (--no-build stops there instead of a 20-minute build).
 # Each case runs on an empty cache of its own, whose Debian source trees are
 # the real cache's (read, never fetched again).
 set -euo pipefail
