@@ -4,7 +4,6 @@ what they carry (tests/python/test_wheels.py) and of installing them
 builds them once for all its suites: they are made from the checkout, which
 no test changes."""
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -20,23 +19,14 @@ def build_wheels(out):
     if not run_root:
         return _build(out)
     shared = Path(run_root) / "wheels"
-    shared.mkdir(exist_ok=True)
-    with open(shared / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        built = {tag: shared / name for tag, name in
-                 (line.split(" ", 1) for line in _read(shared / ".built").splitlines())}
-        if not built:
-            built = _build(shared)
-            (shared / ".built").write_text("".join(f"{tag} {path.name}\n" for tag, path in built.items()))
+    listing = shared / ".built"
+    if listing.exists():
+        built = {tag: shared / name for tag, name in (line.split(" ", 1) for line in listing.read_text().splitlines())}
+    else:
+        built = _build(shared)
+        listing.write_text("".join(f"{tag} {path.name}\n" for tag, path in built.items()))
     out.mkdir(parents=True, exist_ok=True)
     return {tag: Path(shutil.copy2(path, out / path.name)) for tag, path in built.items()}
-
-
-def _read(path):
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return ""
 
 
 def _build(out):
