@@ -208,9 +208,20 @@ absl::Status UninstallWindowsService(const std::string& name, absl::Duration sto
     if (!status.ok()) return status.status();
   }
   if (!DeleteService(service->get())) return ScError(absl::StrCat("cannot delete service ", name));
+  service->reset();
   const std::wstring key = Widen(absl::StrCat(kEventLogKey, name));
   RegDeleteKeyW(HKEY_LOCAL_MACHINE, key.c_str());
-  return absl::OkStatus();
+  // DeleteService only marks the service: the SCM removes it once its process
+  // has exited and every handle to it is closed, which can trail SERVICE_STOPPED.
+  // Waiting here means `kilnd status` or `kilnd install` right after returns
+  // "not installed" or installs afresh, rather than meeting a half-deleted one.
+  const absl::Time deadline = absl::Now() + stop_timeout;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<ScHandle> remaining = OpenNamedService(name, SERVICE_QUERY_STATUS);
+    if (absl::IsNotFound(remaining.status())) return absl::OkStatus();
+    Sleep(100);
+  }
+  return absl::OkStatus();  // still marked for deletion: it goes when the last handle closes
 }
 
 absl::Status StartWindowsService(const std::string& name, absl::Duration timeout) {

@@ -3,23 +3,32 @@
 // Log) around a small body that records what happened in a marker file,
 // standing in for kilnd's server, which needs gRPC (not built with mingw-w64).
 //
-// usage: kiln_test_service --windows-service NAME MARKER [--fail]
+// usage: kiln_test_service --windows-service NAME MARKER [--fail | --linger-ms=N]
+//
+// --linger-ms keeps the process alive N ms after it reported SERVICE_STOPPED,
+// as kilnd's own teardown (joining threads, closing the store) does.
 
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "common/platform.h"
 #include "service/windows_service.h"
 
 int main(int argc, char** argv) {
   if (argc < 4 || std::string(argv[1]) != "--windows-service") {
-    std::cerr << "usage: kiln_test_service --windows-service NAME MARKER [--fail]\n";
+    std::cerr << "usage: kiln_test_service --windows-service NAME MARKER [--fail | --linger-ms=N]\n";
     return 2;
   }
   const std::string name = argv[2];
   const std::string marker = argv[3];
-  const bool fail = argc > 4 && std::string(argv[4]) == "--fail";
+  const std::string option = argc > 4 ? argv[4] : "";
+  const bool fail = option == "--fail";
+  const std::string linger_flag = "--linger-ms=";
+  const int linger_ms =
+      option.rfind(linger_flag, 0) == 0 ? std::stoi(option.substr(linger_flag.size())) : 0;
   auto record = [&marker](const std::string& text) {
     std::ofstream(marker, std::ios::trunc) << text;
   };
@@ -37,5 +46,6 @@ int main(int argc, char** argv) {
     std::cerr << "kiln_test_service: " << result.message() << "\n";
     return 1;
   }
+  std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));
   return 0;
 }

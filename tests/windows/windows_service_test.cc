@@ -105,6 +105,29 @@ TEST(WindowsServiceTest, InstallStartQueryStopUninstall) {
   EXPECT_TRUE(absl::IsNotFound(UninstallWindowsService(name, absl::Seconds(1))));
 }
 
+// Uninstalling a running service stops it first; the SCM removes the entry only
+// after the service's process has exited, which trails SERVICE_STOPPED (here by
+// 2 s), so "gone" must hold the moment uninstall returns, not some time later.
+TEST(WindowsServiceTest, UninstallingARunningServiceLeavesNoEntryBehind) {
+  testing::TestDir dir;
+  const std::string name = UniqueServiceName();
+  const fs::path marker = dir.path() / "marker.txt";
+  WindowsServiceSpec lingering = TestService(name, marker);
+  lingering.arguments.push_back("--linger-ms=2000");
+  ASSERT_TRUE(InstallWindowsService(lingering).ok());
+  Uninstaller cleanup{name};
+  absl::Status started = StartWindowsService(name, absl::Seconds(60));
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(MarkerBecomes(marker, "running")) << ReadMarker(marker);
+
+  absl::Status uninstalled = UninstallWindowsService(name, absl::Seconds(30));
+  ASSERT_TRUE(uninstalled.ok()) << uninstalled;
+  absl::StatusOr<WindowsServiceState> gone = QueryWindowsService(name);
+  EXPECT_TRUE(absl::IsNotFound(gone.status())) << gone.status();
+  absl::Status reinstalled = InstallWindowsService(TestService(name, marker));
+  EXPECT_TRUE(reinstalled.ok()) << reinstalled;
+}
+
 TEST(WindowsServiceTest, AServiceThatFailsToStartReportsItsExitCode) {
   testing::TestDir dir;
   const std::string name = UniqueServiceName();
