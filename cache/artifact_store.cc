@@ -27,12 +27,15 @@ using platform::FileStamp;
 using platform::ReadWholeFile;
 using platform::StampOf;
 
-constexpr int64_t kSchemaVersion = 1;
+constexpr int64_t kSchemaVersion = 2;
 
-// Version 1. Blobs are shared between entries; a blob row is deleted when no
+// Version 2. Blobs are shared between entries; a blob row is deleted when no
 // entry references it any more. Sizes are in bytes; times in unix milliseconds.
 // LRU order uses a logical clock rather than wall time, so a clock step or two
-// uses within one millisecond cannot reorder it.
+// uses within one millisecond cannot reorder it. The served files
+// (served_files.h) are recorded: which copies a blob has and what an entry's
+// index file and link take, so that eviction removes them without reading a
+// directory and the disk they take is known from the first second.
 constexpr absl::string_view kSchema = R"sql(
 CREATE TABLE blobs (
   id          INTEGER PRIMARY KEY,
@@ -49,6 +52,9 @@ CREATE TABLE entries (
   key          TEXT NOT NULL,
   created_ms   INTEGER NOT NULL,
   last_use     INTEGER NOT NULL,       -- logical clock: higher = used more recently
+  index_namespace  TEXT,                        -- of its served index entry, when it has one
+  index_disk_bytes INTEGER NOT NULL DEFAULT 0,  -- its served index file and link
+  link_extension   TEXT,                        -- its link's, when it has one
   UNIQUE (namespace, key)
 );
 CREATE INDEX entries_by_last_use ON entries (last_use);
@@ -59,6 +65,26 @@ CREATE TABLE entry_blobs (
   PRIMARY KEY (entry_id, name)
 ) WITHOUT ROWID;
 CREATE INDEX entry_blobs_by_blob ON entry_blobs (blob_id);
+CREATE TABLE served_copies (
+  blob_id    INTEGER NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
+  extension  TEXT NOT NULL,
+  disk_bytes INTEGER NOT NULL,
+  PRIMARY KEY (blob_id, extension)
+) WITHOUT ROWID;
+)sql";
+
+// From version 1, whose served files were not recorded: they are retired
+// (moved aside and deleted in the background) and served again on demand.
+constexpr absl::string_view kMigrationFrom1 = R"sql(
+ALTER TABLE entries ADD COLUMN index_namespace TEXT;
+ALTER TABLE entries ADD COLUMN index_disk_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE entries ADD COLUMN link_extension TEXT;
+CREATE TABLE served_copies (
+  blob_id    INTEGER NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
+  extension  TEXT NOT NULL,
+  disk_bytes INTEGER NOT NULL,
+  PRIMARY KEY (blob_id, extension)
+) WITHOUT ROWID;
 )sql";
 
 enum Codec : int64_t { kRaw = 0, kZstd = 1 };
@@ -72,6 +98,11 @@ constexpr int kEvictionBatch = 64;
 // eviction's transaction (a batch rewrites some hundred pages) on a full disk,
 // at most a 64th of the cap.
 constexpr char kReserveFile[] = "space-reserve";
+// Written when the store closes cleanly, removed when it opens: missing at an
+// open, the last kilnd was killed and may have left files it never recorded.
+constexpr char kCleanStopFile[] = "clean-stop";
+// Where the unrecorded served files of a version 1 store go to be deleted.
+constexpr char kRetiredDir[] = "retired";
 constexpr uint64_t kMaxReserveBytes = 2 << 20;
 // The WAL is checkpointed every this many pages (SQLite's default is 1000),
 // and cut back to kWalSizeLimit after a checkpoint (SQLite leaves it at its
@@ -92,15 +123,38 @@ std::pair<std::string, std::string> DomainRange(absl::string_view domain) {
 
 }  // namespace
 
-// Blob rows a transaction deleted; their files go only after it commits.
+// Blob and entry rows a transaction deleted; their files go only after it commits.
 struct ArtifactStore::FreedBlobs {
   uint64_t bytes = 0;       // stored (compressed) bytes
-  uint64_t file_bytes = 0;  // of those, in blob files
-  uint64_t plain_bytes = 0;  // uncompressed: what their served copies hold
+  uint64_t file_bytes = 0;  // what the freed blob files take on disk
+  uint64_t served_bytes = 0;  // what their served copies and index entries take
   std::vector<fs::path> files;
-  // Evicted entries {namespace, key}: their served index entries go too.
-  std::vector<std::pair<std::string, std::string>> entries;
-  std::vector<std::string> digests;  // of every freed blob: their served files go too
+  // Deleted entries: their served index entries and links go too.
+  struct Entry {
+    std::string ns;
+    std::string key;
+    std::optional<std::string> index_namespace;
+    std::optional<std::string> link_extension;
+  };
+  std::vector<Entry> entries;
+  // Freed blobs that have served copies: digest, the copies' extensions.
+  std::vector<std::pair<std::string, std::vector<std::string>>> served_copies;
+  void Add(FreedBlobs&& other) {
+    bytes += other.bytes;
+    file_bytes += other.file_bytes;
+    served_bytes += other.served_bytes;
+    std::move(other.files.begin(), other.files.end(), std::back_inserter(files));
+    std::move(other.entries.begin(), other.entries.end(), std::back_inserter(entries));
+    std::move(other.served_copies.begin(), other.served_copies.end(),
+              std::back_inserter(served_copies));
+  }
+};
+
+// Served files a lookup wrote, to record in one transaction once it has read.
+struct ArtifactStore::ServedWrites {
+  std::vector<std::tuple<std::string, std::string, uint64_t>> copies;  // digest, extension, bytes
+  std::optional<ServedFiles::IndexFootprint> index;
+  std::string index_namespace;  // the client's, which `index` is keyed by
 };
 
 struct ArtifactStore::ReaderConnection {
@@ -130,6 +184,10 @@ struct ArtifactStore::Writer {
   sqlite::Statement file_blob_exists;
   sqlite::Statement blob_exists;
   sqlite::Statement entries_after;
+  sqlite::Statement served_copies_of;
+  sqlite::Statement record_served_copy;
+  sqlite::Statement record_index;
+  sqlite::Statement served_copy_recorded;
 };
 
 struct ArtifactStore::PreparedBlob {
@@ -165,17 +223,27 @@ ArtifactStore::ArtifactStore(StoreOptions options)
       served_files_(options_.data_dir / "files", options_.trust_files_changed_before),
       hit_journal_(served_files_.hits_dir()) {}
 
-ArtifactStore::~ArtifactStore() {
+void ArtifactStore::RequestStop() {
+  stop_requested_ = true;
   {
     std::lock_guard lock(maintenance_mutex_);
     stopping_ = true;
   }
   maintenance_wakeup_.notify_all();
+}
+
+ArtifactStore::~ArtifactStore() {
+  RequestStop();
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
+  if (retired_files_thread_.joinable()) retired_files_thread_.join();
   std::lock_guard lock(writer_mutex_);
   if (writer_) {
     if (absl::Status status = FlushTouches(); !status.ok()) {
       spdlog::warn("cache: last-use times not saved at shutdown: {}", status.message());
+    }
+    // Every file written is recorded by now: the next start need not sweep.
+    if (!sweep_orphans_.load() && !platform::WriteFileDurably(options_.data_dir / kCleanStopFile, "").ok()) {
+      spdlog::warn("cache: cannot mark the stop as clean; the next start sweeps the data directory");
     }
   }
 }
@@ -184,6 +252,10 @@ absl::StatusOr<std::unique_ptr<ArtifactStore>> ArtifactStore::Open(StoreOptions 
   std::unique_ptr<ArtifactStore> store(new ArtifactStore(std::move(options)));
   RETURN_IF_ERROR(store->Initialize());
   store->maintenance_thread_ = std::thread([raw = store.get()] { raw->MaintenanceLoop(); });
+  std::error_code error;
+  if (fs::exists(store->options_.data_dir / kRetiredDir, error)) {
+    store->retired_files_thread_ = std::thread([raw = store.get()] { raw->DeleteRetiredFiles(); });
+  }
   return store;
 }
 
@@ -237,27 +309,33 @@ absl::Status ArtifactStore::Initialize() {
   }
   RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA journal_size_limit = ", kWalSizeLimit,
                                        "; PRAGMA wal_autocheckpoint = ", kWalCheckpointPages)));
-  if (found_version == 0) {
+  if (found_version < kSchemaVersion) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
-    RETURN_IF_ERROR(db.Exec(kSchema));
+    RETURN_IF_ERROR(db.Exec(found_version == 0 ? kSchema : kMigrationFrom1));
     RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
     RETURN_IF_ERROR(txn.Commit());
+    if (found_version == 1) RetireUnrecordedServedFiles();
   }
   struct StatementSpec {
     sqlite::Statement Writer::*member;
     absl::string_view sql;
   };
   const StatementSpec specs[] = {
-      {&Writer::find_entry, "SELECT id FROM entries WHERE namespace = ?1 AND key = ?2"},
+      {&Writer::find_entry,
+       "SELECT id, index_disk_bytes, link_extension, index_namespace FROM entries "
+       "WHERE namespace = ?1 AND key = ?2"},
       {&Writer::delete_entry, "DELETE FROM entries WHERE id = ?1"},
       {&Writer::entry_blob_ids, "SELECT blob_id FROM entry_blobs WHERE entry_id = ?1"},
-      {&Writer::entry_name, "SELECT namespace, key FROM entries WHERE id = ?1"},
+      {&Writer::entry_name,
+       "SELECT namespace, key, index_disk_bytes, link_extension, index_namespace FROM entries "
+       "WHERE id = ?1"},
       {&Writer::find_blob, "SELECT id FROM blobs WHERE digest = ?1"},
       {&Writer::insert_blob,
        "INSERT INTO blobs (digest, size, stored_size, codec, location, data) "
        "VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
       {&Writer::insert_entry,
-       "INSERT INTO entries (namespace, key, created_ms, last_use) VALUES (?1, ?2, ?3, ?4)"},
+       "INSERT INTO entries (namespace, key, created_ms, last_use, index_disk_bytes, "
+       "link_extension, index_namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
       {&Writer::insert_entry_blob,
        "INSERT INTO entry_blobs (entry_id, name, blob_id) VALUES (?1, ?2, ?3)"},
       {&Writer::orphan_blob,
@@ -287,6 +365,18 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::entries_after,
        "SELECT id, namespace, key, created_ms FROM entries WHERE namespace >= ?1 AND "
        "namespace < ?2 AND created_ms >= ?3 AND id > ?4 ORDER BY id LIMIT ?5"},
+      {&Writer::served_copies_of,
+       "SELECT extension, disk_bytes FROM served_copies WHERE blob_id = ?1"},
+      // Nothing when the blob went meanwhile: the caller then removes the file.
+      {&Writer::record_served_copy,
+       "INSERT OR REPLACE INTO served_copies (blob_id, extension, disk_bytes) "
+       "SELECT id, ?2, ?3 FROM blobs WHERE digest = ?1"},
+      {&Writer::record_index,
+       "UPDATE entries SET index_disk_bytes = ?3, link_extension = ?4, index_namespace = ?5 "
+       "WHERE namespace = ?1 AND key = ?2"},
+      {&Writer::served_copy_recorded,
+       "SELECT 1 FROM served_copies c JOIN blobs b ON b.id = c.blob_id "
+       "WHERE b.digest = ?1 AND c.extension = ?2"},
   };
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
@@ -294,20 +384,31 @@ absl::Status ArtifactStore::Initialize() {
   ASSIGN_OR_RETURN(sqlite::Statement total, db.Prepare("SELECT total(stored_size) FROM blobs"));
   ASSIGN_OR_RETURN(has_row, total.Step());
   stored_bytes_ = has_row ? static_cast<uint64_t>(total.ColumnInt(0)) : 0;
+  // What every file the store wrote takes, from its records: exact from the
+  // first second, without reading a directory.
   ASSIGN_OR_RETURN(sqlite::Statement in_files,
-                   db.Prepare("SELECT total(stored_size) FROM blobs WHERE location = 1"));
+                   db.Prepare(absl::StrCat("SELECT total((stored_size + ", kDiskBlock - 1, ") / ",
+                                           kDiskBlock, " * ", kDiskBlock,
+                                           ") FROM blobs WHERE location = 1")));
   ASSIGN_OR_RETURN(has_row, in_files.Step());
   file_blob_bytes_ = has_row ? static_cast<uint64_t>(in_files.ColumnInt(0)) : 0;
-  for (const fs::directory_entry& subdir :
-       fs::directory_iterator(options_.data_dir / "blobs", error)) {
-    if (subdir.is_directory(error)) blob_dir_bytes_ += kDiskBlock;
-  }
+  ASSIGN_OR_RETURN(sqlite::Statement served,
+                   db.Prepare("SELECT (SELECT total(disk_bytes) FROM served_copies) + "
+                              "(SELECT total(index_disk_bytes) FROM entries)"));
+  ASSIGN_OR_RETURN(has_row, served.Step());
+  const uint64_t served_bytes = has_row ? static_cast<uint64_t>(served.ColumnInt(0)) : 0;
   ASSIGN_OR_RETURN(sqlite::Statement last_use, db.Prepare("SELECT max(last_use) FROM entries"));
   ASSIGN_OR_RETURN(has_row, last_use.Step());
   use_clock_ = has_row ? last_use.ColumnInt(0) : 0;
   writer_ = std::move(writer);
   RETURN_IF_ERROR(served_files_.Initialize(options_.served_file_readers));
+  served_files_.AddRecordedBytes(served_bytes);
+  // The files of a kilnd that did not stop cleanly may include some it wrote
+  // and never recorded: the maintenance thread sweeps them (RemoveOrphanFiles).
+  // A new store has none.
+  sweep_orphans_ = found_version != 0 && !fs::remove(options_.data_dir / kCleanStopFile, error);
   EnsureSpaceReserve();
+  MeasureUnrecordedBytes();
   return absl::OkStatus();
 }
 
@@ -325,9 +426,40 @@ void ArtifactStore::EnsureSpaceReserve() {
 
 uint64_t ArtifactStore::DiskBytes() const {
   const fs::path db = options_.data_dir / "kiln.db";
-  return file_blob_bytes_.load() + blob_dir_bytes_.load() + served_files_.bytes() + OnDiskNow(db) +
-         OnDiskNow(fs::path(db).concat("-wal")) + OnDiskNow(fs::path(db).concat("-shm")) +
-         OnDiskNow(options_.data_dir / kReserveFile);
+  return file_blob_bytes_.load() + served_files_.bytes() + unrecorded_bytes_.load() +
+         platform::AllocatedBytes(db) + platform::AllocatedBytes(fs::path(db).concat("-wal")) +
+         platform::AllocatedBytes(fs::path(db).concat("-shm"));
+}
+
+void ArtifactStore::MeasureUnrecordedBytes() {
+  std::error_code error;
+  served_files_.MeasureDirectories();
+  uint64_t measured = platform::AllocatedBytes(options_.data_dir);
+  const auto add_tree = [&](const fs::path& root) {
+    measured += platform::AllocatedBytes(root);
+    for (auto it = fs::recursive_directory_iterator(root, error);
+         it != fs::recursive_directory_iterator(); it.increment(error)) {
+      measured += platform::AllocatedBytes(it->path());
+    }
+  };
+  for (const fs::directory_entry& top : fs::directory_iterator(options_.data_dir, error)) {
+    const std::string name = top.path().filename().string();
+    if (absl::StartsWith(name, "kiln.db") || name == kRetiredDir) continue;
+    if (name == "files") {
+      add_tree(served_files_.hits_dir());  // the rest is counted by ServedFiles
+    } else if (name == "blobs") {
+      // Its directories; the blob files are counted from their records.
+      measured += platform::AllocatedBytes(top.path());
+      for (const fs::directory_entry& subdir : fs::directory_iterator(top.path(), error)) {
+        measured += platform::AllocatedBytes(subdir.path());
+      }
+    } else if (top.is_directory(error)) {
+      add_tree(top.path());  // logs/
+    } else {
+      measured += platform::AllocatedBytes(top.path());  // the reserve, the lock, the miss log
+    }
+  }
+  unrecorded_bytes_ = measured;
 }
 
 void ArtifactStore::NoteDiskFull(const absl::Status& status) {
@@ -433,7 +565,7 @@ absl::StatusOr<std::string> ArtifactStore::Decode(int64_t codec, std::string sto
 }
 
 absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
-                                        absl::string_view inline_data) {
+                                        absl::string_view inline_data, ServedWrites& writes) {
   const std::optional<std::string> extension = ServedFiles::ExtensionOf(blob.name);
   if (extension.has_value()) {
     if (std::optional<fs::path> served = served_files_.Find(blob.digest, *extension)) {
@@ -445,9 +577,11 @@ absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, int64_t
                    ReadBlobContent(codec, location, inline_data, blob.digest, blob.size,
                                    IntegrityCheck::kTrustUnchangedFiles));
   if (extension.has_value()) {
-    absl::StatusOr<fs::path> published = served_files_.Publish(blob.digest, *extension, content);
+    absl::StatusOr<ServedFiles::Written> published =
+        served_files_.Publish(blob.digest, *extension, content);
     if (published.ok()) {
-      blob.file = *std::move(published);
+      writes.copies.emplace_back(blob.digest, *extension, published->disk_bytes);
+      blob.file = std::move(published->path);
       return absl::OkStatus();
     }
     spdlog::warn("cache: blob {} sent as bytes, not as a file: {}", DigestHex(blob.digest),
@@ -462,6 +596,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
   ReadResult result;
   std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
+  ServedWrites writes;
   {
     ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
     sqlite::Statement& lookup = reader->lookup;
@@ -481,7 +616,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
                       static_cast<uint64_t>(lookup.ColumnInt(4)), std::nullopt, std::nullopt};
       if (as_files != nullptr) {
         if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5), lookup.ColumnInt(6),
-                                              lookup.ColumnBlob(7));
+                                              lookup.ColumnBlob(7), writes);
             !served.ok()) {
           broken.emplace_back(blob.digest, std::string(served.message()));
           continue;
@@ -500,6 +635,12 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     }
     lookup.Reset();
   }
+  if (result.entry_id >= 0 && broken.empty() && as_files != nullptr &&
+      !as_files->index_namespace.empty()) {
+    writes.index = IndexServedEntry(*as_files, key, result.entry);
+    writes.index_namespace = as_files->index_namespace;
+  }
+  if (!writes.copies.empty() || writes.index.has_value()) RecordServedWrites(ns, key, writes);
   if (result.entry_id < 0) {
     return absl::NotFoundError(absl::StrFormat("no cache entry for %s/%s", ns, key));
   }
@@ -508,23 +649,71 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     return absl::NotFoundError(
         absl::StrFormat("cache entry %s/%s failed its integrity check and was dropped", ns, key));
   }
-  if (as_files != nullptr && !as_files->index_namespace.empty()) {
-    IndexServedEntry(*as_files, key, result.entry);
-  }
   return result;
 }
 
-void ArtifactStore::IndexServedEntry(const AsFiles& as_files, absl::string_view key,
-                                     const CacheEntry& entry) {
+std::optional<ServedFiles::IndexFootprint> ArtifactStore::IndexServedEntry(
+    const AsFiles& as_files, absl::string_view key, const CacheEntry& entry) {
   std::vector<ServedFiles::IndexedFile> files;
   for (const StoredBlob& blob : entry.blobs) {
-    if (!blob.file.has_value()) return;  // sent as bytes: a client must ask for it
+    if (!blob.file.has_value()) return std::nullopt;  // sent as bytes: a client must ask for it
     files.push_back({blob.name, *blob.file, blob.size});
   }
-  if (absl::Status status = served_files_.PublishIndex(as_files.index_namespace, key, files);
-      !status.ok()) {
+  absl::StatusOr<std::optional<ServedFiles::IndexFootprint>> footprint =
+      served_files_.PublishIndex(as_files.index_namespace, key, files);
+  if (!footprint.ok()) {
     spdlog::warn("cache: no served index entry for {}/{}: {}", as_files.index_namespace, key,
-                 status.message());
+                 footprint.status().message());
+    return std::nullopt;
+  }
+  return *footprint;
+}
+
+void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view key,
+                                       const ServedWrites& writes) {
+  std::vector<std::pair<std::string, std::string>> unrecorded;  // digest, extension
+  bool index_unrecorded = false;
+  {
+    std::lock_guard lock(writer_mutex_);
+    Writer& w = *writer_;
+    auto record = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+      for (const auto& [digest, extension, disk_bytes] : writes.copies) {
+        RETURN_IF_ERROR(w.record_served_copy.BindBlob(1, digest)
+                            .BindText(2, extension)
+                            .Bind(3, static_cast<int64_t>(disk_bytes))
+                            .Run());
+        if (w.db->ChangedRows() == 0) unrecorded.emplace_back(digest, extension);
+      }
+      if (writes.index.has_value()) {
+        w.record_index.BindText(1, ns).BindText(2, key);
+        w.record_index.Bind(3, static_cast<int64_t>(writes.index->disk_bytes));
+        if (writes.index->link_extension.has_value()) {
+          w.record_index.BindText(4, *writes.index->link_extension);
+        } else {
+          w.record_index.BindNull(4);
+        }
+        w.record_index.BindText(5, writes.index_namespace);
+        RETURN_IF_ERROR(w.record_index.Run());
+        index_unrecorded = w.db->ChangedRows() == 0;
+      }
+      return txn.Commit();
+    };
+    if (absl::Status status = record(); !status.ok()) {
+      // Unrecorded, they would be counted by no one and removed by nothing.
+      spdlog::warn("cache: served files of {}/{} not recorded ({}); removing them",
+                   ns, key, status.message());
+      unrecorded.clear();
+      for (const auto& [digest, extension, disk_bytes] : writes.copies) {
+        unrecorded.emplace_back(digest, extension);
+      }
+      index_unrecorded = writes.index.has_value();
+    }
+  }
+  // The blob or entry went while the files were written: they go too.
+  for (const auto& [digest, extension] : unrecorded) served_files_.Remove(digest, {extension});
+  if (index_unrecorded) {
+    served_files_.RemoveIndex(writes.index_namespace, key, writes.index->link_extension);
   }
 }
 
@@ -625,7 +814,8 @@ absl::StatusOr<ArtifactStore::PreparedBlob> ArtifactStore::PrepareBlob(BlobInput
 
 absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
   const fs::path target = BlobPath(blob.digest);
-  blob_dir_bytes_ += CreateDirectoriesCounted(target.parent_path());
+  std::error_code error;
+  fs::create_directories(target.parent_path(), error);  // counted by MeasureUnrecordedBytes
   // Blob files are named for their content: if a reader holds the target open
   // (Windows refuses to replace it), the file there already has these bytes.
   return platform::PublishContentAddressedFile(blob.temp_path, target);
@@ -726,7 +916,7 @@ absl::Status ArtifactStore::PutLocked(absl::string_view ns, absl::string_view ke
       RETURN_IF_ERROR(w.insert_blob.Run());
       blob_id = w.db->LastInsertId();
       added_bytes += blob.stored_size;
-      if (blob.location == kFile) added_file_bytes += blob.stored_size;
+      if (blob.location == kFile) added_file_bytes += OnDisk(blob.stored_size);
     }
     RETURN_IF_ERROR(
         w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
@@ -772,15 +962,30 @@ absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
   w.find_entry.BindText(1, ns).BindText(2, key);
   ASSIGN_OR_RETURN(bool exists, w.find_entry.Step());
   const int64_t old_entry = exists ? w.find_entry.ColumnInt(0) : -1;
+  // The served index file and link of (ns, key) stay where they are (a lookup
+  // as files rewrites the index): the new entry owns them.
+  const int64_t index_disk_bytes = exists ? w.find_entry.ColumnInt(1) : 0;
+  std::optional<std::string> link_extension;
+  if (exists && !w.find_entry.ColumnIsNull(2)) link_extension = std::string(w.find_entry.ColumnText(2));
+  std::optional<std::string> index_namespace;
+  if (exists && !w.find_entry.ColumnIsNull(3)) index_namespace = std::string(w.find_entry.ColumnText(3));
   w.find_entry.Reset();
   if (exists) {
     RETURN_IF_ERROR(DeleteEntryLocked(old_entry, replaced_blob_ids));
   }
-  RETURN_IF_ERROR(w.insert_entry.BindText(1, ns)
-                      .BindText(2, key)
-                      .Bind(3, NowMillis())
-                      .Bind(4, ++use_clock_)
-                      .Run());
+  w.insert_entry.BindText(1, ns).BindText(2, key).Bind(3, NowMillis()).Bind(4, ++use_clock_);
+  w.insert_entry.Bind(5, index_disk_bytes);
+  if (link_extension.has_value()) {
+    w.insert_entry.BindText(6, *link_extension);
+  } else {
+    w.insert_entry.BindNull(6);
+  }
+  if (index_namespace.has_value()) {
+    w.insert_entry.BindText(7, *index_namespace);
+  } else {
+    w.insert_entry.BindNull(7);
+  }
+  RETURN_IF_ERROR(w.insert_entry.Run());
   return w.db->LastInsertId();
 }
 
@@ -791,18 +996,30 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
   for (int64_t blob_id : candidate_ids) {
     w.orphan_blob.Bind(1, blob_id);
     ASSIGN_OR_RETURN(bool orphaned, w.orphan_blob.Step());
+    std::string digest;
     if (orphaned) {
       const auto stored_size = static_cast<uint64_t>(w.orphan_blob.ColumnInt(1));
       freed.bytes += stored_size;
-      freed.plain_bytes += static_cast<uint64_t>(w.orphan_blob.ColumnInt(3));
-      freed.digests.emplace_back(w.orphan_blob.ColumnBlob(0));
+      digest = std::string(w.orphan_blob.ColumnBlob(0));
       if (w.orphan_blob.ColumnInt(2) == kFile) {
-        freed.file_bytes += stored_size;
-        freed.files.push_back(BlobPath(w.orphan_blob.ColumnBlob(0)));
+        freed.file_bytes += OnDisk(stored_size);
+        freed.files.push_back(BlobPath(digest));
       }
     }
     w.orphan_blob.Reset();
-    if (orphaned) RETURN_IF_ERROR(w.delete_blob.Bind(1, blob_id).Run());
+    if (!orphaned) continue;
+    // Its served copies, from their records: deleting the blob row deletes them.
+    std::vector<std::string> extensions;
+    w.served_copies_of.Bind(1, blob_id);
+    absl::StatusOr<bool> copy;
+    while ((copy = w.served_copies_of.Step()).ok() && *copy) {
+      extensions.emplace_back(w.served_copies_of.ColumnText(0));
+      freed.served_bytes += static_cast<uint64_t>(w.served_copies_of.ColumnInt(1));
+    }
+    w.served_copies_of.Reset();
+    RETURN_IF_ERROR(copy.status());
+    if (!extensions.empty()) freed.served_copies.emplace_back(digest, std::move(extensions));
+    RETURN_IF_ERROR(w.delete_blob.Bind(1, blob_id).Run());
   }
   return freed;
 }
@@ -813,18 +1030,17 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
   for (const fs::path& file : freed.files) {
     std::error_code error;
     // A file another process holds open (Windows) stays behind as an orphan;
-    // the sweep at the next start removes it.
+    // the sweep after an unclean stop, or the next put of the content, takes it.
     if (!fs::remove(file, error) && error) {
       spdlog::warn("cache: cannot delete blob file {}: {}", file.string(), error.message());
     }
   }
-  for (const std::string& digest : freed.digests) served_files_.Remove(digest);
-  // Served entries are indexed under the client's namespace, the entry's
-  // without the served prefix (LookupInto).
-  for (const auto& [ns, key] : freed.entries) {
-    absl::string_view client_ns = ns;
-    if (absl::ConsumePrefix(&client_ns, options_.served_namespace_prefix)) {
-      served_files_.RemoveIndex(client_ns, key);
+  for (const auto& [digest, extensions] : freed.served_copies) {
+    served_files_.Remove(digest, extensions);
+  }
+  for (const FreedBlobs::Entry& entry : freed.entries) {
+    if (entry.index_namespace.has_value()) {
+      served_files_.RemoveIndex(*entry.index_namespace, entry.key, entry.link_extension);
     }
   }
 }
@@ -846,8 +1062,12 @@ void ArtifactStore::DropCorruptBlob(absl::string_view digest, absl::string_view 
       if (!w.entries_with_blob.ColumnIsNull(1)) entry_ids.push_back(w.entries_with_blob.ColumnInt(1));
     }
     w.entries_with_blob.Reset();
-    for (int64_t entry_id : entry_ids) RETURN_IF_ERROR(w.delete_entry.Bind(1, entry_id).Run());
-    ASSIGN_OR_RETURN(FreedBlobs freed, DeleteOrphanBlobsLocked(blob_ids));
+    // Each entry goes as an evicted one does (its other blobs, its served index
+    // entry); then the blob itself, which no entry uses any more.
+    FreedBlobs freed;
+    for (int64_t entry_id : entry_ids) RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
+    ASSIGN_OR_RETURN(FreedBlobs blob_freed, DeleteOrphanBlobsLocked(blob_ids));
+    freed.Add(std::move(blob_freed));
     RETURN_IF_ERROR(txn.Commit());
     corrupt_entries_dropped_ += entry_ids.size();
     ReleaseFreedBlobs(freed);
@@ -878,17 +1098,19 @@ absl::Status ArtifactStore::EvictEntryLocked(int64_t entry_id, FreedBlobs& freed
   Writer& w = *writer_;
   w.entry_name.Bind(1, entry_id);
   ASSIGN_OR_RETURN(bool named, w.entry_name.Step());
-  if (named) freed.entries.emplace_back(w.entry_name.ColumnText(0), w.entry_name.ColumnText(1));
+  if (named) {
+    FreedBlobs::Entry entry{std::string(w.entry_name.ColumnText(0)),
+                            std::string(w.entry_name.ColumnText(1)), std::nullopt, std::nullopt};
+    if (!w.entry_name.ColumnIsNull(3)) entry.link_extension = std::string(w.entry_name.ColumnText(3));
+    if (!w.entry_name.ColumnIsNull(4)) entry.index_namespace = std::string(w.entry_name.ColumnText(4));
+    freed.served_bytes += static_cast<uint64_t>(w.entry_name.ColumnInt(2));
+    freed.entries.push_back(std::move(entry));
+  }
   w.entry_name.Reset();
   std::vector<int64_t> blob_ids;
   RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
   ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
-  freed.bytes += entry_freed.bytes;
-  freed.file_bytes += entry_freed.file_bytes;
-  freed.plain_bytes += entry_freed.plain_bytes;
-  freed.files.insert(freed.files.end(), entry_freed.files.begin(), entry_freed.files.end());
-  freed.digests.insert(freed.digests.end(), entry_freed.digests.begin(),
-                       entry_freed.digests.end());
+  freed.Add(std::move(entry_freed));
   return absl::OkStatus();
 }
 
@@ -910,7 +1132,7 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   // target: each blob frees what it stored and its served copy. The caller
   // measures again after the batch.
   for (int64_t entry_id : candidates) {
-    const uint64_t freeing = freed.bytes + freed.plain_bytes;
+    const uint64_t freeing = freed.bytes + freed.served_bytes;
     if (on_disk - std::min(on_disk, freeing) <= target_bytes) break;
     RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
     ++evicted;
@@ -1036,12 +1258,12 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
 
 absl::StatusOr<uint64_t> ArtifactStore::EvictBatchesToSize(uint64_t target_bytes) {
   uint64_t evicted = 0;
-  while (true) {
+  while (!stop_requested_.load()) {
     // The lock is taken per batch so puts and corrupt-blob drops interleave;
     // lookups never wait for it (WAL readers see the last committed state).
     std::lock_guard lock(writer_mutex_);
     // The WAL cut to nothing first (when no reader is in it; best effort), so
-    // that what it held is not taken for entries to evict.
+    // that what it held, the last batch's pages, is not taken for entries to evict.
     writer_->db->Exec("PRAGMA wal_checkpoint(TRUNCATE)").IgnoreError();
     if (DiskBytes() <= target_bytes) break;
     RETURN_IF_ERROR(FlushTouches());
@@ -1056,10 +1278,13 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchesToSize(uint64_t target_bytes
   return evicted;
 }
 
-void ArtifactStore::RemoveOrphanFiles() {
+bool ArtifactStore::RemoveOrphanFiles() {
   std::error_code error;
   const fs::path blob_root = options_.data_dir / "blobs";
-  for (const fs::directory_entry& file : fs::recursive_directory_iterator(blob_root, error)) {
+  for (auto it = fs::recursive_directory_iterator(blob_root, error);
+       it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (stop_requested_.load()) return false;
+    const fs::directory_entry& file = *it;
     if (!file.is_regular_file() || file.path().parent_path().filename() == "tmp") continue;
     const std::string name = file.path().filename().string();
     if (name.size() != 2 * kSha256Size || !std::all_of(name.begin(), name.end(), absl::ascii_isxdigit)) {
@@ -1073,18 +1298,61 @@ void ArtifactStore::RemoveOrphanFiles() {
     exists.Reset();
     if (row.ok() && !*row) fs::remove(file.path(), error);
   }
-  served_files_.RemoveOrphans([this](absl::string_view digest) {
-    std::lock_guard lock(writer_mutex_);
-    sqlite::Statement& exists = writer_->blob_exists;
-    exists.BindBlob(1, digest);
-    absl::StatusOr<bool> row = exists.Step();
-    exists.Reset();
-    return !row.ok() || *row;  // keep what cannot be checked
-  });
+  return served_files_.RemoveOrphans(
+      [this](absl::string_view digest, absl::string_view extension) {
+        std::lock_guard lock(writer_mutex_);
+        sqlite::Statement& recorded = writer_->served_copy_recorded;
+        recorded.BindBlob(1, digest).BindText(2, extension);
+        absl::StatusOr<bool> row = recorded.Step();
+        recorded.Reset();
+        return !row.ok() || *row;  // keep what cannot be checked
+      },
+      [this] { return stop_requested_.load(); });
+}
+
+void ArtifactStore::RetireUnrecordedServedFiles() {
+  std::error_code error;
+  const fs::path retired = options_.data_dir / kRetiredDir;
+  fs::create_directories(retired, error);
+  const fs::path served = served_files_.dir();
+  int moved = 0;
+  for (const fs::directory_entry& tree : fs::directory_iterator(served, error)) {
+    if (tree.path() == served_files_.hits_dir()) continue;
+    // One rename a directory: instant however many files they hold. One that
+    // cannot move (a file in it held open, on Windows) is left to the sweep.
+    fs::rename(tree.path(), retired / absl::StrCat(moved++, "-", tree.path().filename().string()),
+               error);
+  }
+  spdlog::info("cache: served files of the previous version moved to {} to be deleted; local "
+               "clients ask kilnd once per entry until it serves them again",
+               retired.string());
+}
+
+void ArtifactStore::DeleteRetiredFiles() {
+  platform::LowerCurrentThreadPriority();
+  std::error_code error;
+  const fs::path retired = options_.data_dir / kRetiredDir;
+  // Files first, then the directories, deepest first; each step looks for a stop.
+  std::vector<fs::path> directories;
+  for (auto it = fs::recursive_directory_iterator(retired, error);
+       it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (stop_requested_.load()) return;
+    if (it->is_directory(error) && !it->is_symlink(error)) {
+      directories.push_back(it->path());
+    } else {
+      fs::remove(it->path(), error);
+    }
+  }
+  for (auto dir = directories.rbegin(); dir != directories.rend(); ++dir) fs::remove(*dir, error);
+  fs::remove(retired, error);
 }
 
 void ArtifactStore::MaintenanceLoop() {
-  RemoveOrphanFiles();
+  if (sweep_orphans_) {
+    spdlog::info("cache: the last kilnd did not stop cleanly; sweeping files it left unrecorded");
+    if (!RemoveOrphanFiles()) return;  // stopped: the next start sweeps again
+    sweep_orphans_ = false;
+  }
   std::unique_lock lock(maintenance_mutex_);
   while (!stopping_) {
     maintenance_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(options_.lru_flush_interval),
@@ -1092,6 +1360,7 @@ void ArtifactStore::MaintenanceLoop() {
     if (stopping_) break;
     eviction_needed_ = false;
     lock.unlock();
+    MeasureUnrecordedBytes();
     CollectJournaledHits();
     if (absl::StatusOr<uint64_t> evicted = EnforceDomainCaps(); !evicted.ok()) {
       spdlog::error("cache: eviction of a domain over its cap failed: {}",
@@ -1122,7 +1391,7 @@ absl::StatusOr<ArtifactStore::VerifyReport> ArtifactStore::VerifyAll() {
     // One read transaction: blobs dropped meanwhile by eviction are not seen.
     ASSIGN_OR_RETURN(sqlite::Statement all,
                      reader->db->Prepare("SELECT digest, size, codec, location, data FROM blobs"));
-    while (true) {
+    while (!stop_requested_.load()) {
       ASSIGN_OR_RETURN(bool row, all.Step());
       if (!row) break;
       ++report.blobs_checked;

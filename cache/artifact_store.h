@@ -212,6 +212,13 @@ class ArtifactStore {
 
   // StoreStats::disk_bytes.
   uint64_t DiskBytes() const;
+  // StoreStats::stored_bytes, without Stats()'s counting of rows.
+  uint64_t StoredBytes() const { return stored_bytes_.load(); }
+
+  // Ends eviction, sweeps and VerifyAll at their next step, ahead of the
+  // destructor: kilnd calls it as soon as it is asked to stop, before it waits
+  // for in-flight calls, so that none of them keeps it from stopping.
+  void RequestStop();
 
   struct VerifyReport {
     uint64_t blobs_checked = 0;
@@ -226,6 +233,7 @@ class ArtifactStore {
   struct Writer;
   struct PreparedBlob;
   struct FreedBlobs;
+  struct ServedWrites;
   class ReaderLease;
 
   explicit ArtifactStore(StoreOptions options);
@@ -242,7 +250,13 @@ class ArtifactStore {
   absl::StatusOr<ReadResult> ReadEntry(absl::string_view ns, absl::string_view key,
                                        const absl::flat_hash_set<std::string>& digests_to_skip,
                                        const AsFiles* as_files);
-  void IndexServedEntry(const AsFiles& as_files, absl::string_view key, const CacheEntry& entry);
+  // Writes the served index entry of a read entry; what it wrote, to record.
+  std::optional<ServedFiles::IndexFootprint> IndexServedEntry(const AsFiles& as_files,
+                                                              absl::string_view key,
+                                                              const CacheEntry& entry);
+  // Records the served files a lookup of (ns, key) wrote; removes those whose
+  // blob or entry went meanwhile.
+  void RecordServedWrites(absl::string_view ns, absl::string_view key, const ServedWrites& writes);
 
   absl::StatusOr<PreparedBlob> PrepareBlob(BlobInput input);
   // How much a blob read checks: lookups trust a blob file that is unchanged
@@ -254,7 +268,7 @@ class ArtifactStore {
   // otherwise (a name that cannot be a file, a file held open with other
   // content) sets `blob.data`. Fails only when the blob's content is corrupt.
   absl::Status ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
-                           absl::string_view inline_data);
+                           absl::string_view inline_data, ServedWrites& writes);
   absl::StatusOr<std::string> ReadBlobContent(int64_t codec, int64_t location,
                                               absl::string_view inline_data,
                                               absl::string_view digest, uint64_t size,
@@ -288,7 +302,14 @@ class ArtifactStore {
   void RecordTouch(int64_t entry_id);
   void CountLookup(absl::string_view ns, bool hit);
   void MaintenanceLoop();
-  void RemoveOrphanFiles();
+  // Removes the files a killed kilnd left unrecorded; false when stopped.
+  bool RemoveOrphanFiles();
+  // Measures what the store does not record: directories, logs, the reserve.
+  void MeasureUnrecordedBytes();
+  // A version 1 store's served files, which it never recorded, move to
+  // <data dir>/retired, which DeleteRetiredFiles empties in the background.
+  void RetireUnrecordedServedFiles();
+  void DeleteRetiredFiles();
   std::filesystem::path BlobPath(absl::string_view digest) const;
 
   const StoreOptions options_;
@@ -323,8 +344,8 @@ class ArtifactStore {
   absl::StatusOr<uint64_t> EvictBatchesToSize(uint64_t target_bytes);
 
   std::atomic<uint64_t> stored_bytes_{0};
-  std::atomic<uint64_t> file_blob_bytes_{0};  // of blobs stored as files (blobs/)
-  std::atomic<uint64_t> blob_dir_bytes_{0};   // blobs/ and its subdirectories
+  std::atomic<uint64_t> file_blob_bytes_{0};  // on disk, of blobs stored as files (blobs/)
+  std::atomic<uint64_t> unrecorded_bytes_{0};  // MeasureUnrecordedBytes
   std::mutex disk_full_mutex_;
   std::optional<absl::Time> disk_full_since_;  // guarded by disk_full_mutex_
   std::atomic<uint64_t> puts_refused_disk_full_{0};
@@ -334,6 +355,14 @@ class ArtifactStore {
   std::atomic<uint64_t> evicted_entries_{0};
   std::atomic<uint64_t> corrupt_entries_dropped_{0};
   std::atomic<uint64_t> temp_file_counter_{0};
+
+  // Set once kilnd stops: every long loop (eviction, sweeps, verify) ends at
+  // its next step, so that a stop takes no longer than one batch.
+  std::atomic<bool> stop_requested_{false};
+  // The last kilnd did not stop cleanly, and the sweep has not finished: a
+  // stop now is not clean either.
+  std::atomic<bool> sweep_orphans_{false};
+  std::thread retired_files_thread_;
 
   std::mutex maintenance_mutex_;
   std::condition_variable maintenance_wakeup_;

@@ -133,23 +133,24 @@ fs::path ServedFiles::KeyedPathOf(absl::string_view subdir, absl::string_view ns
 absl::StatusOr<platform::Replaced> ServedFiles::WriteAndMove(const fs::path& target,
                                                              absl::string_view content) {
   std::error_code error;
-  bytes_ += static_cast<int64_t>(CreateDirectoriesCounted(target.parent_path()));
+  fs::create_directories(target.parent_path(), error);
   const fs::path temp =
       target.parent_path() / absl::StrCat(".", temp_counter.fetch_add(1), kTempSuffix);
   RETURN_IF_ERROR(WriteFile(temp, content));
-  const auto before = static_cast<int64_t>(OnDiskNow(target));
+  const auto before = static_cast<int64_t>(platform::AllocatedBytes(target));
+  const auto written = static_cast<int64_t>(platform::AllocatedBytes(temp));
   absl::StatusOr<platform::Replaced> replaced = platform::MoveFileOver(temp, target);
   if (!replaced.ok() || *replaced == platform::Replaced::kTargetInUse) {
     fs::remove(temp, error);
   } else {
-    bytes_ += static_cast<int64_t>(OnDisk(content.size())) - before;
+    bytes_ += written - before;
   }
   return replaced;
 }
 
-absl::StatusOr<fs::path> ServedFiles::Publish(absl::string_view digest,
-                                              absl::string_view extension,
-                                              absl::string_view content) {
+absl::StatusOr<ServedFiles::Written> ServedFiles::Publish(absl::string_view digest,
+                                                          absl::string_view extension,
+                                                          absl::string_view content) {
   fs::path target = PathOf(digest, extension);
   ASSIGN_OR_RETURN(const platform::Replaced replaced, WriteAndMove(target, content));
   if (replaced == platform::Replaced::kTargetInUse) {
@@ -159,11 +160,12 @@ absl::StatusOr<fs::path> ServedFiles::Publish(absl::string_view digest,
   if (absl::StatusOr<FileStamp> stamp = platform::StampOf(target); stamp.ok()) {
     trusted_.Remember(target.string(), *stamp);
   }
-  return target;
+  const uint64_t disk_bytes = platform::AllocatedBytes(target);
+  return Written{std::move(target), disk_bytes};
 }
 
-absl::Status ServedFiles::PublishIndex(absl::string_view ns, absl::string_view key,
-                                       const std::vector<IndexedFile>& files) {
+absl::StatusOr<std::optional<ServedFiles::IndexFootprint>> ServedFiles::PublishIndex(
+    absl::string_view ns, absl::string_view key, const std::vector<IndexedFile>& files) {
   std::string json = "{\"files\": {";
   for (size_t i = 0; i < files.size(); ++i) {
     absl::StrAppend(&json, i == 0 ? "" : ", ", JsonString(files[i].name), ": [",
@@ -171,21 +173,32 @@ absl::Status ServedFiles::PublishIndex(absl::string_view ns, absl::string_view k
   }
   json += "}}";
   const fs::path target = KeyedPathOf(kIndexDir, ns, key, ".json");
+  bool changed = false;
   if (absl::StatusOr<std::string> existing = platform::ReadWholeFile(target);
       !existing.ok() || *existing != json) {
     // An index entry a client holds open (Windows) is replaced at the next chance.
     RETURN_IF_ERROR(WriteAndMove(target, json).status());
+    changed = true;
   }
+  IndexFootprint footprint;
   if (files.size() == 1 && !links_unavailable_.load(std::memory_order_relaxed)) {
-    return PublishLink(ns, key, files.front());
+    ASSIGN_OR_RETURN(footprint.link_extension, PublishLink(ns, key, files.front(), changed));
   }
-  return absl::OkStatus();
+  if (!changed) return std::nullopt;
+  footprint.disk_bytes = platform::AllocatedBytes(target);
+  if (footprint.link_extension.has_value()) {
+    footprint.disk_bytes +=
+        platform::AllocatedBytes(KeyedPathOf(kLinksDir, ns, key, *footprint.link_extension));
+  }
+  return footprint;
 }
 
-absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view key,
-                                      const IndexedFile& file) {
-  const std::optional<std::string> extension = ExtensionOf(file.name);
-  if (!extension) return absl::OkStatus();  // the client finds no link for such a name either
+absl::StatusOr<std::optional<std::string>> ServedFiles::PublishLink(absl::string_view ns,
+                                                                   absl::string_view key,
+                                                                   const IndexedFile& file,
+                                                                   bool& changed) {
+  std::optional<std::string> extension = ExtensionOf(file.name);
+  if (!extension) return std::nullopt;  // the client finds no link for such a name either
   const fs::path link = KeyedPathOf(kLinksDir, ns, key, *extension);
   std::error_code error;
   // Relative ("../../<hh>/<file>"): the links survive the data directory moving.
@@ -193,8 +206,8 @@ absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view ke
   if (target.empty()) {
     return absl::InternalError(absl::StrFormat("%s is not under %s", file.path.string(), dir_.string()));
   }
-  if (fs::read_symlink(link, error) == target) return absl::OkStatus();
-  bytes_ += static_cast<int64_t>(CreateDirectoriesCounted(link.parent_path()));
+  if (fs::read_symlink(link, error) == target) return extension;
+  fs::create_directories(link.parent_path(), error);
   // Made under a temporary name and moved over the old link: a client never
   // finds the name missing or pointing at the wrong file.
   const fs::path temp =
@@ -204,14 +217,18 @@ absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view ke
       links_unavailable_ = true;
       spdlog::info("{}; local clients find single-file entries through the index",
                    std::string(made.message()));
-      return absl::OkStatus();
+      return std::nullopt;
     }
     return made;
   }
+  const auto before = static_cast<int64_t>(platform::AllocatedBytes(link));
+  const auto made = static_cast<int64_t>(platform::AllocatedBytes(temp));
   absl::StatusOr<platform::Replaced> moved = platform::MoveFileOver(temp, link);
   if (moved.ok()) {
     links_moved_ = true;
-    return absl::OkStatus();
+    bytes_ += made - before;
+    changed = true;
+    return extension;
   }
   fs::remove(temp, error);
   // A file system that makes links but has never let one be moved into place
@@ -220,40 +237,50 @@ absl::Status ServedFiles::PublishLink(absl::string_view ns, absl::string_view ke
     spdlog::info("links cannot be moved into place here ({}); local clients find single-file "
                  "entries through the index",
                  std::string(moved.status().message()));
-    return absl::OkStatus();
+    return std::nullopt;
   }
   return moved.status();
 }
 
-void ServedFiles::RemoveStartingWith(const fs::path& dir, absl::string_view prefix) {
+void ServedFiles::RemoveCounted(const fs::path& path) {
   std::error_code error;
-  for (const fs::directory_entry& file : fs::directory_iterator(dir, error)) {
-    if (!absl::StartsWith(file.path().filename().string(), prefix)) continue;
-    trusted_.Forget(file.path().string());
-    // A link's size is its file's, counted once already.
-    const auto size = file.is_symlink(error) ? 0 : static_cast<int64_t>(OnDiskNow(file.path()));
-    // A file a client holds open (a loaded launcher module on Windows) stays
-    // behind; RemoveOrphans takes it at the next start.
-    if (fs::remove(file.path(), error)) bytes_ -= size;
+  trusted_.Forget(path.string());
+  const auto size = static_cast<int64_t>(platform::AllocatedBytes(path));
+  // A file a client holds open (a loaded launcher module on Windows) stays
+  // behind; RemoveOrphans takes it after the next unclean stop, or the next
+  // Publish of the same content replaces it.
+  if (fs::remove(path, error)) bytes_ -= size;
+}
+
+void ServedFiles::Remove(absl::string_view digest, const std::vector<std::string>& extensions) {
+  for (const std::string& extension : extensions) RemoveCounted(PathOf(digest, extension));
+}
+
+void ServedFiles::RemoveIndex(absl::string_view ns, absl::string_view key,
+                              const std::optional<std::string>& link_extension) {
+  RemoveCounted(KeyedPathOf(kIndexDir, ns, key, ".json"));
+  if (link_extension.has_value()) RemoveCounted(KeyedPathOf(kLinksDir, ns, key, *link_extension));
+}
+
+void ServedFiles::MeasureDirectories() {
+  std::error_code error;
+  int64_t measured = static_cast<int64_t>(platform::AllocatedBytes(dir_));
+  for (const fs::path& tree : {dir_, dir_ / kIndexDir, dir_ / kLinksDir}) {
+    if (tree != dir_) measured += static_cast<int64_t>(platform::AllocatedBytes(tree));
+    for (const fs::directory_entry& subdir : fs::directory_iterator(tree, error)) {
+      const std::string name = subdir.path().filename().string();
+      // The <hh> directories; the trees and hits/ are counted on their own.
+      if (name.size() == 2 && subdir.is_directory(error)) {
+        measured += static_cast<int64_t>(platform::AllocatedBytes(subdir.path()));
+      }
+    }
   }
+  directory_bytes_ = measured;
 }
 
-void ServedFiles::Remove(absl::string_view digest) {
-  const std::string hex = DigestHex(digest);
-  RemoveStartingWith(dir_ / hex.substr(0, 2), hex);
-}
-
-void ServedFiles::RemoveIndex(absl::string_view ns, absl::string_view key) {
-  std::error_code error;
-  const fs::path index = KeyedPathOf(kIndexDir, ns, key, ".json");
-  const auto size = static_cast<int64_t>(OnDiskNow(index));
-  if (fs::remove(index, error)) bytes_ -= size;
-  // The link's name ends with its file's extension, which the entry no longer says.
-  const fs::path link = KeyedPathOf(kLinksDir, ns, key, "");
-  RemoveStartingWith(link.parent_path(), link.filename().string());
-}
-
-void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored) {
+bool ServedFiles::RemoveOrphans(
+    absl::FunctionRef<bool(absl::string_view digest, absl::string_view extension)> is_recorded,
+    StopRequested stop_requested) {
   std::error_code error;
   // This kilnd's own writes run while the sweep does: their temporary files are
   // newer than it. Only older ones (with a margin for file times' coarse clock)
@@ -268,6 +295,7 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
   const fs::path links_dir = dir_ / kLinksDir;
   for (auto it = fs::recursive_directory_iterator(dir_, error);
        it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (stop_requested()) return false;
     const fs::directory_entry& file = *it;
     if (file.path() == index_dir || file.path() == links_dir || file.path() == hits_dir()) {
       it.disable_recursion_pending();
@@ -282,11 +310,14 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
     const std::string hex = name.substr(0, 2 * kSha256Size);
     if (hex.size() != 2 * kSha256Size ||
         !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit) ||
-        !is_stored(absl::HexStringToBytes(hex))) {
+        !is_recorded(absl::HexStringToBytes(hex), absl::string_view(name).substr(hex.size()))) {
       fs::remove(file.path(), error);
     }
   }
-  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(index_dir, error)) {
+  for (auto it = fs::recursive_directory_iterator(index_dir, error);
+       it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (stop_requested()) return false;
+    const fs::directory_entry& entry = *it;
     if (!entry.is_regular_file(error)) continue;
     if (absl::EndsWith(entry.path().filename().string(), kTempSuffix)) {
       if (left_by_an_earlier_kilnd(entry.path())) fs::remove(entry.path(), error);
@@ -299,29 +330,17 @@ void ServedFiles::RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)
       stale = std::any_of(paths.begin(), paths.end(),
                           [](const fs::path& path) { return !fs::exists(path); });
     }
-    if (stale) fs::remove(entry.path(), error);
+    if (stale) RemoveCounted(entry.path());
   }
-  for (const fs::directory_entry& link : fs::recursive_directory_iterator(links_dir, error)) {
+  for (auto it = fs::recursive_directory_iterator(links_dir, error);
+       it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (stop_requested()) return false;
     // exists() follows the link: false for one whose file is gone. A temporary
     // link is left alone while its file is there: the link's own time cannot be
     // read portably, so one being made now cannot be told from one left behind.
-    if (link.is_symlink(error) && !fs::exists(link.path(), error)) fs::remove(link.path(), error);
+    if (it->is_symlink(error) && !fs::exists(it->path(), error)) RemoveCounted(it->path());
   }
-  int64_t measured = 0;
-  for (auto it = fs::recursive_directory_iterator(dir_, error);
-       it != fs::recursive_directory_iterator(); it.increment(error)) {
-    if (it->path() == hits_dir()) {
-      it.disable_recursion_pending();
-      continue;
-    }
-    if (it->is_symlink(error)) continue;  // its file is counted where it is
-    if (it->is_regular_file(error)) {
-      measured += static_cast<int64_t>(OnDisk(it->file_size(error)));
-    } else if (it->is_directory(error)) {
-      measured += static_cast<int64_t>(kDiskBlock);
-    }
-  }
-  bytes_ = measured;
+  return true;
 }
 
 }  // namespace kiln::cache

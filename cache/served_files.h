@@ -31,6 +31,10 @@
 // alone serves.
 //
 // Clients report the hits they served themselves in <dir>/hits (hit_journal.h).
+//
+// The owner records every file written here (which served copies a blob has,
+// what an entry's index file and link take), so that removing them, and
+// knowing what the directory holds, never needs to read a directory.
 
 #include <atomic>
 #include <filesystem>
@@ -74,51 +78,81 @@ class ServedFiles {
   // is there with exactly that content.
   std::optional<std::filesystem::path> Find(absl::string_view digest, absl::string_view extension);
 
+  // A file written, and what it takes on disk (platform::AllocatedBytes).
+  struct Written {
+    std::filesystem::path path;
+    uint64_t disk_bytes = 0;
+  };
+
   // Writes `content`, whose SHA-256 the caller checked is `digest`, as the
-  // served file and returns its path. FAILED_PRECONDITION when another
-  // process holds a file with other content open there (Windows).
-  absl::StatusOr<std::filesystem::path> Publish(absl::string_view digest,
-                                                absl::string_view extension,
-                                                absl::string_view content);
+  // served file. FAILED_PRECONDITION when another process holds a file with
+  // other content open there (Windows). The caller records it (ArtifactStore's
+  // served_copies), so that Remove finds it without looking.
+  absl::StatusOr<Written> Publish(absl::string_view digest, absl::string_view extension,
+                                  absl::string_view content);
 
   // Writes the index entry of (ns, key) naming `files` (blob name -> served
   // file and size), unless it is there already with that content, and the
-  // link of an entry of one file.
+  // link of an entry of one file. Returns nullopt when both were there
+  // already, else what the entry's index file and link now take on disk and
+  // the link's extension (RemoveIndex needs it), for the caller to record.
   struct IndexedFile {
     std::string name;
     std::filesystem::path path;
     uint64_t size = 0;
   };
-  absl::Status PublishIndex(absl::string_view ns, absl::string_view key,
-                            const std::vector<IndexedFile>& files);
+  struct IndexFootprint {
+    uint64_t disk_bytes = 0;
+    std::optional<std::string> link_extension;
+  };
+  absl::StatusOr<std::optional<IndexFootprint>> PublishIndex(absl::string_view ns,
+                                                             absl::string_view key,
+                                                             const std::vector<IndexedFile>& files);
 
-  // Removes the index entry and link of (ns, key): its entry went.
-  void RemoveIndex(absl::string_view ns, absl::string_view key);
+  // Removes the index entry of (ns, key) and its link (`link_extension`, as
+  // PublishIndex returned it): its entry went. A few file system calls,
+  // however many entries the store holds.
+  void RemoveIndex(absl::string_view ns, absl::string_view key,
+                   const std::optional<std::string>& link_extension);
 
-  // Removes the served files of blob `digest` (every extension). A file a
-  // client holds open (Windows) stays until RemoveOrphans.
-  void Remove(absl::string_view digest);
+  // Removes the served files of blob `digest` under each of `extensions`. A
+  // file a client holds open (Windows) stays until RemoveOrphans.
+  void Remove(absl::string_view digest, const std::vector<std::string>& extensions);
 
-  // Removes served files whose blob `is_stored` says is gone, index entries
-  // naming a file that is gone, dangling links, and temporary files a killed
-  // kilnd left.
-  // Then measures what the directory holds (bytes()).
-  void RemoveOrphans(absl::FunctionRef<bool(absl::string_view digest)> is_stored);
+  // Whether a sweep should stop now (kilnd is stopping).
+  using StopRequested = absl::FunctionRef<bool()>;
+  // Removes served files `is_recorded` does not know of (a kilnd killed between
+  // writing one and recording it), index entries naming a file that is gone,
+  // dangling links, and temporary files a killed kilnd left. Reads every
+  // directory: run after an unclean stop only. Returns false when stopped.
+  bool RemoveOrphans(
+      absl::FunctionRef<bool(absl::string_view digest, absl::string_view extension)> is_recorded,
+      StopRequested stop_requested);
 
-  // What the served files, index and links take on disk (each file rounded
-  // up to a 4 KiB block, as file systems allocate): kept as they are written
-  // and removed, measured again by RemoveOrphans. The cache's size cap counts it.
-  uint64_t bytes() const { return static_cast<uint64_t>(std::max<int64_t>(bytes_.load(), 0)); }
+  // What the served files, index entries and links take on disk: the
+  // recorded files' bytes the owner counts at start (AddRecordedBytes), then
+  // every write and removal, plus the directories (MeasureDirectories). The
+  // cache's size cap counts it.
+  uint64_t bytes() const {
+    return static_cast<uint64_t>(std::max<int64_t>(bytes_.load() + directory_bytes_.load(), 0));
+  }
+  void AddRecordedBytes(uint64_t bytes) { bytes_ += static_cast<int64_t>(bytes); }
+  // Sizes the directories again: a directory grows with the names it holds
+  // (some hundred KiB for a few thousand), and never shrinks on ext4.
+  void MeasureDirectories();
 
  private:
   std::filesystem::path PathOf(absl::string_view digest, absl::string_view extension) const;
   // <dir>/<subdir>/<hh>/<62 hex><extension>, by the digest of (ns, key).
   std::filesystem::path KeyedPathOf(absl::string_view subdir, absl::string_view ns,
                                     absl::string_view key, absl::string_view extension) const;
-  // Removes the files and links in `dir` whose names start with `prefix`.
-  void RemoveStartingWith(const std::filesystem::path& dir, absl::string_view prefix);
-  // Points the link of (ns, key) at `file`, unless it does already.
-  absl::Status PublishLink(absl::string_view ns, absl::string_view key, const IndexedFile& file);
+  // Removes the file or link at `path`, uncounting what it took.
+  void RemoveCounted(const std::filesystem::path& path);
+  // Points the link of (ns, key) at `file`, unless it does already. Returns
+  // whether it made one, and its extension.
+  absl::StatusOr<std::optional<std::string>> PublishLink(absl::string_view ns,
+                                                         absl::string_view key,
+                                                         const IndexedFile& file, bool& changed);
   // Writes `content` to a new temporary file in `dir`, then moves it over `target`.
   absl::StatusOr<platform::Replaced> WriteAndMove(const std::filesystem::path& target,
                                                   absl::string_view content);
@@ -129,7 +163,8 @@ class ServedFiles {
   // Set once this account turned out unable to make links: not tried again.
   std::atomic<bool> links_unavailable_{false};
   std::atomic<bool> links_moved_{false};  // one link was moved into place: links work here
-  std::atomic<int64_t> bytes_{0};
+  std::atomic<int64_t> bytes_{0};            // files and links
+  std::atomic<int64_t> directory_bytes_{0};  // as last measured
 };
 
 }  // namespace kiln::cache

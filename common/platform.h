@@ -109,6 +109,13 @@ absl::StatusOr<FileStamp> StampOf(const std::filesystem::path& path);
 // trust a stamp only for a file that last changed well before it was taken.
 absl::Time ChangeTime(const FileStamp& stamp);
 
+// What the file, directory or link at `path` itself (a link is not
+// followed) takes on disk, as `du` counts it: its allocated blocks. 0 when
+// there is nothing there. Windows: the size rounded up to the 4 KiB cluster
+// (small files that live in the MFT count a cluster too; close enough to keep
+// a size cap honest).
+uint64_t AllocatedBytes(const std::filesystem::path& path);
+
 // What MoveFileOver did.
 enum class Replaced { kYes, kTargetInUse };
 

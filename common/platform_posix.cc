@@ -183,6 +183,12 @@ absl::StatusOr<FileStamp> StampOf(const fs::path& path) {
 
 absl::Time ChangeTime(const FileStamp& stamp) { return absl::FromUnixNanos(stamp.changed); }
 
+uint64_t AllocatedBytes(const fs::path& path) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0) return 0;
+  return static_cast<uint64_t>(info.st_blocks) * 512;  // st_blocks counts 512-byte units everywhere
+}
+
 absl::Status WriteFileDurably(const fs::path& path, absl::string_view data) {
   FileDescriptor fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (fd.get() < 0) {

@@ -319,6 +319,17 @@ absl::StatusOr<FileStamp> StampOf(const fs::path& path) {
                    basic.ChangeTime.QuadPart, join(info.nFileIndexHigh, info.nFileIndexLow)};
 }
 
+uint64_t AllocatedBytes(const fs::path& path) {
+  constexpr uint64_t kCluster = 4096;
+  WIN32_FILE_ATTRIBUTE_DATA info{};
+  if (!GetFileAttributesExW(path.c_str(), GetFileExInfoStandard, &info)) return 0;
+  if ((info.dwFileAttributes & (FILE_ATTRIBUTE_DIRECTORY | FILE_ATTRIBUTE_REPARSE_POINT)) != 0) {
+    return kCluster;
+  }
+  const uint64_t size = (static_cast<uint64_t>(info.nFileSizeHigh) << 32) | info.nFileSizeLow;
+  return (size + kCluster - 1) / kCluster * kCluster;
+}
+
 absl::Time ChangeTime(const FileStamp& stamp) {
   // FILETIME ticks: 100 ns since 1601-01-01.
   constexpr int64_t kUnixEpochTicks = 116444736000000000;

@@ -225,6 +225,9 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
     });
   }
   const std::string signal_name = signals.Wait();
+  // Eviction, sweeps and verification end at their next step: a stop must
+  // not wait for them.
+  store->RequestStop();
   stopping.Notify();
   if (idle_watch.joinable()) idle_watch.join();
   spdlog::info("{} received: finishing in-flight requests", signal_name);

@@ -245,7 +245,7 @@ TEST_F(ArtifactStoreTest, ReopenedStoreServesWhatWasCommitted) {
       ASSERT_TRUE(store->Put("triton", absl::StrCat("key", i), KernelBlobs(i)).ok());
     }
   }
-  EXPECT_EQ(QueryText("PRAGMA user_version"), "1");
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "2");
   EXPECT_EQ(QueryText("SELECT count(*) FROM entries"), "5");
   auto store = OpenStore(Options());
   for (uint32_t i = 0; i < 5; ++i) {
@@ -550,7 +550,9 @@ TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
     EXPECT_EQ(FilesUnder(served_dir).size(), 3 + 2);
   }
   // What a kilnd killed between commit and cleanup leaves: a served file of a
-  // blob no longer stored, an index entry naming it, a half-written file.
+  // blob no longer stored, an index entry naming it, a half-written file; and
+  // no mark of a clean stop.
+  ASSERT_TRUE(fs::remove(dir_.path() / "data" / "clean-stop"));
   const std::string gone = DigestHex(DigestBytes(Sha256("gone")));
   fs::create_directories(served_dir / gone.substr(0, 2));
   std::ofstream(served_dir / gone.substr(0, 2) / (gone + ".cubin")) << "gone";
@@ -598,10 +600,17 @@ TEST_F(ArtifactStoreTest, AnEntryOfOneFileIsLinkedByItsKeyUntilItsFileGoes) {
     ASSERT_TRUE(store->ServeAsFiles("local/triton-files", key, as_files).ok());
     EXPECT_EQ(FileContent(link), "module bytes");
     ASSERT_EQ(store->EvictToSize(0).value_or(0), 1u);
-    // The file went with its blob: the link dangles (or is swept already, which
-    // the store's background sweep may do at once), a miss to a client.
+    // The file and the link went with the entry.
+    EXPECT_FALSE(fs::is_symlink(link));
     EXPECT_FALSE(fs::exists(link));
+    // A link left dangling by a kilnd killed between the two is swept at the
+    // next start (that kilnd did not mark its stop clean).
+    ASSERT_TRUE(store->Put("local/triton-files", key, {{name, "module bytes", ""}}).ok());
+    ASSERT_TRUE(store->ServeAsFiles("local/triton-files", key, as_files).ok());
+    ASSERT_TRUE(fs::is_symlink(link));
+    fs::remove(fs::canonical(link));
   }
+  ASSERT_TRUE(fs::remove(dir_.path() / "data" / "clean-stop"));
   auto store = OpenStore(Options());
   // The sweep runs in the background: up to 10 s on a loaded machine.
   for (int i = 0; i < 500 && fs::is_symlink(link); ++i) {
@@ -652,6 +661,7 @@ TEST_F(ArtifactStoreTest, RefusesADatabaseFromANewerSchema) {
 TEST_F(ArtifactStoreTest, StartupRemovesFilesTheIndexDoesNotReference) {
   StoreOptions options = Options();
   { auto store = OpenStore(options); }
+  ASSERT_TRUE(fs::remove(options.data_dir / "clean-stop"));  // as a killed kilnd leaves it
   const fs::path stray = options.data_dir / "blobs" / "ab" / std::string(64, 'a');
   fs::create_directories(stray.parent_path());
   std::ofstream(stray) << "left by a crash between rename and commit";
