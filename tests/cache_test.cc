@@ -580,6 +580,49 @@ TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
   EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
 }
 
+// A data directory as a version 1 kilnd left it: the same tables without the
+// served files' records, files served from it, no clean-stop mark (version 1
+// never wrote one).
+TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesGo) {
+  const fs::path data_dir = dir_.path() / "data";
+  const fs::path served_dir = data_dir / "files";
+  const ArtifactStore::AsFiles as_files{"ns"};
+  {
+    auto store = OpenStore(Options());
+    ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(21)).ok());
+    ASSERT_TRUE(store->Put("ns", "b", {{"k.so", "module", ""}}).ok());
+    ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
+    ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
+  }
+  ExecSql("DROP TABLE served_copies; ALTER TABLE entries DROP COLUMN index_namespace; "
+          "ALTER TABLE entries DROP COLUMN index_disk_bytes; "
+          "ALTER TABLE entries DROP COLUMN link_extension; PRAGMA user_version = 1;");
+  ASSERT_TRUE(fs::remove(data_dir / "clean-stop"));
+  const std::vector<fs::path> version1_files = FilesUnder(served_dir);
+  ASSERT_EQ(version1_files.size(), 4u + 3u);  // a: 3 files, an index entry; b: a file, index, link
+
+  auto store = OpenStore(Options());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "2");
+  // Nothing unrecorded is served: the old files are out of the served tree at
+  // once (deleted in the background), and the entries are served anew.
+  for (const fs::path& file : version1_files) EXPECT_FALSE(fs::exists(file)) << file;
+  EXPECT_TRUE(fs::is_directory(served_dir / "hits")) << "where clients journal their hits";
+  for (int i = 0; i < 500 && fs::exists(data_dir / "retired"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // deleted in the background
+  }
+  EXPECT_FALSE(fs::exists(data_dir / "retired"));
+  absl::StatusOr<CacheEntry> a = store->Lookup("ns", "a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ExpectEntryMatches(*a, KernelBlobs(21));
+  ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
+  ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
+  EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 3u);
+  // Recorded now: eviction takes every one of them.
+  EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
+  EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
+}
+
 TEST_F(ArtifactStoreTest, AnEntryOfOneFileIsLinkedByItsKeyUntilItsFileGoes) {
   const std::string name = "__triton_launcher.cpython-311-x86_64-linux-gnu.so";
   const std::string key = "abc/" + name;
