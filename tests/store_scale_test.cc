@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -139,6 +140,36 @@ TEST_F(StoreScaleTest, EvictionReadsNoDirectoryOfServedFiles) {
     if (!entry.is_directory() && !absl::StartsWith(entry.path().filename().string(), ".")) ++files;
   }
   EXPECT_EQ(files, 3 * (600 - *evicted));
+}
+
+// kilnd asks the store to stop as soon as it is asked to: an eviction under
+// way ends after the batch it is in, however much is left to evict, and
+// what it evicted and what it kept are both whole.
+TEST_F(StoreScaleTest, AStopRequestEndsEvictionAfterItsBatch) {
+  absl::StatusOr<std::unique_ptr<ArtifactStore>> store = ArtifactStore::Open(Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  constexpr int kEntries = 6000;
+  for (int i = 0; i < kEntries; ++i) {
+    ASSERT_TRUE((*store)->Put("local/triton", absl::StrCat("entry", i),
+                              {{"kernel.cubin", TestBytes(1024, static_cast<uint32_t>(i)), ""}})
+                    .ok());
+  }
+  std::atomic<bool> evicting{true};
+  absl::StatusOr<uint64_t> evicted;
+  std::thread eviction([&] {
+    evicted = (*store)->EvictToSize(0);
+    evicting = false;
+  });
+  // The first batch done, the stop comes.
+  while (evicting.load() && (*store)->Stats()->evicted_entries == 0) std::this_thread::yield();
+  (*store)->RequestStop();
+  eviction.join();
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  absl::StatusOr<StoreStats> stats = (*store)->Stats();
+  EXPECT_GT(stats->entries, 0u) << "the eviction ran to the end despite the stop";
+  EXPECT_EQ(stats->entries + *evicted, static_cast<uint64_t>(kEntries));
+  // What is left is served whole.
+  EXPECT_TRUE((*store)->Lookup("local/triton", absl::StrCat("entry", kEntries - 1)).ok());
 }
 
 TEST_F(StoreScaleTest, DiskBytesIsWhatDuCountsAlsoRightAfterAStart) {
