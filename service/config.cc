@@ -5,6 +5,8 @@
 #include <functional>
 #include <iterator>
 #include <optional>
+#include <random>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -318,6 +320,63 @@ absl::Status ValidateConfig(const Config& config) {
         "max_request_size below 1MiB cannot carry a kernel's IR; raise it");
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// What is wrong with `status`, that of a path where a directory should be.
+std::string NotADirectory(const fs::file_status& status) {
+  return fs::is_regular_file(status) ? "is a file, not a directory" : "is not a directory";
+}
+
+// Why `dir` could not be created: the first of it and its parents that
+// exists but is not a directory, or else the error itself.
+std::string WhyNotCreated(const fs::path& dir, const std::error_code& error) {
+  for (fs::path at = dir;; at = at.parent_path()) {
+    std::error_code ignored;
+    const fs::file_status status = fs::status(at, ignored);
+    if (fs::exists(status) && !fs::is_directory(status)) {
+      return at == dir ? NotADirectory(status)
+                       : absl::StrFormat("cannot be created: %s %s", at.string(),
+                                         NotADirectory(status));
+    }
+    if (fs::exists(status) || at == at.parent_path()) break;
+  }
+  return absl::StrFormat("cannot be created (%s)", error.message());
+}
+
+// Makes `dir`, the value of `setting`, a directory kilnd may write in.
+absl::Status PrepareWritableDirectory(absl::string_view setting, const fs::path& dir) {
+  const std::string fix =
+      absl::StrFormat("point %s (or --%s) at a directory kilnd may write", setting,
+                      absl::StrReplaceAll(setting, {{"_", "-"}}));
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s %s %s; %s", setting, dir.string(), WhyNotCreated(dir, error), fix));
+  }
+  // Only making something there tells for sure: permission bits do not stop
+  // root, while a read-only mount, an immutable flag or an ACL stops anyone.
+  std::random_device random;
+  const fs::path probe = dir / absl::StrCat(".kilnd-write-check-", absl::Hex(random()));
+  if (!fs::create_directory(probe, error) && error) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s %s is not writable by kilnd (%s); %s, or let kilnd's account write "
+                        "in it",
+                        setting, dir.string(), error.message(), fix));
+  }
+  fs::remove(probe, error);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PrepareDataDirectories(const Config& config) {
+  RETURN_IF_ERROR(PrepareWritableDirectory("data_dir", config.data_dir));
+  return PrepareWritableDirectory("log_dir", config.log_dir);
 }
 
 namespace {

@@ -125,6 +125,12 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
 // Checks the combination: e.g. a non-loopback TCP address without allow_remote.
 absl::Status ValidateConfig(const Config& config);
 
+// Creates data_dir and log_dir when missing and checks that kilnd may write in
+// each, before kilnd opens its log, lock file or database there (whose own
+// errors would name those files, not the setting to change).
+// FAILED_PRECONDITION names the setting, the path, what is wrong and the fix.
+absl::Status PrepareDataDirectories(const Config& config);
+
 // "127.0.0.1:PORT" for a bare port; otherwise the address unchanged.
 std::string NormalizeTcpAddress(absl::string_view address);
 

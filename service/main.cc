@@ -240,9 +240,7 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
 absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signals,
                    const std::function<void()>& ready) {
   RETURN_IF_ERROR(kiln::service::ValidateConfig(config));
-  std::error_code error;
-  fs::create_directories(config.data_dir, error);
-  fs::create_directories(config.log_dir, error);
+  RETURN_IF_ERROR(kiln::service::PrepareDataDirectories(config));
   RETURN_IF_ERROR(ConfigureLogging(config));
   ASSIGN_OR_RETURN(auto lock, kiln::platform::TryLockFile(config.data_dir / "kilnd.lock"));
   RETURN_IF_ERROR(ServeWithLock(config, signals, ready));

@@ -17,6 +17,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "service/malformed_requests.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::service {
@@ -229,6 +230,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<uint64_t>(options.max_request_size, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+  AnswerMalformedRequestsWithInvalidArgument(builder);
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {

@@ -69,14 +69,16 @@ def run_on_terminal(command, env=None, timeout=600):
     return process.wait(timeout=timeout), shown.decode(), process.stderr.read().decode()
 
 
-def kilnd_refusing(directory, config_text):
-    """Runs kilnd with `config_text` as its config file, expecting it to refuse
-    to start; returns what it printed."""
+def kilnd_refusing(directory, config_text, *flags, wrapper=()):
+    """Runs kilnd with `config_text` as its config file and `flags`, started by
+    `wrapper` if any, expecting it to refuse to start (an error exit, not a
+    crash); returns what it printed."""
     config = directory / "kilnd.conf"
     config.write_text(config_text)
-    result = subprocess.run([str(BUILD / "service" / "kilnd"), f"--config={config}", f"--data-dir={directory / 'd'}",
-                             f"--local-socket={directory / 's'}"], capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0, result.stdout + result.stderr
+    result = subprocess.run([*wrapper, str(BUILD / "service" / "kilnd"), f"--config={config}",
+                             f"--data-dir={directory / 'd'}", f"--local-socket={directory / 's'}", *flags],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode > 0, result
     return result.stdout + result.stderr
 
 

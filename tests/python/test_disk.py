@@ -1,8 +1,10 @@
 """What kilnd's cache takes on disk: max_cache_size bounds all of it (blob
-files, served copies, the index and its WAL), and a full disk is visible
-and mended with kiln gc. The full disk is a real one: a small tmpfs mounted
-on kilnd's data directory in a mount namespace of its own (unshare)."""
+files, served copies, the index and its WAL), a full disk is visible and
+mended with kiln gc, and a data directory kilnd cannot write is refused at
+start. The full disk (and the read-only one) is a real one: a small tmpfs
+mounted on kilnd's data directory in a mount namespace of its own (unshare)."""
 
+import contextlib
 import errno
 import os
 import random
@@ -17,19 +19,20 @@ from triton.backends.compiler import GPUTarget
 
 import kernel_suite
 import triton_frontend
-from conftest import BUILD, Kilnd, probe_json, run_probe
+from conftest import BUILD, Kilnd, kilnd_refusing, probe_json, run_probe
 from pipeline_client import compile_request
 from test_client import base_env, kiln_env  # noqa: F401  (fixtures)
 
 KILN = BUILD / "client" / "cpp" / "kiln"
 
 
-def on_a_tmpfs(data_dir, mib):
+def on_a_tmpfs(data_dir, mib, read_only=False):
     """A wrapper that runs kilnd with a tmpfs of `mib` MiB on `data_dir`."""
     if subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"]).returncode != 0:
         pytest.skip("this machine allows no user and mount namespaces (unshare -rm)")
-    script = 'mkdir -p "$0" && mount -t tmpfs -o size=$1 tmpfs "$0" && shift && exec "$@"'
-    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(data_dir), f"{mib}m"]
+    script = 'mkdir -p "$0" && mount -t tmpfs -o "$1" tmpfs "$0" && shift && exec "$@"'
+    options = f"size={mib}m" + (",ro" if read_only else "")
+    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(data_dir), options]
 
 
 def seen_from_here(kilnd, path):
@@ -104,6 +107,51 @@ def test_a_full_disk_serves_compiles_says_they_are_not_stored_and_kiln_gc_frees_
         assert "disk full" not in kiln(kilnd, "health").stdout
     finally:
         assert kilnd.stop() == 0, (root / "kilnd.out").read_text()
+
+
+@contextlib.contextmanager
+def immutable(directory):
+    """`directory` made immutable (chattr +i), so that not even root may create
+    anything in it; skips where its file system has no such flag."""
+    made = subprocess.run(["chattr", "+i", str(directory)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no immutable flag on the file system of {directory}: {made.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file", "a read-only file system",
+                                  "an immutable directory"])
+def test_a_data_dir_kilnd_cannot_write_is_refused_at_start_naming_data_dir_and_the_fix(tmp_path, case):
+    data, wrapper = tmp_path / "data", ()
+    with contextlib.ExitStack() as stack:
+        if case == "a file":
+            data.write_text("x")
+            problem = "is a file, not a directory"
+        elif case == "under a file":
+            (tmp_path / "file").write_text("x")
+            data = tmp_path / "file" / "data"
+            problem = f"cannot be created: {tmp_path / 'file'} is a file, not a directory"
+        elif case == "a read-only file system":
+            wrapper = on_a_tmpfs(data, 1, read_only=True)
+            problem = "is not writable by kilnd (Read-only file system)"
+        else:
+            data.mkdir()
+            stack.enter_context(immutable(data))
+            problem = "is not writable by kilnd (Operation not permitted)"
+        printed = kilnd_refusing(tmp_path, "", f"--data-dir={data}", wrapper=wrapper)
+    fix = "point data_dir (or --data-dir) at a directory kilnd may write"
+    assert f"data_dir {data} {problem}; {fix}" in printed, printed
+    assert "log file" not in printed and "lock file" not in printed, printed
+
+
+def test_a_log_dir_that_is_a_file_is_refused_at_start_naming_log_dir(tmp_path):
+    logs = tmp_path / "logs"
+    logs.write_text("x")
+    printed = kilnd_refusing(tmp_path, f"log_dir = {logs}\n")
+    assert f"log_dir {logs} is a file, not a directory; point log_dir (or --log-dir) at a" in printed, printed
 
 
 def disk_usage(directory):

@@ -176,6 +176,30 @@ def test_unknown_target_is_invalid_argument(kilnd, backend, arch):
     assert "target" in error.value.details()
 
 
+@pytest.mark.parametrize("method,request_type,streaming", [
+    ("Put", "PutRequest", False), ("GetStats", "GetStatsRequest", False),
+    ("LookupOrClaim", "LookupRequest", True)])
+def test_request_that_does_not_parse_is_invalid_argument_naming_the_method(
+        kilnd, method, request_type, streaming):
+    # Bytes no protobuf parser accepts (a tag whose varint never ends), as a
+    # client of another API could send; gRPC 1.51 alone answers UNIMPLEMENTED.
+    path, garbage = f"/kiln.v1.Kiln/{method}", b"\xff\xff\xff"
+    with pytest.raises(grpc.RpcError) as error:
+        if streaming:
+            list(kilnd.channel.unary_stream(path)(garbage, timeout=30))
+        else:
+            kilnd.channel.unary_unary(path)(garbage, timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+    assert f"kiln.v1.Kiln/{method} does not parse as a kiln.v1.{request_type}" in error.value.details()
+    assert kilnd.stats().data_dir, "kilnd stopped answering after the garbage"
+
+
+def test_unknown_method_is_still_unimplemented(kilnd):
+    with pytest.raises(grpc.RpcError) as error:
+        kilnd.channel.unary_unary("/kiln.v1.Kiln/NoSuchMethod")(b"")
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_unknown_toolchain_lists_the_registered_ones(kilnd):
     frontend = triton_frontend.run_frontend(kernel_suite.SUITE[0], TARGETS[1])
     with pytest.raises(grpc.RpcError) as error:
