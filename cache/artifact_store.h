@@ -274,15 +274,22 @@ class ArtifactStore {
                                               absl::string_view digest, uint64_t size,
                                               IntegrityCheck check);
   // Methods named *Locked run with writer_mutex_ held.
-  absl::Status PutLocked(absl::string_view ns, absl::string_view key,
-                         const std::vector<PreparedBlob>& prepared, const NamedDigests& stored);
+  struct QueuedPut;
+  // Stores a put in a transaction shared with the puts queued beside it
+  // (group commit); returns how it went.
+  absl::Status CommitInGroup(absl::string_view ns, absl::string_view key,
+                             const std::vector<PreparedBlob>& prepared, const NamedDigests& stored);
+  void CommitGroupLocked(const std::vector<QueuedPut*>& group);
+  // One put's rows, within the group's transaction.
+  absl::Status PutInTransactionLocked(QueuedPut& put);
+  void RemovePublishedFiles(const QueuedPut& put);
   // Deletes an entry; appends the ids of the blobs it used (candidates for
   // orphan deletion before commit).
   absl::Status DeleteEntryLocked(int64_t entry_id, std::vector<int64_t>& freed_candidates);
   // Replaces (ns, key) with a new, empty entry; returns its id and the blob
   // ids the old one used, to be checked for orphans before commit.
   absl::StatusOr<int64_t> ReplaceEntryLocked(absl::string_view ns, absl::string_view key,
-                                             std::vector<int64_t>& replaced_blob_ids);
+                                             std::vector<int64_t>& replaced_blob_ids, bool& is_new);
   absl::Status PublishBlobFile(const PreparedBlob& blob);
   absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
   void ReleaseFreedBlobs(const FreedBlobs& freed);
@@ -315,6 +322,9 @@ class ArtifactStore {
   const StoreOptions options_;
   std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_
   std::mutex writer_mutex_;
+  // Puts waiting for the next group commit (CommitInGroup).
+  std::mutex put_queue_mutex_;
+  std::vector<QueuedPut*> put_queue_;  // guarded by put_queue_mutex_
 
   std::mutex readers_mutex_;
   std::vector<std::unique_ptr<ReaderConnection>> idle_readers_;
@@ -344,6 +354,8 @@ class ArtifactStore {
   absl::StatusOr<uint64_t> EvictBatchesToSize(uint64_t target_bytes);
 
   std::atomic<uint64_t> stored_bytes_{0};
+  std::atomic<uint64_t> entry_count_{0};  // rows of entries, as committed
+  std::atomic<uint64_t> blob_count_{0};   // rows of blobs, as committed
   std::atomic<uint64_t> file_blob_bytes_{0};  // on disk, of blobs stored as files (blobs/)
   std::atomic<uint64_t> unrecorded_bytes_{0};  // MeasureUnrecordedBytes
   std::mutex disk_full_mutex_;

@@ -166,26 +166,37 @@ absl::StatusOr<ServedFiles::Written> ServedFiles::Publish(absl::string_view dige
 
 absl::StatusOr<std::optional<ServedFiles::IndexFootprint>> ServedFiles::PublishIndex(
     absl::string_view ns, absl::string_view key, const std::vector<IndexedFile>& files) {
-  std::string json = "{\"files\": {";
-  for (size_t i = 0; i < files.size(); ++i) {
-    absl::StrAppend(&json, i == 0 ? "" : ", ", JsonString(files[i].name), ": [",
-                    JsonString(files[i].path.string()), ", ", files[i].size, "]");
-  }
-  json += "}}";
-  const fs::path target = KeyedPathOf(kIndexDir, ns, key, ".json");
+  const fs::path index = KeyedPathOf(kIndexDir, ns, key, ".json");
   bool changed = false;
-  if (absl::StatusOr<std::string> existing = platform::ReadWholeFile(target);
-      !existing.ok() || *existing != json) {
-    // An index entry a client holds open (Windows) is replaced at the next chance.
-    RETURN_IF_ERROR(WriteAndMove(target, json).status());
-    changed = true;
-  }
   IndexFootprint footprint;
   if (files.size() == 1 && !links_unavailable_.load(std::memory_order_relaxed)) {
     ASSIGN_OR_RETURN(footprint.link_extension, PublishLink(ns, key, files.front(), changed));
   }
+  if (footprint.link_extension.has_value()) {
+    // A client finds a one-file entry by its link (index.py's lookup_file):
+    // an index entry beside it would only be one more file. One an earlier
+    // lookup wrote goes.
+    std::error_code error;
+    if (fs::exists(index, error)) {
+      RemoveCounted(index);
+      changed = true;
+    }
+  } else {
+    std::string json = "{\"files\": {";
+    for (size_t i = 0; i < files.size(); ++i) {
+      absl::StrAppend(&json, i == 0 ? "" : ", ", JsonString(files[i].name), ": [",
+                      JsonString(files[i].path.string()), ", ", files[i].size, "]");
+    }
+    json += "}}";
+    if (absl::StatusOr<std::string> existing = platform::ReadWholeFile(index);
+        !existing.ok() || *existing != json) {
+      // An index entry a client holds open (Windows) is replaced at the next chance.
+      RETURN_IF_ERROR(WriteAndMove(index, json).status());
+      changed = true;
+    }
+  }
   if (!changed) return std::nullopt;
-  footprint.disk_bytes = platform::AllocatedBytes(target);
+  footprint.disk_bytes = platform::AllocatedBytes(index);
   if (footprint.link_extension.has_value()) {
     footprint.disk_bytes +=
         platform::AllocatedBytes(KeyedPathOf(kLinksDir, ns, key, *footprint.link_extension));

@@ -22,13 +22,13 @@
 // named by the SHA-256 of "<namespace>\0<key>" in the client's namespace. A
 // client uses an entry only while every file is there with its size.
 //
-// An entry of one file (a launcher module: Triton's get_file) also gets a
-// symbolic link to it, named by the same digest and the file's extension:
+// An entry of one file (a launcher module: Triton's get_file) gets a symbolic
+// link to it instead, named by the same digest and the file's extension:
 //   <dir>/links/<hh>/<62 hex><extension>
-// so that a client finds it with one stat, as stock Triton's file cache does.
-// A link whose file is gone dangles, which a client sees as a miss. Where
-// this account may not make links (Windows without the privilege), the index
-// alone serves.
+// so that a client finds it with one stat, as stock Triton's file cache does,
+// and it costs one file less. A link whose file is gone dangles, which a
+// client sees as a miss. Where this account may not make links (Windows
+// without the privilege), such an entry gets an index entry like any other.
 //
 // Clients report the hits they served themselves in <dir>/hits (hit_journal.h).
 //

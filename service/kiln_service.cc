@@ -317,7 +317,9 @@ grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
     }
     RETURN_IF_ERROR(store_.Put(ns, request->key(), std::move(blobs)).status());
     claims_.Release(ns, request->key());
-    ServeAheadOfLookups(caller, ns, request->namespace_(), request->key());
+    if (!request->has_serve_as_files() || request->serve_as_files()) {
+      ServeAheadOfLookups(caller, ns, request->namespace_(), request->key());
+    }
     // Not Stats(): it counts every row, which a put must not wait for.
     response->set_stored_bytes(store_.StoredBytes());
     return absl::OkStatus();

@@ -599,7 +599,7 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
           "ALTER TABLE entries DROP COLUMN link_extension; PRAGMA user_version = 1;");
   ASSERT_TRUE(fs::remove(data_dir / "clean-stop"));
   const std::vector<fs::path> version1_files = FilesUnder(served_dir);
-  ASSERT_EQ(version1_files.size(), 4u + 3u);  // a: 3 files, an index entry; b: a file, index, link
+  ASSERT_EQ(version1_files.size(), 4u + 2u);  // a: 3 files, an index entry; b: a file, its link
 
   auto store = OpenStore(Options());
   ASSERT_NE(store, nullptr);
@@ -617,7 +617,7 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
   ExpectEntryMatches(*a, KernelBlobs(21));
   ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
   ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
-  EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 3u);
+  EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 2u);
   // Recorded now: eviction takes every one of them.
   EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
   EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});

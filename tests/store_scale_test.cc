@@ -96,7 +96,7 @@ class StoreScaleTest : public ::testing::Test {
   }
 
   // `count` entries of one 1-4 KB blob each, served to a local client as
-  // files: a served copy, an index entry and a link each.
+  // files: a served copy and a link each.
   void FillServed(ArtifactStore& store, int count) {
     const ArtifactStore::AsFiles as_files{"triton-files"};
     for (int i = 0; i < count; ++i) {
@@ -134,12 +134,13 @@ TEST_F(StoreScaleTest, EvictionReadsNoDirectoryOfServedFiles) {
     }
   }
   EXPECT_EQ(read, std::vector<std::string>{}) << "eviction read directories to find files";
-  // And every file of an evicted entry went: 3 per entry left, plus directories.
+  // And every file of an evicted entry went: 2 per entry left (its served
+  // copy and its link; a one-file entry has no index entry), plus directories.
   uint64_t files = 0;
   for (const fs::directory_entry& entry : fs::recursive_directory_iterator(served)) {
     if (!entry.is_directory() && !absl::StartsWith(entry.path().filename().string(), ".")) ++files;
   }
-  EXPECT_EQ(files, 3 * (600 - *evicted));
+  EXPECT_EQ(files, 2 * (600 - *evicted));
 }
 
 // kilnd asks the store to stop as soon as it is asked to: an eviction under

@@ -458,6 +458,9 @@ absl::Status Client::Put(absl::string_view ns, absl::string_view key,
   v1::PutRequest request;
   request.set_namespace_(std::string(ns));
   request.set_key(std::string(key));
+  // This SDK reads entries through Lookup, never kilnd's served files: a put
+  // of it costs kilnd no file.
+  request.set_serve_as_files(false);
   for (const auto& [name, data] : named_blobs) {
     v1::Blob* blob = request.add_blobs();
     blob->set_name(name);

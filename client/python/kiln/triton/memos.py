@@ -240,7 +240,7 @@ def _send_offers(timeout):
         stub = _service.connect(autostart=False).stub
         for memo in offers:
             stub.Put(_api.PutRequest(namespace=KILND_NAMESPACE, key=_digest(memo["name"]), blobs=[
-                _api.blob(_KILND_BLOB, json.dumps(memo).encode())]), timeout=timeout)
+                _api.blob(_KILND_BLOB, json.dumps(memo).encode())], serve_as_files=True), timeout=timeout)
     except Exception as error:  # never the program's problem
         log.debug("memos not offered to kilnd: %s", error)
 

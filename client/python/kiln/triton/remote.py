@@ -228,7 +228,7 @@ class RemoteCacheManager(CacheManager):
         # Something Triton made outside a compile (autotuner timings, a module
         # built without kilnd): share it with other processes.
         _stub().Put(_api.PutRequest(namespace="triton-files", key=f"{self._hex}/{filename}",
-                                    blobs=[_api.blob(filename, data, digest)]))
+                                    blobs=[_api.blob(filename, data, digest)], serve_as_files=True))
         _index.record("triton-files", f"{self._hex}/{filename}", {filename: path})
         return path
 
@@ -252,7 +252,8 @@ class RemoteCacheManager(CacheManager):
                 blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
                 if output_blob is not None:
                     blobs.append(output_blob)
-                _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs))
+                _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs,
+                                            serve_as_files=True))
             _index.record("triton", self._hex, indexed)
         finally:
             if compile_group is not None:
