@@ -65,6 +65,9 @@ CREATE TABLE entry_blobs (
   PRIMARY KEY (entry_id, name)
 ) WITHOUT ROWID;
 CREATE INDEX entry_blobs_by_blob ON entry_blobs (blob_id);
+)sql";
+// New in version 2, made by a new store and by the migration alike.
+constexpr absl::string_view kServedCopiesTable = R"sql(
 CREATE TABLE served_copies (
   blob_id    INTEGER NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
   extension  TEXT NOT NULL,
@@ -79,12 +82,6 @@ constexpr absl::string_view kMigrationFrom1 = R"sql(
 ALTER TABLE entries ADD COLUMN index_namespace TEXT;
 ALTER TABLE entries ADD COLUMN index_disk_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE entries ADD COLUMN link_extension TEXT;
-CREATE TABLE served_copies (
-  blob_id    INTEGER NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
-  extension  TEXT NOT NULL,
-  disk_bytes INTEGER NOT NULL,
-  PRIMARY KEY (blob_id, extension)
-) WITHOUT ROWID;
 )sql";
 
 enum Codec : int64_t { kRaw = 0, kZstd = 1 };
@@ -317,6 +314,7 @@ absl::Status ArtifactStore::Initialize() {
   if (found_version < kSchemaVersion) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
     RETURN_IF_ERROR(db.Exec(found_version == 0 ? kSchema : kMigrationFrom1));
+    RETURN_IF_ERROR(db.Exec(kServedCopiesTable));
     RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
     RETURN_IF_ERROR(txn.Commit());
     if (found_version == 1) RetireUnrecordedServedFiles();
