@@ -66,13 +66,19 @@ CREATE TABLE entry_blobs (
 ) WITHOUT ROWID;
 CREATE INDEX entry_blobs_by_blob ON entry_blobs (blob_id);
 )sql";
-// New in version 2, made by a new store and by the migration alike.
-constexpr absl::string_view kServedCopiesTable = R"sql(
+// New in version 2, made by a new store and by the migration alike. A
+// leftover file is a blob file or served copy whose removal failed (another
+// process held it open, on Windows): retried until it goes.
+constexpr absl::string_view kVersion2Tables = R"sql(
 CREATE TABLE served_copies (
   blob_id    INTEGER NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
   extension  TEXT NOT NULL,
   disk_bytes INTEGER NOT NULL,
   PRIMARY KEY (blob_id, extension)
+) WITHOUT ROWID;
+CREATE TABLE leftover_files (
+  path       TEXT PRIMARY KEY,   -- relative to the data directory
+  disk_bytes INTEGER NOT NULL
 ) WITHOUT ROWID;
 )sql";
 
@@ -190,6 +196,9 @@ struct ArtifactStore::Writer {
   sqlite::Statement record_served_copy;
   sqlite::Statement record_index;
   sqlite::Statement served_copy_recorded;
+  sqlite::Statement record_leftover;
+  sqlite::Statement leftovers;
+  sqlite::Statement forget_leftover;
 };
 
 struct ArtifactStore::PreparedBlob {
@@ -314,7 +323,7 @@ absl::Status ArtifactStore::Initialize() {
   if (found_version < kSchemaVersion) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
     RETURN_IF_ERROR(db.Exec(found_version == 0 ? kSchema : kMigrationFrom1));
-    RETURN_IF_ERROR(db.Exec(kServedCopiesTable));
+    RETURN_IF_ERROR(db.Exec(kVersion2Tables));
     RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
     RETURN_IF_ERROR(txn.Commit());
     if (found_version == 1) RetireUnrecordedServedFiles();
@@ -377,6 +386,10 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::record_index,
        "UPDATE entries SET index_disk_bytes = ?3, link_extension = ?4, index_namespace = ?5 "
        "WHERE namespace = ?1 AND key = ?2"},
+      {&Writer::record_leftover,
+       "INSERT OR REPLACE INTO leftover_files (path, disk_bytes) VALUES (?1, ?2)"},
+      {&Writer::leftovers, "SELECT path, disk_bytes FROM leftover_files LIMIT 1000"},
+      {&Writer::forget_leftover, "DELETE FROM leftover_files WHERE path = ?1"},
       {&Writer::served_copy_recorded,
        "SELECT 1 FROM served_copies c JOIN blobs b ON b.id = c.blob_id "
        "WHERE b.digest = ?1 AND c.extension = ?2"},
@@ -400,6 +413,10 @@ absl::Status ArtifactStore::Initialize() {
                               "(SELECT total(index_disk_bytes) FROM entries)"));
   ASSIGN_OR_RETURN(has_row, served.Step());
   const uint64_t served_bytes = has_row ? static_cast<uint64_t>(served.ColumnInt(0)) : 0;
+  ASSIGN_OR_RETURN(sqlite::Statement leftover,
+                   db.Prepare("SELECT total(disk_bytes) FROM leftover_files"));
+  ASSIGN_OR_RETURN(has_row, leftover.Step());
+  leftover_bytes_ = has_row ? static_cast<uint64_t>(leftover.ColumnInt(0)) : 0;
   ASSIGN_OR_RETURN(sqlite::Statement counts,
                    db.Prepare("SELECT (SELECT count(*) FROM entries), (SELECT count(*) FROM blobs)"));
   ASSIGN_OR_RETURN(has_row, counts.Step());
@@ -435,6 +452,7 @@ void ArtifactStore::EnsureSpaceReserve() {
 uint64_t ArtifactStore::DiskBytes() const {
   const fs::path db = options_.data_dir / "kiln.db";
   return file_blob_bytes_.load() + served_files_.bytes() + unrecorded_bytes_.load() +
+         leftover_bytes_.load() +
          platform::AllocatedBytes(db) + platform::AllocatedBytes(fs::path(db).concat("-wal")) +
          platform::AllocatedBytes(fs::path(db).concat("-shm"));
 }
@@ -1132,21 +1150,69 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
   blob_count_ -= std::min<uint64_t>(freed.blob_rows, blob_count_.load());
   entry_count_ -= std::min<uint64_t>(freed.entries.size(), entry_count_.load());
   file_blob_bytes_ -= std::min<uint64_t>(freed.file_bytes, file_blob_bytes_.load());
+  std::vector<ServedFiles::Leftover> leftovers;
   for (const fs::path& file : freed.files) {
     std::error_code error;
-    // A file another process holds open (Windows) stays behind as an orphan;
-    // the sweep after an unclean stop, or the next put of the content, takes it.
-    if (!fs::remove(file, error) && error) {
-      spdlog::warn("cache: cannot delete blob file {}: {}", file.string(), error.message());
+    // A file another process holds open (Windows) stays behind: it is
+    // recorded and retried until its holder lets go.
+    if (!fs::remove(file, error) && fs::exists(file, error)) {
+      leftovers.push_back({file, platform::AllocatedBytes(file)});
     }
   }
   for (const auto& [digest, extensions] : freed.served_copies) {
-    served_files_.Remove(digest, extensions);
+    served_files_.Remove(digest, extensions, &leftovers);
   }
   for (const FreedBlobs::Entry& entry : freed.entries) {
     if (entry.index_namespace.has_value()) {
       served_files_.RemoveIndex(*entry.index_namespace, entry.key, entry.link_extension);
     }
+  }
+  for (const ServedFiles::Leftover& leftover : leftovers) RecordLeftoverLocked(leftover);
+}
+
+void ArtifactStore::RecordLeftoverLocked(const ServedFiles::Leftover& leftover) {
+  spdlog::info("cache: {} is held open by another process; it is deleted once let go",
+               leftover.path.string());
+  leftover_bytes_ += leftover.disk_bytes;
+  const std::string relative = leftover.path.lexically_relative(options_.data_dir).generic_string();
+  if (absl::Status status = writer_->record_leftover.BindText(1, relative)
+                                .Bind(2, static_cast<int64_t>(leftover.disk_bytes))
+                                .Run();
+      !status.ok()) {
+    spdlog::warn("cache: {} not recorded for deletion: {}", leftover.path.string(),
+                 status.message());
+  }
+}
+
+void ArtifactStore::RemoveLeftoversLocked() {
+  Writer& w = *writer_;
+  std::vector<std::pair<std::string, uint64_t>> leftovers;
+  absl::StatusOr<bool> row;
+  while ((row = w.leftovers.Step()).ok() && *row) {
+    leftovers.emplace_back(w.leftovers.ColumnText(0), static_cast<uint64_t>(w.leftovers.ColumnInt(1)));
+  }
+  w.leftovers.Reset();
+  for (const auto& [relative, disk_bytes] : leftovers) {
+    const fs::path path = options_.data_dir / fs::path(relative);
+    // Stored or served again since under the same name (content-addressed):
+    // the file is in use again, and counted where it is recorded now.
+    const std::string name = path.filename().string();
+    const std::string hex = name.substr(0, 2 * kSha256Size);
+    bool in_use = false;
+    if (hex.size() == 2 * kSha256Size && std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
+      const std::string digest = absl::HexStringToBytes(hex);
+      sqlite::Statement& recorded =
+          name.size() == hex.size() ? w.file_blob_exists : w.served_copy_recorded;
+      recorded.BindBlob(1, digest);
+      if (name.size() != hex.size()) recorded.BindText(2, absl::string_view(name).substr(hex.size()));
+      absl::StatusOr<bool> found = recorded.Step();
+      recorded.Reset();
+      in_use = found.ok() && *found;
+    }
+    std::error_code error;
+    if (!in_use && !fs::remove(path, error) && fs::exists(path, error)) continue;  // still held
+    leftover_bytes_ -= std::min(disk_bytes, leftover_bytes_.load());
+    w.forget_leftover.BindText(1, relative).Run().IgnoreError();
   }
 }
 
@@ -1348,6 +1414,11 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictDomainLocked(absl::string_view doma
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
+  {
+    // Files whose holders let go since: they free space before any entry goes.
+    std::lock_guard lock(writer_mutex_);
+    RemoveLeftoversLocked();
+  }
   absl::StatusOr<uint64_t> evicted = EvictBatchesToSize(target_bytes);
   if (absl::IsResourceExhausted(evicted.status())) {
     // The transaction found no room to write in: give it the reserve's.
@@ -1476,6 +1547,7 @@ void ArtifactStore::MaintenanceLoop() {
       if (absl::Status status = FlushTouches(); !status.ok()) {
         spdlog::warn("cache: cannot record last-use times: {}", status.message());
       }
+      RemoveLeftoversLocked();
     }
     if (DiskBytes() > options_.max_size_bytes) {
       // Evict below the cap, not just to it, so the next put does not evict again.

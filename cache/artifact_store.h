@@ -293,6 +293,10 @@ class ArtifactStore {
   absl::Status PublishBlobFile(const PreparedBlob& blob);
   absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
   void ReleaseFreedBlobs(const FreedBlobs& freed);
+  // A file whose removal failed (held open by another process, on Windows):
+  // recorded, counted, and retried by RemoveLeftoversLocked every 2 s.
+  void RecordLeftoverLocked(const ServedFiles::Leftover& leftover);
+  void RemoveLeftoversLocked();
   void DropCorruptBlob(absl::string_view digest, absl::string_view reason);
   // Evicts up to one batch of least recently used entries, stopping once the
   // store fits `target_bytes`.
@@ -358,6 +362,7 @@ class ArtifactStore {
   std::atomic<uint64_t> blob_count_{0};   // rows of blobs, as committed
   std::atomic<uint64_t> file_blob_bytes_{0};  // on disk, of blobs stored as files (blobs/)
   std::atomic<uint64_t> unrecorded_bytes_{0};  // MeasureUnrecordedBytes
+  std::atomic<uint64_t> leftover_bytes_{0};    // of the files in leftover_files
   std::mutex disk_full_mutex_;
   std::optional<absl::Time> disk_full_since_;  // guarded by disk_full_mutex_
   std::atomic<uint64_t> puts_refused_disk_full_{0};

@@ -253,18 +253,25 @@ absl::StatusOr<std::optional<std::string>> ServedFiles::PublishLink(absl::string
   return moved.status();
 }
 
-void ServedFiles::RemoveCounted(const fs::path& path) {
+void ServedFiles::RemoveCounted(const fs::path& path, std::vector<Leftover>* leftovers) {
   std::error_code error;
   trusted_.Forget(path.string());
-  const auto size = static_cast<int64_t>(platform::AllocatedBytes(path));
+  const uint64_t size = platform::AllocatedBytes(path);
+  if (fs::remove(path, error) || !fs::exists(path, error)) {
+    bytes_ -= static_cast<int64_t>(size);
+    return;
+  }
   // A file a client holds open (a loaded launcher module on Windows) stays
-  // behind; RemoveOrphans takes it after the next unclean stop, or the next
-  // Publish of the same content replaces it.
-  if (fs::remove(path, error)) bytes_ -= size;
+  // behind: the owner retries it once its holder lets go.
+  if (leftovers != nullptr) {
+    bytes_ -= static_cast<int64_t>(size);
+    leftovers->push_back({path, size});
+  }
 }
 
-void ServedFiles::Remove(absl::string_view digest, const std::vector<std::string>& extensions) {
-  for (const std::string& extension : extensions) RemoveCounted(PathOf(digest, extension));
+void ServedFiles::Remove(absl::string_view digest, const std::vector<std::string>& extensions,
+                         std::vector<Leftover>* leftovers) {
+  for (const std::string& extension : extensions) RemoveCounted(PathOf(digest, extension), leftovers);
 }
 
 void ServedFiles::RemoveIndex(absl::string_view ns, absl::string_view key,

@@ -115,9 +115,17 @@ class ServedFiles {
   void RemoveIndex(absl::string_view ns, absl::string_view key,
                    const std::optional<std::string>& link_extension);
 
-  // Removes the served files of blob `digest` under each of `extensions`. A
-  // file a client holds open (Windows) stays until RemoveOrphans.
-  void Remove(absl::string_view digest, const std::vector<std::string>& extensions);
+  // A file that could not be removed (one another process holds open, on
+  // Windows) and what it takes on disk: no longer counted in bytes(), for the
+  // owner to record and remove later (ArtifactStore's leftover_files).
+  struct Leftover {
+    std::filesystem::path path;
+    uint64_t disk_bytes = 0;
+  };
+  // Removes the served files of blob `digest` under each of `extensions`;
+  // appends those that stay to `leftovers`.
+  void Remove(absl::string_view digest, const std::vector<std::string>& extensions,
+              std::vector<Leftover>* leftovers = nullptr);
 
   // Whether a sweep should stop now (kilnd is stopping).
   using StopRequested = absl::FunctionRef<bool()>;
@@ -146,8 +154,9 @@ class ServedFiles {
   // <dir>/<subdir>/<hh>/<62 hex><extension>, by the digest of (ns, key).
   std::filesystem::path KeyedPathOf(absl::string_view subdir, absl::string_view ns,
                                     absl::string_view key, absl::string_view extension) const;
-  // Removes the file or link at `path`, uncounting what it took.
-  void RemoveCounted(const std::filesystem::path& path);
+  // Removes the file or link at `path`, uncounting what it took; one that
+  // stays is appended to `leftovers` when given.
+  void RemoveCounted(const std::filesystem::path& path, std::vector<Leftover>* leftovers = nullptr);
   // Points the link of (ns, key) at `file`, unless it does already. Returns
   // whether it made one, and its extension.
   absl::StatusOr<std::optional<std::string>> PublishLink(absl::string_view ns,
