@@ -66,17 +66,18 @@ CREATE TABLE entry_blobs (
 ) WITHOUT ROWID;
 CREATE INDEX entry_blobs_by_blob ON entry_blobs (blob_id);
 )sql";
-// New in version 2, made by a new store and by the migration alike. A
-// leftover file is a blob file or served copy whose removal failed (another
-// process held it open, on Windows): retried until it goes.
+// New in version 2, made by a new store and by the migration alike, and at
+// every open where missing (as in a store of this version made before
+// leftover_files was). A leftover file is a blob file or served copy whose
+// removal failed (another process held it open, on Windows): retried until it goes.
 constexpr absl::string_view kVersion2Tables = R"sql(
-CREATE TABLE served_copies (
+CREATE TABLE IF NOT EXISTS served_copies (
   blob_id    INTEGER NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
   extension  TEXT NOT NULL,
   disk_bytes INTEGER NOT NULL,
   PRIMARY KEY (blob_id, extension)
 ) WITHOUT ROWID;
-CREATE TABLE leftover_files (
+CREATE TABLE IF NOT EXISTS leftover_files (
   path       TEXT PRIMARY KEY,   -- relative to the data directory
   disk_bytes INTEGER NOT NULL
 ) WITHOUT ROWID;
@@ -323,11 +324,11 @@ absl::Status ArtifactStore::Initialize() {
   if (found_version < kSchemaVersion) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
     RETURN_IF_ERROR(db.Exec(found_version == 0 ? kSchema : kMigrationFrom1));
-    RETURN_IF_ERROR(db.Exec(kVersion2Tables));
     RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
     RETURN_IF_ERROR(txn.Commit());
     if (found_version == 1) RetireUnrecordedServedFiles();
   }
+  RETURN_IF_ERROR(db.Exec(kVersion2Tables));
   struct StatementSpec {
     sqlite::Statement Writer::*member;
     absl::string_view sql;
