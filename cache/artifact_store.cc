@@ -398,34 +398,31 @@ absl::Status ArtifactStore::Initialize() {
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
   }
-  ASSIGN_OR_RETURN(sqlite::Statement total, db.Prepare("SELECT total(stored_size) FROM blobs"));
-  ASSIGN_OR_RETURN(has_row, total.Step());
-  stored_bytes_ = has_row ? static_cast<uint64_t>(total.ColumnInt(0)) : 0;
-  // What every file the store wrote takes, from its records: exact from the
-  // first second, without reading a directory.
-  ASSIGN_OR_RETURN(sqlite::Statement in_files,
-                   db.Prepare(absl::StrCat("SELECT total((stored_size + ", kDiskBlock - 1, ") / ",
-                                           kDiskBlock, " * ", kDiskBlock,
-                                           ") FROM blobs WHERE location = 1")));
-  ASSIGN_OR_RETURN(has_row, in_files.Step());
-  file_blob_bytes_ = has_row ? static_cast<uint64_t>(in_files.ColumnInt(0)) : 0;
-  ASSIGN_OR_RETURN(sqlite::Statement served,
-                   db.Prepare("SELECT (SELECT total(disk_bytes) FROM served_copies) + "
-                              "(SELECT total(index_disk_bytes) FROM entries)"));
-  ASSIGN_OR_RETURN(has_row, served.Step());
-  const uint64_t served_bytes = has_row ? static_cast<uint64_t>(served.ColumnInt(0)) : 0;
-  ASSIGN_OR_RETURN(sqlite::Statement leftover,
-                   db.Prepare("SELECT total(disk_bytes) FROM leftover_files"));
-  ASSIGN_OR_RETURN(has_row, leftover.Step());
-  leftover_bytes_ = has_row ? static_cast<uint64_t>(leftover.ColumnInt(0)) : 0;
-  ASSIGN_OR_RETURN(sqlite::Statement counts,
-                   db.Prepare("SELECT (SELECT count(*) FROM entries), (SELECT count(*) FROM blobs)"));
-  ASSIGN_OR_RETURN(has_row, counts.Step());
-  entry_count_ = has_row ? static_cast<uint64_t>(counts.ColumnInt(0)) : 0;
-  blob_count_ = has_row ? static_cast<uint64_t>(counts.ColumnInt(1)) : 0;
-  ASSIGN_OR_RETURN(sqlite::Statement last_use, db.Prepare("SELECT max(last_use) FROM entries"));
-  ASSIGN_OR_RETURN(has_row, last_use.Step());
-  use_clock_ = has_row ? last_use.ColumnInt(0) : 0;
+  // What the store holds and what every file it wrote takes, from its records:
+  // exact from the first second, without reading a directory, and one pass
+  // over each table (blobs, with its inline data, is most of the database).
+  ASSIGN_OR_RETURN(
+      sqlite::Statement totals,
+      db.Prepare(absl::StrCat(
+          "SELECT b.rows, b.stored, b.in_files, e.rows, e.index_bytes, e.last_use, "
+          "(SELECT total(disk_bytes) FROM served_copies), "
+          "(SELECT total(disk_bytes) FROM leftover_files) FROM "
+          "(SELECT count(*) AS rows, total(stored_size) AS stored, "
+          "total(CASE WHEN location = 1 THEN (stored_size + ", kDiskBlock - 1, ") / ", kDiskBlock,
+          " * ", kDiskBlock, " END) AS in_files FROM blobs) b, "
+          "(SELECT count(*) AS rows, total(index_disk_bytes) AS index_bytes, "
+          "max(last_use) AS last_use FROM entries) e")));
+  ASSIGN_OR_RETURN(has_row, totals.Step());
+  if (!has_row) return absl::InternalError("the store's totals query returned no row");
+  const auto column = [&totals](int index) { return static_cast<uint64_t>(totals.ColumnInt(index)); };
+  blob_count_ = column(0);
+  stored_bytes_ = column(1);
+  file_blob_bytes_ = column(2);
+  entry_count_ = column(3);
+  const uint64_t served_bytes = column(4) + column(6);
+  use_clock_ = totals.ColumnInt(5);
+  leftover_bytes_ = column(7);
+  totals.Reset();
   writer_ = std::move(writer);
   RETURN_IF_ERROR(served_files_.Initialize(options_.served_file_readers));
   served_files_.AddRecordedBytes(served_bytes);
