@@ -23,23 +23,6 @@ inline uint64_t FileSize(const std::filesystem::path& path) {
   return error ? 0 : size;
 }
 
-// What the file at `path` takes on disk now; 0 when it is not there.
-inline uint64_t OnDiskNow(const std::filesystem::path& path) { return OnDisk(FileSize(path)); }
-
-// Creates `dir` and the missing directories above it; returns what those it
-// made take on disk (a block each).
-inline uint64_t CreateDirectoriesCounted(const std::filesystem::path& dir) {
-  std::error_code error;
-  uint64_t made = 0;
-  for (std::filesystem::path missing = dir;
-       !missing.empty() && !std::filesystem::exists(missing, error);
-       missing = missing.parent_path()) {
-    made += kDiskBlock;
-  }
-  std::filesystem::create_directories(dir, error);
-  return error ? 0 : made;
-}
-
 }  // namespace kiln::cache
 
 #endif  // KILN_CACHE_DISK_USAGE_H_
