@@ -238,6 +238,21 @@ class ArtifactStore {
 
   explicit ArtifactStore(StoreOptions options);
   absl::Status Initialize();
+  // What the store holds, and what the files it recorded take on disk.
+  struct Totals {
+    uint64_t blobs = 0;
+    uint64_t stored_bytes = 0;
+    uint64_t file_blob_bytes = 0;  // of blob files, in whole disk blocks
+    uint64_t entries = 0;
+    uint64_t served_bytes = 0;  // served copies, index files and links
+    uint64_t use_clock = 0;
+    uint64_t leftover_bytes = 0;
+  };
+  // The totals a clean stop saved (when `stopped_cleanly`), else counted from
+  // the records; either way, the saved row is gone when it returns.
+  static absl::StatusOr<Totals> ReadTotals(sqlite::Database& db, bool stopped_cleanly);
+  // Saves the totals for the next open, at a clean stop.
+  absl::Status SaveTotalsLocked();
   absl::StatusOr<std::unique_ptr<ReaderConnection>> OpenReader();
   absl::StatusOr<ReaderLease> AcquireReader();
   void ReleaseReader(std::unique_ptr<ReaderConnection> reader);

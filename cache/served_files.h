@@ -145,6 +145,8 @@ class ServedFiles {
     return static_cast<uint64_t>(std::max<int64_t>(bytes_.load() + directory_bytes_.load(), 0));
   }
   void AddRecordedBytes(uint64_t bytes) { bytes_ += static_cast<int64_t>(bytes); }
+  // What the files and links take, without the directories.
+  uint64_t file_bytes() const { return static_cast<uint64_t>(std::max<int64_t>(bytes_.load(), 0)); }
   // Sizes the directories again: a directory grows with the names it holds
   // (some hundred KiB for a few thousand), and never shrinks on ext4.
   void MeasureDirectories();

@@ -257,6 +257,48 @@ TEST_F(ArtifactStoreTest, ReopenedStoreServesWhatWasCommitted) {
             std::stoull(QueryText("SELECT sum(stored_size) FROM blobs")));
 }
 
+// An open after a clean stop takes the totals that stop saved, not a count
+// of the whole database (seconds at a million entries); after any other stop
+// it counts, and a saved row it did not take never outlives the open.
+TEST_F(ArtifactStoreTest, TotalsSavedByACleanStopAreTakenOnlyAfterOne) {
+  const ArtifactStore::AsFiles as_files{"triton"};
+  {
+    auto store = OpenStore(Options());
+    for (uint32_t i = 0; i < 5; ++i) {
+      ASSERT_TRUE(store->Put("triton", absl::StrCat("key", i), KernelBlobs(i)).ok());
+    }
+    ASSERT_TRUE(store->Lookup("triton", "key1", {}, &as_files).ok());  // served files count too
+  }
+  EXPECT_EQ(QueryText("SELECT entries FROM clean_stop_totals"), "5");
+  const auto totals_of = [](ArtifactStore& store) {
+    absl::StatusOr<StoreStats> stats = store.Stats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return std::vector<uint64_t>{stats->entries, stats->blobs, stats->stored_bytes, stats->disk_bytes};
+  };
+  std::vector<uint64_t> saved;
+  {
+    auto store = OpenStore(Options());
+    saved = totals_of(*store);
+    EXPECT_EQ(saved[0], 5u);
+    EXPECT_EQ(QueryText("SELECT count(*) FROM clean_stop_totals"), "0");
+  }
+  // Marked so that a count would tell: taken as saved after a clean stop...
+  ExecSql("UPDATE clean_stop_totals SET entries = 7");
+  std::vector<uint64_t> marked = saved;
+  marked[0] = 7;
+  {
+    auto store = OpenStore(Options());
+    EXPECT_EQ(totals_of(*store), marked);
+  }
+  // ...and counted after a kill, which leaves no clean-stop mark: the count
+  // is what the clean stop saved.
+  ExecSql("UPDATE clean_stop_totals SET entries = 7");
+  ASSERT_TRUE(fs::remove(dir_.path() / "data" / "clean-stop"));
+  auto store = OpenStore(Options());
+  EXPECT_EQ(totals_of(*store), saved);
+  EXPECT_EQ(QueryText("SELECT count(*) FROM clean_stop_totals"), "0");
+}
+
 TEST_F(ArtifactStoreTest, ReplacingAnEntryFreesBlobsNoLongerUsed) {
   StoreOptions options = Options();
   options.zstd_level = 0;
