@@ -1,6 +1,8 @@
-#include "cache/artifact_store.h"
+// The artifact store's open and close, lookups and hits, puts with their
+// group commit, deletes (and files whose removal failed), and stats. Its
+// other jobs have files of their own (artifact_store_internal.h lists them).
 
-#include <zstd.h>
+#include "cache/artifact_store.h"
 
 #include <algorithm>
 #include <utility>
@@ -10,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
+#include "cache/artifact_store_internal.h"
 #include "cache/disk_usage.h"
 #include "cache/sqlite.h"
 #include "common/fmt_absl.h"
@@ -26,221 +28,25 @@ namespace fs = std::filesystem;
 using platform::FileStamp;
 using platform::ReadWholeFile;
 using platform::StampOf;
+using store_internal::Decode;
+using store_internal::EncodedBlob;
+using store_internal::EncodeIfItGains;
+using store_internal::kFile;
+using store_internal::kInline;
+using store_internal::kRetiredDir;
+using store_internal::OpenedIndex;
+using store_internal::OpenIndex;
 
-constexpr int64_t kSchemaVersion = 2;
-
-// Version 2. Blobs are shared between entries; a blob row is deleted when no
-// entry references it any more. Sizes are in bytes; times in unix milliseconds.
-// LRU order uses a logical clock rather than wall time, so a clock step or two
-// uses within one millisecond cannot reorder it. The served files
-// (served_files.h) are recorded: which copies a blob has and what an entry's
-// index file and link take, so that eviction removes them without reading a
-// directory and the disk they take is known from the first second.
-constexpr absl::string_view kSchema = R"sql(
-CREATE TABLE blobs (
-  id          INTEGER PRIMARY KEY,
-  digest      BLOB NOT NULL UNIQUE,   -- SHA-256 of the uncompressed content
-  size        INTEGER NOT NULL,       -- uncompressed
-  stored_size INTEGER NOT NULL,       -- as stored, counted against the cap
-  codec       INTEGER NOT NULL,       -- 0 raw, 1 zstd
-  location    INTEGER NOT NULL,       -- 0 inline in `data`, 1 file blobs/<hh>/<hex>
-  data        BLOB
-);
-CREATE TABLE entries (
-  id           INTEGER PRIMARY KEY,
-  namespace    TEXT NOT NULL,
-  key          TEXT NOT NULL,
-  created_ms   INTEGER NOT NULL,
-  last_use     INTEGER NOT NULL,       -- logical clock: higher = used more recently
-  index_namespace  TEXT,                        -- of its served index entry, when it has one
-  index_disk_bytes INTEGER NOT NULL DEFAULT 0,  -- its served index file and link
-  link_extension   TEXT,                        -- its link's, when it has one
-  UNIQUE (namespace, key)
-);
-CREATE INDEX entries_by_last_use ON entries (last_use);
-CREATE TABLE entry_blobs (
-  entry_id INTEGER NOT NULL REFERENCES entries (id) ON DELETE CASCADE,
-  name     TEXT NOT NULL,
-  blob_id  INTEGER NOT NULL REFERENCES blobs (id),
-  PRIMARY KEY (entry_id, name)
-) WITHOUT ROWID;
-CREATE INDEX entry_blobs_by_blob ON entry_blobs (blob_id);
-)sql";
-// New in version 2, made by a new store and by the migration alike, and at
-// every open where missing (as in a store of this version made before
-// leftover_files was). A leftover file is a blob file or served copy whose
-// removal failed (another process held it open, on Windows): retried until it
-// goes. clean_stop_totals holds, between a clean stop and the next open only,
-// the store's totals as the stop left them: an open after a clean stop reads
-// one row instead of the whole database (seconds at a million entries).
-constexpr absl::string_view kVersion2Tables = R"sql(
-CREATE TABLE IF NOT EXISTS served_copies (
-  blob_id    INTEGER NOT NULL REFERENCES blobs (id) ON DELETE CASCADE,
-  extension  TEXT NOT NULL,
-  disk_bytes INTEGER NOT NULL,
-  PRIMARY KEY (blob_id, extension)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS leftover_files (
-  path       TEXT PRIMARY KEY,   -- relative to the data directory
-  disk_bytes INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS clean_stop_totals (
-  id              INTEGER PRIMARY KEY CHECK (id = 1),
-  blobs           INTEGER NOT NULL,
-  stored_bytes    INTEGER NOT NULL,
-  file_blob_bytes INTEGER NOT NULL,
-  entries         INTEGER NOT NULL,
-  served_bytes    INTEGER NOT NULL,
-  use_clock       INTEGER NOT NULL,
-  leftover_bytes  INTEGER NOT NULL
-);
-)sql";
-
-// From version 1, whose served files were not recorded: they are retired
-// (moved aside and deleted in the background) and served again on demand.
-constexpr absl::string_view kMigrationFrom1 = R"sql(
-ALTER TABLE entries ADD COLUMN index_namespace TEXT;
-ALTER TABLE entries ADD COLUMN index_disk_bytes INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE entries ADD COLUMN link_extension TEXT;
-)sql";
-
-enum Codec : int64_t { kRaw = 0, kZstd = 1 };
-enum Location : int64_t { kInline = 0, kFile = 1 };
-
-// Compression must save at least this fraction to be worth a decompress on every read.
-constexpr double kMinCompressionGain = 0.10;
-constexpr size_t kMinCompressibleSize = 256;
-// Entries an eviction transaction takes at most: the writer is held about 15 ms
-// (16,000 entries/s in-process on the 2-core machine), so puts interleave, and
-// the per-batch checkpoint and vacuum are shared by enough entries.
-constexpr int kEvictionBatch = 256;
-// The space reserve's file in the data directory, and its size: room for an
-// eviction's transaction (a batch rewrites some hundred pages) on a full disk,
-// at most a 64th of the cap.
-constexpr char kReserveFile[] = "space-reserve";
 // Written when the store closes cleanly, removed when it opens: missing at an
 // open, the last kilnd was killed and may have left files it never recorded.
 constexpr char kCleanStopFile[] = "clean-stop";
-// Where the unrecorded served files of a version 1 store go to be deleted.
-constexpr char kRetiredDir[] = "retired";
-constexpr uint64_t kMaxReserveBytes = 2 << 20;
-// The WAL is checkpointed every this many pages (SQLite's default is 1000),
-// and cut back to kWalSizeLimit after a checkpoint (SQLite leaves it at its
-// largest otherwise): it holds little of the disk the cap bounds.
-constexpr int kWalCheckpointPages = 256;
-constexpr int kWalSizeLimit = 1 << 20;
 
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
 // "tenant:alpha" of "tenant:alpha/triton": the trust domain a namespace is in.
 absl::string_view DomainOf(absl::string_view ns) { return ns.substr(0, ns.find('/')); }
 
-// The namespaces of `domain` as a range [from, to): "<domain>/" up to
-// "<domain>0", '0' being the character after '/'.
-std::pair<std::string, std::string> DomainRange(absl::string_view domain) {
-  return {absl::StrCat(domain, "/"), absl::StrCat(domain, "0")};
-}
-
 }  // namespace
-
-// Blob and entry rows a transaction deleted; their files go only after it commits.
-struct ArtifactStore::FreedBlobs {
-  uint64_t bytes = 0;       // stored (compressed) bytes
-  uint64_t file_bytes = 0;  // what the freed blob files take on disk
-  uint64_t served_bytes = 0;  // what their served copies and index entries take
-  uint64_t blob_rows = 0;
-  std::vector<fs::path> files;
-  // Deleted entries: their served index entries and links go too.
-  struct Entry {
-    std::string ns;
-    std::string key;
-    std::optional<std::string> index_namespace;
-    std::optional<std::string> link_extension;
-  };
-  std::vector<Entry> entries;
-  // Freed blobs that have served copies: digest, the copies' extensions.
-  std::vector<std::pair<std::string, std::vector<std::string>>> served_copies;
-  void Add(FreedBlobs&& other) {
-    bytes += other.bytes;
-    file_bytes += other.file_bytes;
-    served_bytes += other.served_bytes;
-    blob_rows += other.blob_rows;
-    std::move(other.files.begin(), other.files.end(), std::back_inserter(files));
-    std::move(other.entries.begin(), other.entries.end(), std::back_inserter(entries));
-    std::move(other.served_copies.begin(), other.served_copies.end(),
-              std::back_inserter(served_copies));
-  }
-};
-
-// Served files a lookup wrote, to record in one transaction once it has read.
-struct ArtifactStore::ServedWrites {
-  std::vector<std::tuple<std::string, std::string, uint64_t>> copies;  // digest, extension, bytes
-  std::optional<ServedFiles::IndexFootprint> index;
-  std::string index_namespace;  // the client's, which `index` is keyed by
-};
-
-struct ArtifactStore::ReaderConnection {
-  std::unique_ptr<sqlite::Database> db;
-  sqlite::Statement lookup;
-  sqlite::Statement find_entry;
-};
-
-struct ArtifactStore::Writer {
-  std::unique_ptr<sqlite::Database> db;
-  sqlite::Statement find_entry;
-  sqlite::Statement delete_entry;
-  sqlite::Statement entry_blob_ids;
-  sqlite::Statement entry_name;
-  sqlite::Statement find_blob;
-  sqlite::Statement insert_blob;
-  sqlite::Statement insert_entry;
-  sqlite::Statement insert_entry_blob;
-  sqlite::Statement orphan_blob;
-  sqlite::Statement delete_blob;
-  sqlite::Statement touch_entry;
-  sqlite::Statement least_recently_used;
-  sqlite::Statement least_recently_used_in_range;
-  sqlite::Statement bytes_in_range;
-  sqlite::Statement entry_bytes;
-  sqlite::Statement entries_with_blob;
-  sqlite::Statement file_blob_exists;
-  sqlite::Statement blob_exists;
-  sqlite::Statement entries_after;
-  sqlite::Statement served_copies_of;
-  sqlite::Statement record_served_copy;
-  sqlite::Statement record_index;
-  sqlite::Statement served_copy_recorded;
-  sqlite::Statement record_leftover;
-  sqlite::Statement leftovers;
-  sqlite::Statement forget_leftover;
-};
-
-struct ArtifactStore::PreparedBlob {
-  std::string name;
-  std::string digest;
-  uint64_t size = 0;
-  Codec codec = kRaw;
-  std::string stored;  // the bytes as stored; empty for file blobs once written
-  uint64_t stored_size = 0;
-  Location location = kInline;
-  fs::path temp_path;  // file blobs: written durably, renamed into place on publish
-};
-
-// Returns a reader connection to the pool when the lookup is done.
-class ArtifactStore::ReaderLease {
- public:
-  ReaderLease(ArtifactStore* store, std::unique_ptr<ReaderConnection> reader)
-      : store_(store), reader_(std::move(reader)) {}
-  ReaderLease(ReaderLease&&) = default;
-  ~ReaderLease() {
-    if (reader_) store_->ReleaseReader(std::move(reader_));
-  }
-  ReaderConnection* operator->() { return reader_.get(); }
-
- private:
-  ArtifactStore* store_;
-  std::unique_ptr<ReaderConnection> reader_;
-};
 
 ArtifactStore::ArtifactStore(StoreOptions options)
     : options_(std::move(options)),
@@ -306,49 +112,12 @@ absl::Status ArtifactStore::Initialize() {
     fs::remove(temp.path(), error);
   }
   auto writer = std::make_unique<Writer>();
-  ASSIGN_OR_RETURN(writer->db,
-                   sqlite::Database::Open(options_.data_dir / "kiln.db", options_.busy_timeout));
+  ASSIGN_OR_RETURN(OpenedIndex index,
+                   OpenIndex(options_.data_dir / "kiln.db", options_.busy_timeout,
+                             [this] { RetireUnrecordedServedFiles(); }));
+  writer->db = std::move(index.db);
+  const int64_t found_version = index.found_version;
   sqlite::Database& db = *writer->db;
-  ASSIGN_OR_RETURN(sqlite::Statement version, db.Prepare("PRAGMA user_version"));
-  ASSIGN_OR_RETURN(bool has_row, version.Step());
-  const int64_t found_version = has_row ? version.ColumnInt(0) : 0;
-  version.Reset();
-  if (found_version > kSchemaVersion) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cache database %s has schema version %d, newer than this kilnd understands (%d); "
-        "upgrade kilnd or use another --data-dir",
-        (options_.data_dir / "kiln.db").string(), found_version, kSchemaVersion));
-  }
-  // Pages that eviction frees go back to the file system (incremental_vacuum
-  // after each batch) instead of staying in the file. It takes a VACUUM once
-  // the file exists (WAL mode made it): at once for a new database, and once
-  // for one made before.
-  ASSIGN_OR_RETURN(sqlite::Statement auto_vacuum, db.Prepare("PRAGMA auto_vacuum"));
-  ASSIGN_OR_RETURN(has_row, auto_vacuum.Step());
-  const bool incremental = has_row && auto_vacuum.ColumnInt(0) == 2;
-  auto_vacuum.Reset();
-  if (!incremental) {
-    RETURN_IF_ERROR(db.Exec("PRAGMA auto_vacuum = INCREMENTAL"));
-    if (found_version != 0) {
-      spdlog::info("cache: rebuilding {} once, so that evicting gives disk space back",
-                   (options_.data_dir / "kiln.db").string());
-    }
-    if (absl::Status status = db.Exec("VACUUM"); !status.ok()) {
-      spdlog::warn("cache: cannot rebuild the index ({}); freed pages are reused, not given "
-                   "back, until it can",
-                   status.message());
-    }
-  }
-  RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA journal_size_limit = ", kWalSizeLimit,
-                                       "; PRAGMA wal_autocheckpoint = ", kWalCheckpointPages)));
-  if (found_version < kSchemaVersion) {
-    ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
-    RETURN_IF_ERROR(db.Exec(found_version == 0 ? kSchema : kMigrationFrom1));
-    RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
-    RETURN_IF_ERROR(txn.Commit());
-    if (found_version == 1) RetireUnrecordedServedFiles();
-  }
-  RETURN_IF_ERROR(db.Exec(kVersion2Tables));
   struct StatementSpec {
     sqlite::Statement Writer::*member;
     absl::string_view sql;
@@ -438,136 +207,6 @@ absl::Status ArtifactStore::Initialize() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ArtifactStore::Totals> ArtifactStore::ReadTotals(sqlite::Database& db,
-                                                               bool stopped_cleanly) {
-  Totals totals;
-  ASSIGN_OR_RETURN(sqlite::Statement saved,
-                   db.Prepare("SELECT blobs, stored_bytes, file_blob_bytes, entries, served_bytes, "
-                              "use_clock, leftover_bytes FROM clean_stop_totals"));
-  ASSIGN_OR_RETURN(bool has_row, saved.Step());
-  // Saved by a stop that wrote clean-stop after them; without it, anything
-  // written since may not be in them.
-  if (has_row && stopped_cleanly) {
-    const auto column = [&saved](int index) { return static_cast<uint64_t>(saved.ColumnInt(index)); };
-    totals = {column(0), column(1), column(2), column(3), column(4), column(5), column(6)};
-  }
-  saved.Reset();
-  if (has_row) {
-    // Gone before the first write: a kill from here on leaves no stale totals.
-    RETURN_IF_ERROR(db.Exec("DELETE FROM clean_stop_totals"));
-    if (stopped_cleanly) return totals;
-  }
-  // What the store holds and what every file it wrote takes, from its records:
-  // exact without reading a directory, in one pass over each table (blobs,
-  // with its inline data, is most of the database).
-  ASSIGN_OR_RETURN(
-      sqlite::Statement scan,
-      db.Prepare(absl::StrCat(
-          "SELECT b.rows, b.stored, b.in_files, e.rows, e.index_bytes, e.last_use, "
-          "(SELECT total(disk_bytes) FROM served_copies), "
-          "(SELECT total(disk_bytes) FROM leftover_files) FROM "
-          "(SELECT count(*) AS rows, total(stored_size) AS stored, "
-          "total(CASE WHEN location = 1 THEN (stored_size + ", kDiskBlock - 1, ") / ", kDiskBlock,
-          " * ", kDiskBlock, " END) AS in_files FROM blobs) b, "
-          "(SELECT count(*) AS rows, total(index_disk_bytes) AS index_bytes, "
-          "max(last_use) AS last_use FROM entries) e")));
-  ASSIGN_OR_RETURN(has_row, scan.Step());
-  if (!has_row) return absl::InternalError("the store's totals query returned no row");
-  const auto column = [&scan](int index) { return static_cast<uint64_t>(scan.ColumnInt(index)); };
-  totals = {column(0), column(1), column(2), column(3), column(4) + column(6), column(5), column(7)};
-  scan.Reset();
-  return totals;
-}
-
-absl::Status ArtifactStore::SaveTotalsLocked() {
-  ASSIGN_OR_RETURN(
-      sqlite::Statement save,
-      writer_->db->Prepare("INSERT OR REPLACE INTO clean_stop_totals (id, blobs, stored_bytes, "
-                           "file_blob_bytes, entries, served_bytes, use_clock, leftover_bytes) "
-                           "VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7)"));
-  const auto value = [](uint64_t number) { return static_cast<int64_t>(number); };
-  save.Bind(1, value(blob_count_.load()))
-      .Bind(2, value(stored_bytes_.load()))
-      .Bind(3, value(file_blob_bytes_.load()))
-      .Bind(4, value(entry_count_.load()))
-      .Bind(5, value(served_files_.file_bytes()))
-      .Bind(6, use_clock_.load())
-      .Bind(7, value(leftover_bytes_.load()));
-  return save.Run();
-}
-
-void ArtifactStore::EnsureSpaceReserve() {
-  const fs::path reserve = options_.data_dir / kReserveFile;
-  const uint64_t size = std::min(kMaxReserveBytes, options_.max_size_bytes / 64);
-  if (FileSize(reserve) == size) return;
-  std::error_code error;
-  fs::remove(reserve, error);
-  // Written, not sized: a sparse file would reserve nothing.
-  if (!platform::WriteFileDurably(reserve, std::string(size, '\0')).ok()) {
-    fs::remove(reserve, error);  // on a full disk: made again once there is room
-  }
-}
-
-uint64_t ArtifactStore::DiskBytes() const {
-  const fs::path db = options_.data_dir / "kiln.db";
-  return file_blob_bytes_.load() + served_files_.bytes() + unrecorded_bytes_.load() +
-         leftover_bytes_.load() +
-         platform::AllocatedBytes(db) + platform::AllocatedBytes(fs::path(db).concat("-wal")) +
-         platform::AllocatedBytes(fs::path(db).concat("-shm"));
-}
-
-void ArtifactStore::MeasureUnrecordedBytes() {
-  std::error_code error;
-  served_files_.MeasureDirectories();
-  uint64_t measured = platform::AllocatedBytes(options_.data_dir);
-  const auto add_tree = [&](const fs::path& root) {
-    measured += platform::AllocatedBytes(root);
-    for (auto it = fs::recursive_directory_iterator(root, error);
-         it != fs::recursive_directory_iterator(); it.increment(error)) {
-      measured += platform::AllocatedBytes(it->path());
-    }
-  };
-  for (const fs::directory_entry& top : fs::directory_iterator(options_.data_dir, error)) {
-    const std::string name = top.path().filename().string();
-    if (absl::StartsWith(name, "kiln.db") || name == kRetiredDir) continue;
-    if (name == "files") {
-      add_tree(served_files_.hits_dir());  // the rest is counted by ServedFiles
-    } else if (name == "blobs") {
-      // Its directories; the blob files are counted from their records.
-      measured += platform::AllocatedBytes(top.path());
-      for (const fs::directory_entry& subdir : fs::directory_iterator(top.path(), error)) {
-        measured += platform::AllocatedBytes(subdir.path());
-      }
-    } else if (top.is_directory(error)) {
-      add_tree(top.path());  // logs/
-    } else {
-      measured += platform::AllocatedBytes(top.path());  // the reserve, the lock, the miss log
-    }
-  }
-  unrecorded_bytes_ = measured;
-}
-
-void ArtifactStore::NoteDiskFull(const absl::Status& status) {
-  puts_refused_disk_full_.fetch_add(1);
-  std::lock_guard lock(disk_full_mutex_);
-  if (disk_full_since_.has_value()) return;
-  disk_full_since_ = absl::Now();
-  spdlog::error("cache: the disk of {} is full: results are served but not stored until there "
-                "is room (free disk space, lower max_cache_size, or run kiln gc); what failed: {}",
-                options_.data_dir.string(), status.message());
-}
-
-void ArtifactStore::NoteStored() {
-  {
-    std::lock_guard lock(disk_full_mutex_);
-    if (!disk_full_since_.has_value()) return;
-    disk_full_since_.reset();
-  }
-  spdlog::info("cache: there is room on disk again; results are stored again ({} were not)",
-               puts_refused_disk_full_.load());
-  EnsureSpaceReserve();
-}
-
 absl::StatusOr<std::unique_ptr<ArtifactStore::ReaderConnection>> ArtifactStore::OpenReader() {
   auto reader = std::make_unique<ReaderConnection>();
   ASSIGN_OR_RETURN(reader->db,
@@ -638,44 +277,6 @@ absl::StatusOr<std::string> ArtifactStore::ReadBlobContent(int64_t codec, int64_
   return content;
 }
 
-absl::StatusOr<std::string> ArtifactStore::Decode(int64_t codec, std::string stored,
-                                                  uint64_t size) {
-  if (codec != kZstd) return stored;
-  std::string content(size, '\0');
-  const size_t produced = ZSTD_decompress(content.data(), size, stored.data(), stored.size());
-  if (ZSTD_isError(produced) || produced != size) {
-    return absl::DataLossError(absl::StrCat("zstd frame does not decode to ", size, " bytes"));
-  }
-  return content;
-}
-
-absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
-                                        absl::string_view inline_data, ServedWrites& writes) {
-  const std::optional<std::string> extension = ServedFiles::ExtensionOf(blob.name);
-  if (extension.has_value()) {
-    if (std::optional<fs::path> served = served_files_.Find(blob.digest, *extension)) {
-      blob.file = *std::move(served);
-      return absl::OkStatus();
-    }
-  }
-  ASSIGN_OR_RETURN(std::string content,
-                   ReadBlobContent(codec, location, inline_data, blob.digest, blob.size,
-                                   IntegrityCheck::kTrustUnchangedFiles));
-  if (extension.has_value()) {
-    absl::StatusOr<ServedFiles::Written> published =
-        served_files_.Publish(blob.digest, *extension, content);
-    if (published.ok()) {
-      writes.copies.emplace_back(blob.digest, *extension, published->disk_bytes);
-      blob.file = std::move(published->path);
-      return absl::OkStatus();
-    }
-    spdlog::warn("cache: blob {} sent as bytes, not as a file: {}", DigestHex(blob.digest),
-                 published.status().message());
-  }
-  blob.data = std::move(content);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     absl::string_view ns, absl::string_view key,
     const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
@@ -735,71 +336,6 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
         absl::StrFormat("cache entry %s/%s failed its integrity check and was dropped", ns, key));
   }
   return result;
-}
-
-std::optional<ServedFiles::IndexFootprint> ArtifactStore::IndexServedEntry(
-    const AsFiles& as_files, absl::string_view key, const CacheEntry& entry) {
-  std::vector<ServedFiles::IndexedFile> files;
-  for (const StoredBlob& blob : entry.blobs) {
-    if (!blob.file.has_value()) return std::nullopt;  // sent as bytes: a client must ask for it
-    files.push_back({blob.name, *blob.file, blob.size});
-  }
-  absl::StatusOr<std::optional<ServedFiles::IndexFootprint>> footprint =
-      served_files_.PublishIndex(as_files.index_namespace, key, files);
-  if (!footprint.ok()) {
-    spdlog::warn("cache: no served index entry for {}/{}: {}", as_files.index_namespace, key,
-                 footprint.status().message());
-    return std::nullopt;
-  }
-  return *footprint;
-}
-
-void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view key,
-                                       const ServedWrites& writes) {
-  std::vector<std::pair<std::string, std::string>> unrecorded;  // digest, extension
-  bool index_unrecorded = false;
-  {
-    std::lock_guard lock(writer_mutex_);
-    Writer& w = *writer_;
-    auto record = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-      for (const auto& [digest, extension, disk_bytes] : writes.copies) {
-        RETURN_IF_ERROR(w.record_served_copy.BindBlob(1, digest)
-                            .BindText(2, extension)
-                            .Bind(3, static_cast<int64_t>(disk_bytes))
-                            .Run());
-        if (w.db->ChangedRows() == 0) unrecorded.emplace_back(digest, extension);
-      }
-      if (writes.index.has_value()) {
-        w.record_index.BindText(1, ns).BindText(2, key);
-        w.record_index.Bind(3, static_cast<int64_t>(writes.index->disk_bytes));
-        if (writes.index->link_extension.has_value()) {
-          w.record_index.BindText(4, *writes.index->link_extension);
-        } else {
-          w.record_index.BindNull(4);
-        }
-        w.record_index.BindText(5, writes.index_namespace);
-        RETURN_IF_ERROR(w.record_index.Run());
-        index_unrecorded = w.db->ChangedRows() == 0;
-      }
-      return txn.Commit();
-    };
-    if (absl::Status status = record(); !status.ok()) {
-      // Unrecorded, they would be counted by no one and removed by nothing.
-      spdlog::warn("cache: served files of {}/{} not recorded ({}); removing them",
-                   ns, key, status.message());
-      unrecorded.clear();
-      for (const auto& [digest, extension, disk_bytes] : writes.copies) {
-        unrecorded.emplace_back(digest, extension);
-      }
-      index_unrecorded = writes.index.has_value();
-    }
-  }
-  // The blob or entry went while the files were written: they go too.
-  for (const auto& [digest, extension] : unrecorded) served_files_.Remove(digest, {extension});
-  if (index_unrecorded) {
-    served_files_.RemoveIndex(writes.index_namespace, key, writes.index->link_extension);
-  }
 }
 
 absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
@@ -873,18 +409,9 @@ absl::StatusOr<ArtifactStore::PreparedBlob> ArtifactStore::PrepareBlob(BlobInput
         "the client hashed different bytes",
         blob.name, DigestHex(blob.digest), DigestHex(input.expected_digest)));
   }
-  blob.stored = std::move(input.data);
-  if (options_.zstd_level > 0 && blob.size >= kMinCompressibleSize) {
-    std::string compressed(ZSTD_compressBound(blob.size), '\0');
-    const size_t length = ZSTD_compress(compressed.data(), compressed.size(), blob.stored.data(),
-                                        blob.stored.size(), options_.zstd_level);
-    if (!ZSTD_isError(length) &&
-        static_cast<double>(length) <= static_cast<double>(blob.size) * (1 - kMinCompressionGain)) {
-      compressed.resize(length);
-      blob.stored = std::move(compressed);
-      blob.codec = kZstd;
-    }
-  }
+  EncodedBlob encoded = EncodeIfItGains(std::move(input.data), options_.zstd_level);
+  blob.codec = encoded.codec;
+  blob.stored = std::move(encoded.stored);
   blob.stored_size = blob.stored.size();
   if (blob.stored_size >= options_.inline_threshold_bytes) {
     blob.location = kFile;
@@ -1324,60 +851,6 @@ absl::Status ArtifactStore::FlushTouches() {
   return txn.Commit();
 }
 
-absl::Status ArtifactStore::EvictEntryLocked(int64_t entry_id, FreedBlobs& freed) {
-  Writer& w = *writer_;
-  w.entry_name.Bind(1, entry_id);
-  ASSIGN_OR_RETURN(bool named, w.entry_name.Step());
-  if (named) {
-    FreedBlobs::Entry entry{std::string(w.entry_name.ColumnText(0)),
-                            std::string(w.entry_name.ColumnText(1)), std::nullopt, std::nullopt};
-    if (!w.entry_name.ColumnIsNull(3)) entry.link_extension = std::string(w.entry_name.ColumnText(3));
-    if (!w.entry_name.ColumnIsNull(4)) entry.index_namespace = std::string(w.entry_name.ColumnText(4));
-    freed.served_bytes += static_cast<uint64_t>(w.entry_name.ColumnInt(2));
-    freed.entries.push_back(std::move(entry));
-  }
-  w.entry_name.Reset();
-  std::vector<int64_t> blob_ids;
-  RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
-  ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
-  freed.Add(std::move(entry_freed));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) {
-  Writer& w = *writer_;
-  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  std::vector<int64_t> candidates;
-  w.least_recently_used.Bind(1, kEvictionBatch);
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, w.least_recently_used.Step());
-    if (!row) break;
-    candidates.push_back(w.least_recently_used.ColumnInt(0));
-  }
-  w.least_recently_used.Reset();
-  FreedBlobs freed;
-  uint64_t evicted = 0;
-  const uint64_t on_disk = DiskBytes();
-  // Entry by entry, so eviction stops as soon as the store should fit the
-  // target: each blob frees what it stored and its served copy. The caller
-  // measures again after the batch.
-  for (int64_t entry_id : candidates) {
-    const uint64_t freeing = freed.bytes + freed.served_bytes;
-    if (on_disk - std::min(on_disk, freeing) <= target_bytes) break;
-    RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
-    ++evicted;
-  }
-  RETURN_IF_ERROR(txn.Commit());
-  ReleaseFreedBlobs(freed);
-  evicted_entries_ += evicted;
-  // The pages of inline blobs go back to the file system. Not a failure of
-  // the eviction when it cannot (a full disk): the next batch tries again.
-  if (absl::Status status = w.db->Exec("PRAGMA incremental_vacuum"); !status.ok()) {
-    spdlog::debug("cache: incremental_vacuum: {}", status.message());
-  }
-  return evicted;
-}
-
 absl::StatusOr<std::vector<ArtifactStore::ListedEntry>> ArtifactStore::ListEntries(
     absl::string_view ns_prefix, absl::Time since, int64_t after_id, size_t limit) {
   std::lock_guard lock(writer_mutex_);
@@ -1397,250 +870,6 @@ absl::StatusOr<std::vector<ArtifactStore::ListedEntry>> ArtifactStore::ListEntri
   page.Reset();
   RETURN_IF_ERROR(row.status());
   return entries;
-}
-
-absl::StatusOr<uint64_t> ArtifactStore::DomainBytes(absl::string_view domain) {
-  std::lock_guard lock(writer_mutex_);
-  return DomainBytesLocked(domain);
-}
-
-absl::StatusOr<uint64_t> ArtifactStore::DomainBytesLocked(absl::string_view domain) {
-  const auto [from, to] = DomainRange(domain);
-  sqlite::Statement& bytes = writer_->bytes_in_range;
-  bytes.BindText(1, from).BindText(2, to);
-  absl::StatusOr<bool> row = bytes.Step();
-  const uint64_t total = row.ok() && *row ? static_cast<uint64_t>(bytes.ColumnInt(0)) : 0;
-  bytes.Reset();
-  RETURN_IF_ERROR(row.status());
-  return total;
-}
-
-absl::StatusOr<uint64_t> ArtifactStore::EnforceDomainCaps() {
-  absl::flat_hash_set<std::string> domains;
-  {
-    std::lock_guard lock(maintenance_mutex_);
-    domains.swap(domains_put_to_);
-  }
-  uint64_t evicted = 0;
-  for (const std::string& domain : domains) {
-    std::lock_guard lock(writer_mutex_);
-    RETURN_IF_ERROR(FlushTouches());  // the LRU order as lookups left it
-    ASSIGN_OR_RETURN(uint64_t held, DomainBytesLocked(domain));
-    if (held <= options_.max_domain_bytes) continue;
-    // Below the cap, not just to it, so the next put does not evict again.
-    ASSIGN_OR_RETURN(uint64_t went,
-                     EvictDomainLocked(domain, held, options_.max_domain_bytes / 10 * 9));
-    spdlog::info("cache: {} held {} bytes, over its cap of {}: evicted its {} least recently "
-                 "used entries",
-                 domain, held, options_.max_domain_bytes, went);
-    evicted += went;
-  }
-  return evicted;
-}
-
-absl::StatusOr<uint64_t> ArtifactStore::EvictDomainLocked(absl::string_view domain, uint64_t held,
-                                                          uint64_t target_bytes) {
-  Writer& w = *writer_;
-  const auto [from, to] = DomainRange(domain);
-  ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  FreedBlobs freed;
-  uint64_t evicted = 0;
-  while (held > target_bytes) {
-    std::vector<int64_t> candidates;
-    w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, w.least_recently_used_in_range.Step());
-      if (!row) break;
-      candidates.push_back(w.least_recently_used_in_range.ColumnInt(0));
-    }
-    w.least_recently_used_in_range.Reset();
-    if (candidates.empty()) break;
-    for (int64_t entry_id : candidates) {
-      if (held <= target_bytes) break;
-      w.entry_bytes.Bind(1, entry_id);
-      ASSIGN_OR_RETURN(bool row, w.entry_bytes.Step());
-      const uint64_t entry_bytes = row ? static_cast<uint64_t>(w.entry_bytes.ColumnInt(0)) : 0;
-      w.entry_bytes.Reset();
-      RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
-      held -= std::min(held, entry_bytes);
-      ++evicted;
-    }
-  }
-  RETURN_IF_ERROR(txn.Commit());
-  ReleaseFreedBlobs(freed);
-  evicted_entries_ += evicted;
-  return evicted;
-}
-
-absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
-  {
-    // Files whose holders let go since: they free space before any entry goes.
-    std::lock_guard lock(writer_mutex_);
-    RemoveLeftoversLocked();
-  }
-  absl::StatusOr<uint64_t> evicted = EvictBatchesToSize(target_bytes);
-  if (absl::IsResourceExhausted(evicted.status())) {
-    // The transaction found no room to write in: give it the reserve's.
-    std::error_code error;
-    if (fs::remove(options_.data_dir / kReserveFile, error)) {
-      spdlog::warn("cache: the disk is full; evicting with the space kept in reserve for it");
-      evicted = EvictBatchesToSize(target_bytes);
-    }
-  }
-  EnsureSpaceReserve();
-  return evicted;
-}
-
-absl::StatusOr<uint64_t> ArtifactStore::EvictBatchesToSize(uint64_t target_bytes) {
-  uint64_t evicted = 0;
-  while (!stop_requested_.load()) {
-    // The lock is taken per batch so puts and corrupt-blob drops interleave;
-    // lookups never wait for it (WAL readers see the last committed state).
-    std::lock_guard lock(writer_mutex_);
-    // The WAL cut to nothing first (when no reader is in it; best effort), so
-    // that what it held, the last batch's pages, is not taken for entries to evict.
-    writer_->db->Exec("PRAGMA wal_checkpoint(TRUNCATE)").IgnoreError();
-    if (DiskBytes() <= target_bytes) break;
-    RETURN_IF_ERROR(FlushTouches());
-    ASSIGN_OR_RETURN(uint64_t batch, EvictBatchLocked(target_bytes));
-    if (batch == 0) break;
-    evicted += batch;
-  }
-  if (evicted > 0) {
-    spdlog::info("cache: evicted {} least recently used entries; {} bytes on disk", evicted,
-                 DiskBytes());
-  }
-  return evicted;
-}
-
-bool ArtifactStore::RemoveOrphanFiles() {
-  std::error_code error;
-  const fs::path blob_root = options_.data_dir / "blobs";
-  for (auto it = fs::recursive_directory_iterator(blob_root, error);
-       it != fs::recursive_directory_iterator(); it.increment(error)) {
-    if (stop_requested_.load()) return false;
-    const fs::directory_entry& file = *it;
-    if (!file.is_regular_file() || file.path().parent_path().filename() == "tmp") continue;
-    const std::string name = file.path().filename().string();
-    if (name.size() != 2 * kSha256Size || !std::all_of(name.begin(), name.end(), absl::ascii_isxdigit)) {
-      continue;
-    }
-    const std::string digest = absl::HexStringToBytes(name);
-    std::lock_guard lock(writer_mutex_);
-    sqlite::Statement& exists = writer_->file_blob_exists;
-    exists.BindBlob(1, digest);
-    absl::StatusOr<bool> row = exists.Step();
-    exists.Reset();
-    if (row.ok() && !*row) fs::remove(file.path(), error);
-  }
-  return served_files_.RemoveOrphans(
-      [this](absl::string_view digest, absl::string_view extension) {
-        std::lock_guard lock(writer_mutex_);
-        sqlite::Statement& recorded = writer_->served_copy_recorded;
-        recorded.BindBlob(1, digest).BindText(2, extension);
-        absl::StatusOr<bool> row = recorded.Step();
-        recorded.Reset();
-        return !row.ok() || *row;  // keep what cannot be checked
-      },
-      [this] { return stop_requested_.load(); });
-}
-
-void ArtifactStore::RetireUnrecordedServedFiles() {
-  std::error_code error;
-  const fs::path retired = options_.data_dir / kRetiredDir;
-  fs::create_directories(retired, error);
-  const fs::path served = served_files_.dir();
-  int moved = 0;
-  for (const fs::directory_entry& tree : fs::directory_iterator(served, error)) {
-    if (tree.path() == served_files_.hits_dir()) continue;
-    // One rename a directory: instant however many files they hold. One that
-    // cannot move (a file in it held open, on Windows) is left to the sweep.
-    fs::rename(tree.path(), retired / absl::StrCat(moved++, "-", tree.path().filename().string()),
-               error);
-  }
-  spdlog::info("cache: served files of the previous version moved to {} to be deleted; local "
-               "clients ask kilnd once per entry until it serves them again",
-               retired.string());
-}
-
-void ArtifactStore::DeleteRetiredFiles() {
-  platform::LowerCurrentThreadPriority();
-  std::error_code error;
-  const fs::path retired = options_.data_dir / kRetiredDir;
-  // Files first, then the directories, deepest first; each step looks for a stop.
-  std::vector<fs::path> directories;
-  for (auto it = fs::recursive_directory_iterator(retired, error);
-       it != fs::recursive_directory_iterator(); it.increment(error)) {
-    if (stop_requested_.load()) return;
-    if (it->is_directory(error) && !it->is_symlink(error)) {
-      directories.push_back(it->path());
-    } else {
-      fs::remove(it->path(), error);
-    }
-  }
-  for (auto dir = directories.rbegin(); dir != directories.rend(); ++dir) fs::remove(*dir, error);
-  fs::remove(retired, error);
-}
-
-void ArtifactStore::MaintenanceLoop() {
-  if (sweep_orphans_) {
-    spdlog::info("cache: the last kilnd did not stop cleanly; sweeping files it left unrecorded");
-    if (!RemoveOrphanFiles()) return;  // stopped: the next start sweeps again
-    sweep_orphans_ = false;
-  }
-  std::unique_lock lock(maintenance_mutex_);
-  while (!stopping_) {
-    maintenance_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(options_.lru_flush_interval),
-                                 [this] { return stopping_ || eviction_needed_; });
-    if (stopping_) break;
-    eviction_needed_ = false;
-    lock.unlock();
-    MeasureUnrecordedBytes();
-    CollectJournaledHits();
-    if (absl::StatusOr<uint64_t> evicted = EnforceDomainCaps(); !evicted.ok()) {
-      spdlog::error("cache: eviction of a domain over its cap failed: {}",
-                    evicted.status().message());
-    }
-    {
-      std::lock_guard writer_lock(writer_mutex_);
-      if (absl::Status status = FlushTouches(); !status.ok()) {
-        spdlog::warn("cache: cannot record last-use times: {}", status.message());
-      }
-      RemoveLeftoversLocked();
-    }
-    if (DiskBytes() > options_.max_size_bytes) {
-      // Evict below the cap, not just to it, so the next put does not evict again.
-      const uint64_t target = options_.max_size_bytes / 10 * 9;
-      if (absl::StatusOr<uint64_t> evicted = EvictToSize(target); !evicted.ok()) {
-        spdlog::error("cache: eviction failed: {}", evicted.status().message());
-      }
-    }
-    lock.lock();
-  }
-}
-
-absl::StatusOr<ArtifactStore::VerifyReport> ArtifactStore::VerifyAll() {
-  VerifyReport report;
-  std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
-  {
-    ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
-    // One read transaction: blobs dropped meanwhile by eviction are not seen.
-    ASSIGN_OR_RETURN(sqlite::Statement all,
-                     reader->db->Prepare("SELECT digest, size, codec, location, data FROM blobs"));
-    while (!stop_requested_.load()) {
-      ASSIGN_OR_RETURN(bool row, all.Step());
-      if (!row) break;
-      ++report.blobs_checked;
-      const std::string digest(all.ColumnBlob(0));
-      absl::StatusOr<std::string> content =
-          ReadBlobContent(all.ColumnInt(2), all.ColumnInt(3), all.ColumnBlob(4), digest,
-                          static_cast<uint64_t>(all.ColumnInt(1)), IntegrityCheck::kHashEverything);
-      if (!content.ok()) broken.emplace_back(digest, std::string(content.status().message()));
-    }
-  }
-  for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
-  report.corrupt_blobs = broken.size();
-  return report;
 }
 
 absl::StatusOr<StoreStats> ArtifactStore::Stats() {

@@ -15,6 +15,9 @@
 // Small blobs live inline in the database. A blob is stored zstd-compressed
 // when that saves space. Its digest is always of the uncompressed content and
 // is checked on every read.
+//
+// ArtifactStore's members are defined by job in artifact_store.cc and the
+// store_*.cc files beside it; artifact_store_internal.h says which holds what.
 
 #include <atomic>
 #include <condition_variable>
@@ -277,8 +280,6 @@ class ArtifactStore {
   // How much a blob read checks: lookups trust a blob file that is unchanged
   // since its content last matched its digest; verify hashes everything.
   enum class IntegrityCheck { kTrustUnchangedFiles, kHashEverything };
-  // A blob's stored bytes as its content (decompressed when stored with zstd).
-  static absl::StatusOr<std::string> Decode(int64_t codec, std::string stored, uint64_t size);
   // Sets `blob.file` to its served file, writing the file first if needed;
   // otherwise (a name that cannot be a file, a file held open with other
   // content) sets `blob.data`. Fails only when the blob's content is corrupt.

@@ -1,0 +1,149 @@
+#ifndef KILN_CACHE_ARTIFACT_STORE_INTERNAL_H_
+#define KILN_CACHE_ARTIFACT_STORE_INTERNAL_H_
+
+// The artifact store's private parts that its files share: the writer's and
+// readers' connections with their prepared statements, blobs on their way in
+// and out, and the names of its files in the data directory. Included only by
+// the store's own files, which divide ArtifactStore's members by job:
+//   artifact_store.cc          open and close, lookups and hits, puts (group
+//                              commit), deletes and leftover files, stats
+//   store_schema.cc            the index's schema, migration and open
+//   blob_codec.cc              how a blob's content is stored (zstd or raw)
+//   store_served_files.cc      blobs served as files, and their records
+//   store_eviction.cc          eviction to a size, and trust domains' caps
+//   store_disk_accounting.cc   what the data directory takes on disk, the
+//                              space reserve, the totals a clean stop saves
+//   store_maintenance.cc       the maintenance thread, sweeps, verify
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cache/artifact_store.h"
+#include "cache/blob_codec.h"
+#include "cache/served_files.h"
+#include "cache/sqlite.h"
+#include "cache/store_schema.h"
+
+namespace kiln::cache {
+namespace store_internal {
+
+// The space reserve's file in the data directory, and its size: room for an
+// eviction's transaction (a batch rewrites some hundred pages) on a full disk,
+// at most a 64th of the cap.
+inline constexpr char kReserveFile[] = "space-reserve";
+inline constexpr uint64_t kMaxReserveBytes = 2 << 20;
+// Where the unrecorded served files of a version 1 store go to be deleted.
+inline constexpr char kRetiredDir[] = "retired";
+
+}  // namespace store_internal
+
+// Blob and entry rows a transaction deleted; their files go only after it commits.
+struct ArtifactStore::FreedBlobs {
+  uint64_t bytes = 0;       // stored (compressed) bytes
+  uint64_t file_bytes = 0;  // what the freed blob files take on disk
+  uint64_t served_bytes = 0;  // what their served copies and index entries take
+  uint64_t blob_rows = 0;
+  std::vector<std::filesystem::path> files;
+  // Deleted entries: their served index entries and links go too.
+  struct Entry {
+    std::string ns;
+    std::string key;
+    std::optional<std::string> index_namespace;
+    std::optional<std::string> link_extension;
+  };
+  std::vector<Entry> entries;
+  // Freed blobs that have served copies: digest, the copies' extensions.
+  std::vector<std::pair<std::string, std::vector<std::string>>> served_copies;
+  void Add(FreedBlobs&& other) {
+    bytes += other.bytes;
+    file_bytes += other.file_bytes;
+    served_bytes += other.served_bytes;
+    blob_rows += other.blob_rows;
+    std::move(other.files.begin(), other.files.end(), std::back_inserter(files));
+    std::move(other.entries.begin(), other.entries.end(), std::back_inserter(entries));
+    std::move(other.served_copies.begin(), other.served_copies.end(),
+              std::back_inserter(served_copies));
+  }
+};
+
+// Served files a lookup wrote, to record in one transaction once it has read.
+struct ArtifactStore::ServedWrites {
+  std::vector<std::tuple<std::string, std::string, uint64_t>> copies;  // digest, extension, bytes
+  std::optional<ServedFiles::IndexFootprint> index;
+  std::string index_namespace;  // the client's, which `index` is keyed by
+};
+
+struct ArtifactStore::ReaderConnection {
+  std::unique_ptr<sqlite::Database> db;
+  sqlite::Statement lookup;
+  sqlite::Statement find_entry;
+};
+
+struct ArtifactStore::Writer {
+  std::unique_ptr<sqlite::Database> db;
+  sqlite::Statement find_entry;
+  sqlite::Statement delete_entry;
+  sqlite::Statement entry_blob_ids;
+  sqlite::Statement entry_name;
+  sqlite::Statement find_blob;
+  sqlite::Statement insert_blob;
+  sqlite::Statement insert_entry;
+  sqlite::Statement insert_entry_blob;
+  sqlite::Statement orphan_blob;
+  sqlite::Statement delete_blob;
+  sqlite::Statement touch_entry;
+  sqlite::Statement least_recently_used;
+  sqlite::Statement least_recently_used_in_range;
+  sqlite::Statement bytes_in_range;
+  sqlite::Statement entry_bytes;
+  sqlite::Statement entries_with_blob;
+  sqlite::Statement file_blob_exists;
+  sqlite::Statement blob_exists;
+  sqlite::Statement entries_after;
+  sqlite::Statement served_copies_of;
+  sqlite::Statement record_served_copy;
+  sqlite::Statement record_index;
+  sqlite::Statement served_copy_recorded;
+  sqlite::Statement record_leftover;
+  sqlite::Statement leftovers;
+  sqlite::Statement forget_leftover;
+};
+
+struct ArtifactStore::PreparedBlob {
+  std::string name;
+  std::string digest;
+  uint64_t size = 0;
+  store_internal::Codec codec = store_internal::kRaw;
+  std::string stored;  // the bytes as stored; empty for file blobs once written
+  uint64_t stored_size = 0;
+  store_internal::Location location = store_internal::kInline;
+  std::filesystem::path temp_path;  // file blobs: written durably, renamed into place on publish
+};
+
+// Returns a reader connection to the pool when the lookup is done.
+class ArtifactStore::ReaderLease {
+ public:
+  ReaderLease(ArtifactStore* store, std::unique_ptr<ReaderConnection> reader)
+      : store_(store), reader_(std::move(reader)) {}
+  ReaderLease(ReaderLease&&) = default;
+  ~ReaderLease() {
+    if (reader_) store_->ReleaseReader(std::move(reader_));
+  }
+  ReaderConnection* operator->() { return reader_.get(); }
+
+ private:
+  ArtifactStore* store_;
+  std::unique_ptr<ReaderConnection> reader_;
+};
+
+}  // namespace kiln::cache
+
+#endif  // KILN_CACHE_ARTIFACT_STORE_INTERNAL_H_

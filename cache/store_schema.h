@@ -1,0 +1,38 @@
+#ifndef KILN_CACHE_STORE_SCHEMA_H_
+#define KILN_CACHE_STORE_SCHEMA_H_
+
+// The artifact store's index, kiln.db: its schema, the migration from version
+// 1, and the open that brings a database to the current version. Internal to
+// the artifact store (artifact_store*.cc, store_*.cc).
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cache/sqlite.h"
+
+namespace kiln::cache::store_internal {
+
+// Where a blob's stored bytes are (the blobs.location column).
+enum Location : int64_t { kInline = 0, kFile = 1 };
+
+struct OpenedIndex {
+  std::unique_ptr<sqlite::Database> db;
+  // The schema version the database had before this open; 0 for a new one.
+  int64_t found_version = 0;
+};
+
+// Opens the index at `path`, set up to give freed pages back and to keep its
+// WAL small, with its schema brought to the current version.
+// `on_migrated_from_version_1` runs once a version 1 database's migration has
+// committed. FAILED_PRECONDITION when the database has a newer schema.
+absl::StatusOr<OpenedIndex> OpenIndex(const std::filesystem::path& path,
+                                      absl::Duration busy_timeout,
+                                      absl::FunctionRef<void()> on_migrated_from_version_1);
+
+}  // namespace kiln::cache::store_internal
+
+#endif  // KILN_CACHE_STORE_SCHEMA_H_
