@@ -298,6 +298,7 @@ class RedisTier final : public SharedTier {
       if (!turn.ok()) return CompileHereAfter(turn.status());
       if (*turn == Turn::kDone) compiles_awaited_.fetch_add(1);
       if (*turn != Turn::kCompileHere) return *turn;
+      if (stop_waiting_.load()) return Turn::kCompileHere;
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) {
         spdlog::warn("shared cache: waited {} for another kilnd's compile of {}; compiling here",
@@ -308,6 +309,8 @@ class RedisTier final : public SharedTier {
       if (!noticed.ok()) return CompileHereAfter(noticed.status());
     }
   }
+
+  void StopWaiting() override { stop_waiting_ = true; }
 
   void Release(absl::string_view ns, absl::string_view key) override {
     const std::string hash = KeyHash(ns, key);
@@ -676,6 +679,7 @@ class RedisTier final : public SharedTier {
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> stores_{0};
   std::atomic<uint64_t> compiles_awaited_{0};
+  std::atomic<bool> stop_waiting_{false};
 
   const std::string id_ = RandomId();  // this kilnd's, in the claims it holds
   std::mutex claims_mutex_;

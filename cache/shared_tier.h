@@ -67,6 +67,8 @@ class SharedTier {
                    // without a result, waited `patience`): compile here
   };
   virtual Turn AwaitTurn(absl::string_view ns, absl::string_view key, absl::Duration patience) = 0;
+  // kilnd is stopping: waits in AwaitTurn end now (kCompileHere), as later ones do.
+  virtual void StopWaiting() = 0;
   // Ends this kilnd's claim without a result (the compile failed): waiters
   // compile themselves at once and meet the same failure.
   virtual void Release(absl::string_view ns, absl::string_view key) = 0;

@@ -55,6 +55,15 @@ WorkerPool::~WorkerPool() {
   idle_.clear();
 }
 
+void WorkerPool::Stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    for (WorkerProcess* worker : busy_) worker->Abandon();
+  }
+  changed_.notify_all();
+}
+
 void WorkerPool::Adopt(std::unique_ptr<WorkerProcess> worker) {
   {
     std::lock_guard lock(mutex_);
@@ -103,6 +112,10 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority prio
   bool grew = false;
   absl::Status unservable;
   while (true) {
+    if (stopping_) {
+      unservable = absl::UnavailableError("kilnd is stopping: no compile starts now");
+      break;
+    }
     if (!idle_.empty() && IsNextLocked(ticket)) break;
     // A job that finds no idle worker grows the pool by one, but takes whichever
     // worker is ready first: a busy one usually finishes its job long before a
@@ -126,6 +139,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::Acquire(Priority prio
   served.last_served = static_cast<int64_t>(next_grant_++);
   std::unique_ptr<WorkerProcess> worker = std::move(idle_.back());
   idle_.pop_back();
+  busy_.insert(worker.get());
   return worker;
 }
 
@@ -166,6 +180,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerPool::StartReadyWorker() {
 void WorkerPool::Release(std::unique_ptr<WorkerProcess> worker, const std::string& requester) {
   {
     std::lock_guard lock(mutex_);
+    busy_.erase(worker.get());
     if (auto served = requesters_.find(requester);
         served != requesters_.end() && --served->second.on_workers == 0 &&
         std::none_of(waiting_.begin(), waiting_.end(),
@@ -206,6 +221,12 @@ absl::StatusOr<std::variant<WorkerReply, CompileFailure>> WorkerPool::CompileOnW
     const worker::Request& request, const Parts& parts, Priority priority,
     const std::string& requester) {
   absl::StatusOr<WorkerReply> reply = Call(request, parts, priority, requester);
+  if (!reply.ok()) {
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      return absl::UnavailableError("kilnd is stopping: the compile was abandoned");
+    }
+  }
   if (absl::IsDeadlineExceeded(reply.status())) {
     return CompileFailure{Kind::kTimeout, std::string(reply.status().message()), ""};
   }
@@ -378,6 +399,7 @@ absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& python
   if (inserted) {
     pool->second = std::make_unique<WorkerPool>(info, options_);
     pool->second->Adopt(std::move(worker));
+    if (workers_stopped_) pool->second->Stop();
   }
   return pool->second->info();
 }
@@ -408,6 +430,12 @@ std::vector<ToolchainInfo> ToolchainRegistry::List() {
   std::vector<ToolchainInfo> infos;
   for (const auto& [key, pool] : pools_) infos.push_back(pool->info());
   return infos;
+}
+
+void ToolchainRegistry::StopWorkers() {
+  std::lock_guard lock(mutex_);
+  workers_stopped_ = true;
+  for (const auto& [key, pool] : pools_) pool->Stop();
 }
 
 PoolStats ToolchainRegistry::TotalStats() {

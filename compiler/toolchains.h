@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -175,6 +176,12 @@ class WorkerPool {
   // Adds an already started worker (registration's identifying worker) as idle.
   void Adopt(std::unique_ptr<WorkerProcess> worker);
 
+  // For kilnd's stop, which must take seconds whatever is compiling: kills the
+  // workers running jobs, whose callers get UNAVAILABLE (never a
+  // CompileFailure: nothing is recorded of an abandoned compile), and so do
+  // all later jobs.
+  void Stop();
+
   const ToolchainInfo& info() const { return info_; }
   PoolStats Stats();
 
@@ -231,7 +238,9 @@ class WorkerPool {
   };
   absl::flat_hash_map<std::string, Requester> requesters_;  // guarded by mutex_
   uint64_t next_grant_ = 0;                                  // guarded by mutex_
-  bool stopping_ = false;                             // guarded by mutex_
+  bool stopping_ = false;  // guarded by mutex_: Stop() or the destructor
+  // Workers running a job (owned by its caller until Release).
+  absl::flat_hash_set<WorkerProcess*> busy_;  // guarded by mutex_
   PoolStats stats_;                                   // guarded by mutex_
   std::thread retirer_;
 };
@@ -256,12 +265,15 @@ class ToolchainRegistry {
 
   std::vector<ToolchainInfo> List();
   PoolStats TotalStats();
+  // WorkerPool::Stop of every pool, and of any registered later.
+  void StopWorkers();
 
  private:
   const PoolOptions options_;
   std::mutex mutex_;
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerPool>> pools_;  // by triton key
   absl::flat_hash_map<std::string, std::string> key_by_python_;
+  bool workers_stopped_ = false;  // guarded by mutex_
 };
 
 }  // namespace kiln::compiler

@@ -43,10 +43,24 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(
   return std::unique_ptr<WorkerProcess>(new WorkerProcess(std::move(process)));
 }
 
+std::string WorkerProcess::KillAndReap() {
+  std::lock_guard lock(reap_mutex_);
+  if (!reaped_) {
+    process_->Kill();
+    exit_ = process_->Wait();
+    reaped_ = true;
+  }
+  return exit_;
+}
+
+void WorkerProcess::Abandon() {
+  std::lock_guard lock(reap_mutex_);
+  if (!reaped_) process_->Kill();  // its Call sees end of output, then reaps it
+}
+
 absl::Status WorkerProcess::Died(absl::string_view during) {
   broken_ = true;
-  process_->Kill();
-  const std::string exit = process_->Wait();
+  const std::string exit = KillAndReap();
   return absl::UnavailableError(absl::StrFormat("compile worker (pid %d) died %s (%s); stderr:\n%s",
                                                 process_->pid(), during, exit,
                                                 JobStderr()));
@@ -78,8 +92,7 @@ absl::StatusOr<WorkerReply> WorkerProcess::Call(worker::Request request, const P
   last_used_ = absl::Now();
   if (absl::IsDeadlineExceeded(reply.status())) {
     broken_ = true;
-    process_->Kill();
-    process_->Wait();
+    KillAndReap();
     return absl::DeadlineExceededError(absl::StrFormat(
         "compile worker (pid %d) exceeded the %s job timeout and was killed; stderr:\n%s",
         process_->pid(), absl::FormatDuration(timeout),

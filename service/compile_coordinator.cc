@@ -587,6 +587,11 @@ void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher, Done 
           });
 }
 
+void CompileCoordinator::RequestStop() {
+  if (shared_tier_ != nullptr) shared_tier_->StopWaiting();
+  toolchains_.StopWorkers();
+}
+
 std::optional<cache::SharedTierStats> CompileCoordinator::SharedTierStats() const {
   if (shared_tier_ == nullptr) return std::nullopt;
   return shared_tier_->Stats();

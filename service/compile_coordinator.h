@@ -119,6 +119,12 @@ class CompileCoordinator {
   void CompileInductorKernel(v1::CompileInductorKernelRequest request, Caller caller,
                              std::function<void(absl::StatusOr<InductorKernelOutcome>)> done);
 
+  // kilnd is stopping: compiles running on workers are abandoned, and they
+  // and every later one answer UNAVAILABLE at once (a client then compiles
+  // itself, as when kilnd is gone); waits for another kilnd's compile end.
+  // Nothing of an abandoned compile is stored. Returns at once.
+  void RequestStop();
+
   CoordinatorStats Stats() const;
   // The shared tier's, when there is one.
   std::optional<cache::SharedTierStats> SharedTierStats() const;

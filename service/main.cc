@@ -37,8 +37,10 @@ namespace {
 namespace fs = std::filesystem;
 using kiln::service::Config;
 
-// In-flight requests get this long to finish after a stop request.
-constexpr absl::Duration kShutdownGrace = absl::Seconds(30);
+// In-flight requests get this long to finish after a stop request: a stop
+// takes seconds at most (systemd and Windows' service manager kill a service
+// that takes longer), and compiles are abandoned rather than waited for.
+constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
 
 absl::Status ConfigureLogging(const Config& config) {
   const spdlog::level::level_enum level = spdlog::level::from_str(config.log_level);
@@ -225,9 +227,10 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
     });
   }
   const std::string signal_name = signals.Wait();
-  // Eviction, sweeps and verification end at their next step: a stop must
-  // not wait for them.
+  // Eviction, sweeps and verification end at their next step, and compiles
+  // are abandoned: a stop must not wait for them.
   store->RequestStop();
+  coordinator.RequestStop();
   stopping.Notify();
   if (idle_watch.joinable()) idle_watch.join();
   spdlog::info("{} received: finishing in-flight requests", signal_name);

@@ -1,16 +1,26 @@
-"""A stop takes seconds, whatever the store is doing (issue 53): SIGTERM in the
+"""A stop takes seconds, whatever kilnd is doing (issue 53): SIGTERM in the
 middle of an eviction of thousands of entries ends kilnd cleanly at once
 instead of after the eviction, and the store it leaves serves every entry it
-kept, whole. (How long a stop takes is measured by bench/store_bench.py.)"""
+kept, whole; SIGTERM while a worker compiles abandons the compile, whose
+client compiles it itself, and stores nothing of it. (How long a stop takes is
+measured by bench/store_bench.py.)"""
 
+import json
 import random
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from kiln.service import api as _api
 
+import hermetic
+import process_table
 from conftest import Kilnd
+
+LONG_COMPILE = Path(__file__).parent / "long_compile_program.py"
 
 ENTRIES = 4000
 
@@ -63,5 +73,50 @@ def test_sigterm_in_the_middle_of_an_eviction_ends_kilnd_and_what_it_kept_is_who
                 found += 1
                 assert response.entry.blobs[0].data == data, key
         assert found == kept
+    finally:
+        assert kilnd.stop() == 0
+
+
+def test_sigterm_while_a_worker_compiles_abandons_the_compile_and_its_client_compiles_itself(tmp_path):
+    # A kernel of some seconds (STEPS 300: about 6 s on the 2-core machine).
+    stock_env = dict(hermetic.stock_env(), TRITON_CACHE_DIR=str(tmp_path / "stock-cache"))
+    stock = subprocess.run([sys.executable, str(LONG_COMPILE), "300"], capture_output=True, text=True,
+                           env=stock_env, timeout=600)
+    assert stock.returncode == 0, stock.stderr[-3000:]
+
+    root = tmp_path / "kilnd"
+    kilnd = Kilnd(root, f"--toolchain={sys.executable}", "--compile-workers=1")
+    idle_cpu = process_table.tree_cpu_seconds(kilnd.process.pid)
+    env = dict(hermetic.stock_env(), TRITON_CACHE_DIR=str(tmp_path / "client-cache"),
+               KILN_FILES_DIR=str(tmp_path / "kiln-files"), KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    client = subprocess.Popen([sys.executable, str(LONG_COMPILE), "300"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # The worker is compiling once kilnd's processes have used half a second of CPU.
+        def compiling():
+            return process_table.tree_cpu_seconds(kilnd.process.pid) >= idle_cpu + 0.5
+
+        deadline = time.monotonic() + 120
+        while not compiling() and client.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.poll() is None and compiling(), "the worker never compiled"
+        kilnd.process.send_signal(signal.SIGTERM)
+        assert kilnd.process.wait(timeout=60) == 0
+        kilnd.stop()
+        out, err = client.communicate(timeout=600)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert "kilnd stopped cleanly" in (root / "kilnd.out").read_text()
+    # The client was told at once, and compiled with stock Triton: stock's cubin, one warning.
+    assert client.returncode == 0, err[-3000:]
+    assert err.count("compiling with stock Triton instead") == 1, err[-3000:]
+    assert "the compile was abandoned" in err, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == json.loads(stock.stdout.splitlines()[-1])
+    # Nothing of the abandoned compile was stored, not even as a failure.
+    kilnd = Kilnd(root)
+    try:
+        stats = kilnd.stats()
+        assert (stats.entries, stats.compile_failures) == (0, 0)
     finally:
         assert kilnd.stop() == 0
