@@ -193,8 +193,10 @@ class ArtifactStore {
   // The bytes trust domain `domain`'s entries hold (see max_domain_bytes).
   absl::StatusOr<uint64_t> DomainBytes(absl::string_view domain);
   // Evicts the least recently used entries of every capped domain a put went
-  // over its cap since the last call (the maintenance thread calls it too).
-  // Returns how many entries went.
+  // over its cap since the last call (the maintenance thread calls it too),
+  // a batch a transaction so that puts interleave, until a stop is requested
+  // (the domains left are looked at again on the next call). Returns how many
+  // entries went.
   absl::StatusOr<uint64_t> EnforceDomainCaps();
 
   // Counts the hits clients journaled since the last collection (which the
@@ -322,10 +324,14 @@ class ArtifactStore {
   absl::Status EvictEntryLocked(int64_t entry_id, FreedBlobs& freed);
   absl::Status FlushTouches();
   absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
-  // Evicts `domain`'s least recently used entries while the bytes it holds
-  // (`held` now) are above `target_bytes`.
-  absl::StatusOr<uint64_t> EvictDomainLocked(absl::string_view domain, uint64_t held,
-                                             uint64_t target_bytes);
+  // Evicts `domain`'s least recently used entries, when it holds more than
+  // its cap, to below it; batch by batch until a stop is requested.
+  absl::StatusOr<uint64_t> EnforceDomainCap(absl::string_view domain);
+  // Evicts a batch of `domain`'s least recently used entries, in one
+  // transaction, while the bytes it holds (`held`, lowered by what goes) are
+  // above `target_bytes`. Returns how many went.
+  absl::StatusOr<uint64_t> EvictDomainBatchLocked(absl::string_view domain, uint64_t& held,
+                                                  uint64_t target_bytes);
   void RecordTouch(int64_t entry_id);
   void CountLookup(absl::string_view ns, bool hit);
   void MaintenanceLoop();

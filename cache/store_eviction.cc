@@ -110,50 +110,77 @@ absl::StatusOr<uint64_t> ArtifactStore::EnforceDomainCaps() {
     std::lock_guard lock(maintenance_mutex_);
     domains.swap(domains_put_to_);
   }
+  // Domains not looked at (a stop, an error) wait for the next call.
+  const auto look_again_later = [&](auto from) {
+    std::lock_guard lock(maintenance_mutex_);
+    domains_put_to_.insert(from, domains.end());
+  };
   uint64_t evicted = 0;
-  for (const std::string& domain : domains) {
-    std::lock_guard lock(writer_mutex_);
-    RETURN_IF_ERROR(FlushTouches());  // the LRU order as lookups left it
-    ASSIGN_OR_RETURN(uint64_t held, DomainBytesLocked(domain));
-    if (held <= options_.max_domain_bytes) continue;
-    // Below the cap, not just to it, so the next put does not evict again.
-    ASSIGN_OR_RETURN(uint64_t went,
-                     EvictDomainLocked(domain, held, options_.max_domain_bytes / 10 * 9));
-    spdlog::info("cache: {} held {} bytes, over its cap of {}: evicted its {} least recently "
-                 "used entries",
-                 domain, held, options_.max_domain_bytes, went);
-    evicted += went;
+  for (auto domain = domains.begin(); domain != domains.end(); ++domain) {
+    absl::StatusOr<uint64_t> went = EnforceDomainCap(*domain);
+    if (!went.ok()) {
+      look_again_later(domain);
+      return went.status();
+    }
+    evicted += *went;
+    if (stop_requested_.load()) {  // this one may not be done either
+      look_again_later(domain);
+      break;
+    }
   }
   return evicted;
 }
 
-absl::StatusOr<uint64_t> ArtifactStore::EvictDomainLocked(absl::string_view domain, uint64_t held,
-                                                          uint64_t target_bytes) {
+absl::StatusOr<uint64_t> ArtifactStore::EnforceDomainCap(absl::string_view domain) {
+  uint64_t held = 0;
+  {
+    std::lock_guard lock(writer_mutex_);
+    RETURN_IF_ERROR(FlushTouches());  // the LRU order as lookups left it
+    ASSIGN_OR_RETURN(held, DomainBytesLocked(domain));
+  }
+  if (held <= options_.max_domain_bytes) return 0;
+  const uint64_t found = held;
+  // Below the cap, not just to it, so the next put does not evict again.
+  const uint64_t target = options_.max_domain_bytes / 10 * 9;
+  uint64_t went = 0;
+  while (held > target && !stop_requested_.load()) {
+    std::lock_guard lock(writer_mutex_);
+    RETURN_IF_ERROR(FlushTouches());
+    ASSIGN_OR_RETURN(uint64_t batch, EvictDomainBatchLocked(domain, held, target));
+    if (batch == 0) break;
+    went += batch;
+  }
+  spdlog::info("cache: {} held {} bytes, over its cap of {}: evicted its {} least recently used "
+               "entries",
+               domain, found, options_.max_domain_bytes, went);
+  return went;
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EvictDomainBatchLocked(absl::string_view domain,
+                                                               uint64_t& held,
+                                                               uint64_t target_bytes) {
   Writer& w = *writer_;
   const auto [from, to] = DomainRange(domain);
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+  std::vector<int64_t> candidates;
+  w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, w.least_recently_used_in_range.Step());
+    if (!row) break;
+    candidates.push_back(w.least_recently_used_in_range.ColumnInt(0));
+  }
+  w.least_recently_used_in_range.Reset();
   FreedBlobs freed;
   uint64_t evicted = 0;
-  while (held > target_bytes) {
-    std::vector<int64_t> candidates;
-    w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, w.least_recently_used_in_range.Step());
-      if (!row) break;
-      candidates.push_back(w.least_recently_used_in_range.ColumnInt(0));
-    }
-    w.least_recently_used_in_range.Reset();
-    if (candidates.empty()) break;
-    for (int64_t entry_id : candidates) {
-      if (held <= target_bytes) break;
-      w.entry_bytes.Bind(1, entry_id);
-      ASSIGN_OR_RETURN(bool row, w.entry_bytes.Step());
-      const uint64_t entry_bytes = row ? static_cast<uint64_t>(w.entry_bytes.ColumnInt(0)) : 0;
-      w.entry_bytes.Reset();
-      RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
-      held -= std::min(held, entry_bytes);
-      ++evicted;
-    }
+  for (int64_t entry_id : candidates) {
+    if (held <= target_bytes) break;
+    w.entry_bytes.Bind(1, entry_id);
+    ASSIGN_OR_RETURN(bool row, w.entry_bytes.Step());
+    const uint64_t entry_bytes = row ? static_cast<uint64_t>(w.entry_bytes.ColumnInt(0)) : 0;
+    w.entry_bytes.Reset();
+    RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
+    held -= std::min(held, entry_bytes);
+    ++evicted;
   }
   RETURN_IF_ERROR(txn.Commit());
   ReleaseFreedBlobs(freed);

@@ -173,6 +173,38 @@ TEST_F(StoreScaleTest, AStopRequestEndsEvictionAfterItsBatch) {
   EXPECT_TRUE((*store)->Lookup("local/triton", absl::StrCat("entry", kEntries - 1)).ok());
 }
 
+// The same for a tenant over its cap (max_domain_bytes): its eviction goes a
+// batch a transaction and ends at a stop, and the tenant is looked at again
+// by the next enforcement rather than forgotten.
+TEST_F(StoreScaleTest, AStopRequestEndsATenantsEvictionAfterItsBatch) {
+  StoreOptions options = Options();
+  options.capped_domain_prefix = "tenant:";
+  options.max_domain_bytes = 64 * 1024;
+  options.lru_flush_interval = absl::Hours(1);  // no enforcement but the test's
+  absl::StatusOr<std::unique_ptr<ArtifactStore>> store = ArtifactStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  constexpr int kEntries = 6000;
+  for (int i = 0; i < kEntries; ++i) {
+    ASSERT_TRUE((*store)->Put("tenant:alpha/triton", absl::StrCat("entry", i),
+                              {{"kernel.cubin", TestBytes(1024, static_cast<uint32_t>(i)), ""}})
+                    .ok());
+  }
+  std::atomic<bool> evicting{true};
+  absl::StatusOr<uint64_t> evicted;
+  std::thread eviction([&] {
+    evicted = (*store)->EnforceDomainCaps();
+    evicting = false;
+  });
+  while (evicting.load() && (*store)->Stats()->evicted_entries == 0) std::this_thread::yield();
+  (*store)->RequestStop();
+  eviction.join();
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  const uint64_t left = (*store)->Stats()->entries;
+  EXPECT_GT(left, 64u) << "the tenant's eviction ran to the end despite the stop";
+  EXPECT_EQ(left + *evicted, static_cast<uint64_t>(kEntries));
+  EXPECT_TRUE((*store)->Lookup("tenant:alpha/triton", absl::StrCat("entry", kEntries - 1)).ok());
+}
+
 TEST_F(StoreScaleTest, DiskBytesIsWhatDuCountsAlsoRightAfterAStart) {
   const fs::path data_dir = Options().data_dir;
   {
