@@ -81,7 +81,10 @@ constexpr const char* kUsageText =
 int Fail(const absl::Status& status, absl::string_view context = "") {
   std::cerr << "kiln: " << context << (context.empty() ? "" : ": ") << status.message() << "\n";
   if (kiln::CompileErrorOf(status).has_value()) return kCompileFailed;
-  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return kUnreachable;
+  // Cancelled: kilnd stopped while the call was in flight.
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) || absl::IsCancelled(status)) {
+    return kUnreachable;
+  }
   if (absl::IsInvalidArgument(status)) return kUsage;
   return kServiceError;
 }
@@ -433,7 +436,10 @@ int Import(kiln::Client& client, const std::vector<std::string>& args) {
     for (const kiln::v1::Blob& blob : entry.blobs()) blobs.emplace_back(blob.name(), blob.data());
     if (absl::Status put = client.Put(entry.namespace_(), entry.key(), blobs); !put.ok()) {
       progress.Clear();
-      return Fail(put, absl::StrCat(entry.namespace_(), "/", entry.key()));
+      return Fail(put, absl::StrFormat("import of %s stopped after %d of %d entries (those are "
+                                       "stored; importing the file again stores the rest); %s/%s",
+                                       args[0], imported, entries->size(), entry.namespace_(),
+                                       entry.key()));
     }
     progress.Update(absl::StrFormat("importing: %d/%d entries", ++imported, entries->size()));
   }

@@ -1,12 +1,13 @@
 """A stop takes seconds, whatever kilnd is doing (issue 53): SIGTERM in the
-middle of an eviction of thousands of entries ends kilnd cleanly at once
-instead of after the eviction, and the store it leaves serves every entry it
-kept, whole; SIGTERM while a worker compiles abandons the compile, whose
+middle of an eviction of thousands of entries, or of an import, ends kilnd
+cleanly at once, and the store it leaves serves every entry it kept, whole;
+SIGTERM while a worker compiles abandons the compile, whose
 client compiles it itself, and stores nothing of it. (How long a stop takes is
 measured by bench/store_bench.py.)"""
 
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -18,9 +19,10 @@ from kiln.service import api as _api
 
 import hermetic
 import process_table
-from conftest import Kilnd
+from conftest import BUILD, Kilnd
 
 LONG_COMPILE = Path(__file__).parent / "long_compile_program.py"
+KILN = BUILD / "client" / "cpp" / "kiln"
 
 ENTRIES = 4000
 
@@ -120,3 +122,50 @@ def test_sigterm_while_a_worker_compiles_abandons_the_compile_and_its_client_com
         assert (stats.entries, stats.compile_failures) == (0, 0)
     finally:
         assert kilnd.stop() == 0
+
+
+def test_sigterm_in_the_middle_of_an_import_ends_kilnd_and_what_it_took_is_whole(tmp_path):
+    source = Kilnd(tmp_path / "source")
+    try:
+        contents = put_entries(source)
+        bundle = tmp_path / "scale.kilnbundle"
+        exported = subprocess.run([str(KILN), "--endpoint", f"unix:{source.socket}", "export", str(bundle)],
+                                  capture_output=True, text=True, timeout=600)
+        assert exported.returncode == 0, exported.stderr
+    finally:
+        assert source.stop() == 0
+
+    root = tmp_path / "target"
+    target = Kilnd(root)
+    importing = subprocess.Popen([str(KILN), "--endpoint", f"unix:{target.socket}", "import", str(bundle)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while target.stats().entries == 0 and importing.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert importing.poll() is None and target.stats().entries > 0, "the import never started, or ended first"
+        target.process.send_signal(signal.SIGTERM)
+        assert target.process.wait(timeout=60) == 0
+        target.stop()
+        out, err = importing.communicate(timeout=60)
+    finally:
+        if importing.poll() is None:
+            importing.kill()
+    assert "kilnd stopped cleanly" in (root / "kilnd.out").read_text()
+    # The import says it did not finish, how far it got, and that kilnd went away (exit 3).
+    assert importing.returncode == 3, (out, err)
+    assert re.search(r"import of .* stopped after \d+ of 4000 entries", err), err
+
+    target = Kilnd(root)
+    try:
+        kept = target.stats().entries
+        assert 0 < kept < ENTRIES
+        found = 0
+        for key, data in contents.items():
+            response = target.stub.Lookup(_api.LookupRequest(namespace="scale", key=key), timeout=60)
+            if response.found:
+                found += 1
+                assert response.entry.blobs[0].data == data, key
+        assert found == kept
+    finally:
+        assert target.stop() == 0
