@@ -362,8 +362,8 @@ void KilnService::StartCompile(const Caller& caller, const v1::CompileRequest& r
   auto compile = [this, &request, response, finish, caller, alias_ns, queued] {
     coordinator_.Compile(
         request, caller,
-        [this, response, finish, queued, tenant = caller.trust_domain,
-         served_as_files = caller.same_local_user](absl::StatusOr<CompileOutcome> outcome) {
+        [this, response, finish, queued,
+         tenant = caller.trust_domain](absl::StatusOr<CompileOutcome> outcome) {
           if (queued) tenant_compile_slots_.Done(tenant);
           if (!outcome.ok()) return finish(outcome.status());
           response->set_cache_hit(outcome->cache_hit);
@@ -372,7 +372,6 @@ void KilnService::StartCompile(const Caller& caller, const v1::CompileRequest& r
                                                     outcome->stage_seconds.end());
           if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
             FillEntry(std::move(*entry), *response->mutable_entry());
-            response->set_served_as_files(served_as_files);  // ServeAheadOfLookups' rule
           } else {
             FillError(std::get<compiler::CompileFailure>(outcome->result),
                       *response->mutable_error());

@@ -91,25 +91,6 @@ def test_a_process_with_no_files_of_its_own_reads_kilnds_files(kilnd, kiln_env, 
     assert kilnd.stats().hits - before.hits >= len(stock_suite)
 
 
-def test_a_kernel_kilnd_serves_as_files_leaves_no_copy_of_the_clients_own(tmp_path, base_env, stock_suite):
-    """A kernel costs the files kilnd serves of it, not a second copy in the
-    client's files dir too (issue 53): the copies that handed a compile's files
-    to Triton go when its process exits, and the next process reads kilnd's."""
-    own_kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}", "--compile-workers=2")
-    try:
-        env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{own_kilnd.socket}")
-        assert probe_json(run_probe(env, "suite"))["kernels"] == stock_suite
-        assert own_kilnd.stats().compiles >= len(stock_suite)
-        assert not _artifacts_in(tmp_path / "kiln-files")
-        fresh = dict(env, TRITON_CACHE_DIR=str(tmp_path / "new-cache"))
-        result = probe_json(run_probe(fresh, "suite"))
-        assert result["kernels"] == stock_suite
-        assert result["frontend_runs"] == 0
-        assert not _artifacts_in(tmp_path / "kiln-files")
-    finally:
-        assert own_kilnd.stop() == 0
-
-
 def test_a_process_whose_every_lookup_hits_kilnds_files_never_imports_grpc_yet_kilnd_counts_each_hit(
         kilnd, kiln_env, tmp_path, stock_suite):
     run_probe(kiln_env, "suite")  # kilnd has every kernel now

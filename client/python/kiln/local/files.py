@@ -6,11 +6,9 @@ unique temporary name and renamed into place; an existing file with the right
 content is reused, never rewritten, so a file another process holds open
 (a loaded launcher module on Windows) is never replaced."""
 
-import atexit
 import contextlib
 import hashlib
 import os
-import threading
 import uuid
 from pathlib import Path
 
@@ -67,42 +65,6 @@ def materialize(name, data, digest=None):
         if not _has_content(path, data, digest):
             raise
     return path
-
-
-# Copies this process made only to hand Triton a compile's files, of kernels
-# kilnd serves this account as files of its own: the next process reads
-# those, so these go at exit, and a kernel costs the files kilnd's copy does.
-_handed_over_only = set()
-_handed_over_lock = threading.Lock()
-
-
-def remove_at_exit(paths):
-    """Removes these copies when this process exits (Triton has read them by
-    then), unless an index of this client names them meanwhile (keep)."""
-    with _handed_over_lock:
-        if not _handed_over_only:
-            atexit.register(_remove_handed_over, os.getpid())
-        _handed_over_only.update(paths)
-
-
-def keep(paths):
-    """These copies stay: this client's index names them."""
-    with _handed_over_lock:
-        _handed_over_only.difference_update(paths)
-
-
-def _remove_handed_over(registered_by):
-    if os.getpid() != registered_by:  # a forked child's exit: its parent still runs
-        return
-    with _handed_over_lock:
-        paths = list(_handed_over_only)
-        _handed_over_only.clear()
-    for path in paths:
-        with contextlib.suppress(OSError):  # held open (Windows), or gone already
-            os.unlink(path)
-    for directory in {os.path.dirname(path) for path in paths}:
-        with contextlib.suppress(OSError):  # not empty: another kernel's files are there
-            os.rmdir(directory)
 
 
 _served_files_readable = None  # None: not known yet

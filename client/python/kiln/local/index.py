@@ -131,7 +131,6 @@ def lookup_file(namespace, key, name):
 def record(namespace, key, files):
     """Remembers in this client's index that `files` ({file name: path}) make up
     the entry; best effort."""
-    _files.keep(files.values())
     try:
         entry = {"files": {file_name: [path, os.stat(path).st_size] for file_name, path in files.items()}}
         target = _entry_path(_paths.files_dir(), namespace, key)

@@ -51,7 +51,6 @@ class CompileGroup:
         self.made = {}  # file name -> bytes, as Triton put them during the compile
         self.output = None  # what the frontend showed: {"stdout": str, "warnings": [dict]}
         self.recorded_by_kilnd = False  # kilnd stored the result: put_group sends nothing
-        self.served_as_files = False  # ...and serves it to this account as files: no copy kept here
         self.frontend_read_device = ""  # "cuda:90" (or "none") if the frontend asked for this machine's GPU
 
     def end_claim(self):

@@ -254,12 +254,7 @@ class RemoteCacheManager(CacheManager):
                     blobs.append(output_blob)
                 _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs,
                                             serve_as_files=True))
-            if compile_group is not None and compile_group.served_as_files:
-                # kilnd writes its own files and index entry for this compile:
-                # the next process of this account reads those.
-                _files.remove_at_exit(indexed.values())
-            else:
-                _index.record("triton", self._hex, indexed)
+            _index.record("triton", self._hex, indexed)
         finally:
             if compile_group is not None:
                 _frontend.finish(compile_group)
@@ -438,7 +433,6 @@ class _RemoteCompile:
                 self.artifacts[ext] = blob.data.decode()
         if self.group is not None:
             self.group.recorded_by_kilnd = True
-            self.group.served_as_files = response.served_as_files
         return None
 
 
