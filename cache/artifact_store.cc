@@ -41,6 +41,11 @@ using store_internal::OpenIndex;
 // open, the last kilnd was killed and may have left files it never recorded.
 constexpr char kCleanStopFile[] = "clean-stop";
 
+// Puts one group commit takes at most: a bulk writer's thousands go in
+// transactions of about 25 ms, so an eviction batch or a lone put waits for
+// no more than one.
+constexpr size_t kPutsPerCommit = 512;
+
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
 // "tenant:alpha" of "tenant:alpha/triton": the trust domain a namespace is in.
@@ -123,6 +128,8 @@ absl::Status ArtifactStore::Initialize() {
     absl::string_view sql;
   };
   const StatementSpec specs[] = {
+      {&Writer::index_pages,
+       "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"},
       {&Writer::find_entry,
        "SELECT id, index_disk_bytes, link_extension, index_namespace FROM entries "
        "WHERE namespace = ?1 AND key = ?2"},
@@ -433,10 +440,9 @@ absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
   return platform::PublishContentAddressedFile(blob.temp_path, target);
 }
 
-absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
-                                                           absl::string_view key,
-                                                           std::vector<BlobInput> blobs,
-                                                           const NamedDigests& stored) {
+absl::Status ArtifactStore::ValidateEntry(absl::string_view ns, absl::string_view key,
+                                          const std::vector<BlobInput>& blobs,
+                                          const NamedDigests& stored) {
   if (ns.empty() || key.empty()) {
     return absl::InvalidArgumentError("a cache entry needs a non-empty namespace and key");
   }
@@ -444,63 +450,40 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
     return absl::InvalidArgumentError(
         absl::StrFormat("entry %s/%s has no blobs; send at least one artifact", ns, key));
   }
-  absl::flat_hash_set<std::string> names;
+  absl::flat_hash_set<absl::string_view> names;
   std::vector<absl::string_view> all_names;
   for (const BlobInput& blob : blobs) all_names.push_back(blob.name);
   for (const auto& [name, digest] : stored) all_names.push_back(name);
   for (absl::string_view name : all_names) {
-    if (name.empty() || !names.insert(std::string(name)).second) {
+    if (name.empty() || !names.insert(name).second) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "entry %s/%s: blob name '%s' is empty or repeated; every blob needs a unique name", ns,
           key, name));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ArtifactStore::PreparedBlob>> ArtifactStore::PrepareBlobs(
+    std::vector<BlobInput> blobs) {
   std::vector<PreparedBlob> prepared;
   prepared.reserve(blobs.size());
-  absl::Status status;
   for (BlobInput& blob : blobs) {
     absl::StatusOr<PreparedBlob> ready = PrepareBlob(std::move(blob));
     if (!ready.ok()) {
-      status = ready.status();
-      break;
+      RemoveTempFiles(prepared);
+      return ready.status();
     }
     prepared.push_back(*std::move(ready));
   }
-  if (status.ok()) status = CommitInGroup(ns, key, prepared, stored);
-  if (absl::IsResourceExhausted(status)) NoteDiskFull(status);
-  if (status.ok()) NoteStored();
-  std::error_code ignored;
-  for (const PreparedBlob& blob : prepared) {
-    if (!blob.temp_path.empty()) fs::remove(blob.temp_path, ignored);
-  }
-  if (!status.ok()) return status;
-  std::vector<StoredBlob> manifest;
-  for (const PreparedBlob& blob : prepared) {
-    manifest.push_back({blob.name, blob.digest, blob.size, std::nullopt, std::nullopt});
-  }
-  std::sort(manifest.begin(), manifest.end(),
-            [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
-  if (!prepared.empty()) puts_.fetch_add(1, std::memory_order_relaxed);
-  const absl::string_view domain = DomainOf(ns);
-  const bool capped = options_.max_domain_bytes > 0 && !options_.capped_domain_prefix.empty() &&
-                      absl::StartsWith(domain, options_.capped_domain_prefix);
-  const bool over_cap = DiskBytes() > options_.max_size_bytes;
-  if (capped || over_cap) {
-    {
-      std::lock_guard lock(maintenance_mutex_);
-      if (capped) domains_put_to_.emplace(domain);
-      if (over_cap) eviction_needed_ = true;
-    }
-    maintenance_wakeup_.notify_one();
-  }
-  return manifest;
+  return prepared;
 }
 
 // One put waiting for a group commit: what it stores, and once `done`, how it went.
 struct ArtifactStore::QueuedPut {
   absl::string_view ns;
   absl::string_view key;
-  const std::vector<PreparedBlob>* prepared = nullptr;
+  std::vector<PreparedBlob> prepared;
   const NamedDigests* stored = nullptr;
   bool done = false;  // guarded by put_queue_mutex_
   absl::Status result;
@@ -513,30 +496,134 @@ struct ArtifactStore::QueuedPut {
   FreedBlobs freed;
 };
 
-absl::Status ArtifactStore::CommitInGroup(absl::string_view ns, absl::string_view key,
-                                          const std::vector<PreparedBlob>& prepared,
-                                          const NamedDigests& stored) {
-  QueuedPut mine;
-  mine.ns = ns;
-  mine.key = key;
-  mine.prepared = &prepared;
-  mine.stored = &stored;
-  {
-    std::lock_guard lock(put_queue_mutex_);
-    put_queue_.push_back(&mine);
+absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
+                                                           absl::string_view key,
+                                                           std::vector<BlobInput> blobs,
+                                                           const NamedDigests& stored) {
+  RETURN_IF_ERROR(ValidateEntry(ns, key, blobs, stored));
+  std::vector<QueuedPut> puts(1);
+  QueuedPut& put = puts.front();
+  put.ns = ns;
+  put.key = key;
+  put.stored = &stored;
+  ASSIGN_OR_RETURN(put.prepared, PrepareBlobs(std::move(blobs)));
+  CommitInGroup(puts, 0, 1);
+  RETURN_IF_ERROR(put.result);
+  std::vector<StoredBlob> manifest;
+  for (const PreparedBlob& blob : put.prepared) {
+    manifest.push_back({blob.name, blob.digest, blob.size, std::nullopt, std::nullopt});
   }
-  // Whoever gets the writer commits every put queued by then in one
-  // transaction: puts that arrive while a commit runs share the next one, so
-  // sixteen writers pay for about one commit, not sixteen.
-  std::lock_guard writer_lock(writer_mutex_);
-  std::vector<QueuedPut*> group;
-  {
-    std::lock_guard lock(put_queue_mutex_);
-    if (mine.done) return mine.result;  // an earlier holder committed it
-    group.swap(put_queue_);
+  std::sort(manifest.begin(), manifest.end(),
+            [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
+  return manifest;
+}
+
+std::vector<absl::Status> ArtifactStore::PutMany(std::vector<EntryInput> entries) {
+  static const NamedDigests kNoneStored;
+  std::vector<absl::Status> results(entries.size());
+  std::vector<QueuedPut> puts;
+  std::vector<size_t> put_of_entry;  // puts[i] stores entries[put_of_entry[i]]
+  puts.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    EntryInput& entry = entries[i];
+    results[i] = ValidateEntry(entry.ns, entry.key, entry.blobs, kNoneStored);
+    if (!results[i].ok()) continue;
+    absl::StatusOr<std::vector<PreparedBlob>> prepared = PrepareBlobs(std::move(entry.blobs));
+    if (!prepared.ok()) {
+      results[i] = prepared.status();
+      continue;
+    }
+    QueuedPut& put = puts.emplace_back();
+    put.ns = entry.ns;
+    put.key = entry.key;
+    put.stored = &kNoneStored;
+    put.prepared = *std::move(prepared);
+    put_of_entry.push_back(i);
   }
-  CommitGroupLocked(group);
-  return mine.result;
+  // A commit's worth at a time, so that a stop ends a bulk writer's call
+  // after the commit in progress: what was not committed is refused, not lost.
+  for (size_t first = 0; first < puts.size(); first += kPutsPerCommit) {
+    const size_t end = std::min(puts.size(), first + kPutsPerCommit);
+    if (stop_requested_.load()) {
+      for (size_t i = first; i < end; ++i) {
+        puts[i].result = absl::UnavailableError("kilnd is stopping: not stored; put it again");
+      }
+    } else {
+      CommitInGroup(puts, first, end);
+    }
+  }
+  for (size_t i = 0; i < puts.size(); ++i) results[put_of_entry[i]] = puts[i].result;
+  return results;
+}
+
+void ArtifactStore::NoteEntriesStored(const std::vector<QueuedPut>& puts, size_t first,
+                                      size_t end) {
+  bool any_stored = false;
+  absl::flat_hash_set<absl::string_view> capped_domains;
+  for (size_t i = first; i < end; ++i) {
+    const QueuedPut& put = puts[i];
+    if (!put.result.ok()) continue;
+    any_stored = true;
+    if (!put.prepared.empty()) puts_.fetch_add(1, std::memory_order_relaxed);  // not an alias
+    const absl::string_view domain = DomainOf(put.ns);
+    if (options_.max_domain_bytes > 0 && !options_.capped_domain_prefix.empty() &&
+        absl::StartsWith(domain, options_.capped_domain_prefix)) {
+      capped_domains.insert(domain);
+    }
+  }
+  if (!any_stored) return;
+  NoteStored();
+  const bool over_cap = DiskBytes() > options_.max_size_bytes;
+  if (capped_domains.empty() && !over_cap) return;
+  {
+    std::lock_guard lock(maintenance_mutex_);
+    domains_put_to_.insert(capped_domains.begin(), capped_domains.end());
+    if (over_cap) eviction_needed_ = true;
+  }
+  maintenance_wakeup_.notify_one();
+}
+
+void ArtifactStore::CommitInGroup(std::vector<QueuedPut>& puts, size_t first, size_t end) {
+  std::unique_lock lock(put_queue_mutex_);
+  for (size_t i = first; i < end; ++i) put_queue_.push_back(&puts[i]);
+  // Whoever finds no commit running commits what is queued, a group a
+  // transaction, until its own puts are done; the others wait for theirs.
+  // Puts that arrive while a commit runs share the next one, so sixteen
+  // writers pay for about one commit, not sixteen, and a waiter never queues
+  // for the writer just to learn it is done. Groups are taken in order, so
+  // the last put of a call is done last.
+  while (!puts[end - 1].done) {
+    if (committing_) {
+      put_committed_.wait(lock);
+      continue;
+    }
+    committing_ = true;
+    const size_t taken = std::min(put_queue_.size(), kPutsPerCommit);
+    std::vector<QueuedPut*> group(put_queue_.begin(), put_queue_.begin() + taken);
+    put_queue_.erase(put_queue_.begin(), put_queue_.begin() + taken);
+    lock.unlock();
+    {
+      std::lock_guard writer_lock(writer_mutex_);
+      CommitGroupLocked(group);
+    }
+    lock.lock();
+    for (QueuedPut* put : group) put->done = true;
+    committing_ = false;
+    put_committed_.notify_all();
+  }
+  lock.unlock();
+  for (size_t i = first; i < end; ++i) {
+    RemoveTempFiles(puts[i].prepared);
+    if (absl::IsResourceExhausted(puts[i].result)) NoteDiskFull(puts[i].result);
+  }
+  NoteEntriesStored(puts, first, end);
+}
+
+void ArtifactStore::RemoveTempFiles(const std::vector<PreparedBlob>& prepared) {
+  std::error_code ignored;
+  for (const PreparedBlob& blob : prepared) {
+    if (!blob.temp_path.empty()) fs::remove(blob.temp_path, ignored);
+  }
 }
 
 void ArtifactStore::CommitGroupLocked(const std::vector<QueuedPut*>& group) {
@@ -583,10 +670,6 @@ void ArtifactStore::CommitGroupLocked(const std::vector<QueuedPut*>& group) {
     });
     ReleaseFreedBlobs(put->freed);
   }
-  {
-    std::lock_guard lock(put_queue_mutex_);
-    for (QueuedPut* put : group) put->done = true;
-  }
 }
 
 void ArtifactStore::RemovePublishedFiles(const QueuedPut& put) {
@@ -600,7 +683,7 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
   std::vector<int64_t> replaced_blob_ids;
   ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(put.ns, put.key, replaced_blob_ids,
                                                               put.new_entry));
-  for (const PreparedBlob& blob : *put.prepared) {
+  for (const PreparedBlob& blob : put.prepared) {
     w.find_blob.BindBlob(1, blob.digest);
     ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
     int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;

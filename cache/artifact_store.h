@@ -160,6 +160,11 @@ class ArtifactStore {
   // as a lookup. NOT_FOUND as Lookup.
   absl::Status ServeAsFiles(absl::string_view ns, absl::string_view key, const AsFiles& as_files);
 
+  // Hits a client served from its own copies of entries it got earlier:
+  // counted in the stats and kept fresh for the LRU as lookups are. Keys no
+  // longer stored are skipped. Returns how many were recorded.
+  absl::StatusOr<uint64_t> RecordHits(absl::string_view ns, const std::vector<std::string>& keys);
+
   // Stores (or replaces) the entry for (ns, key): `blobs` with their data, and
   // `stored` (name -> raw digest) naming blobs already in the store, which
   // cost no blob I/O (an alias of another entry is only `stored`).
@@ -169,14 +174,19 @@ class ArtifactStore {
   // full. Returns the manifest of `blobs`: each one's name, digest and size,
   // no data.
   using NamedDigests = std::vector<std::pair<std::string, std::string>>;
-
-  // Hits a client served from its own copies of entries it got earlier:
-  // counted in the stats and kept fresh for the LRU as lookups are. Keys no
-  // longer stored are skipped. Returns how many were recorded.
-  absl::StatusOr<uint64_t> RecordHits(absl::string_view ns, const std::vector<std::string>& keys);
   absl::StatusOr<std::vector<StoredBlob>> Put(absl::string_view ns, absl::string_view key,
                                               std::vector<BlobInput> blobs,
                                               const NamedDigests& stored = {});
+  // Stores many entries as Put stores each, sharing commits: what bulk writers
+  // (an import, a farm's sync) send, so that a call's and a commit's costs
+  // are shared by many entries. Each entry is stored or refused on its own;
+  // returns each one's status, in order.
+  struct EntryInput {
+    std::string ns;
+    std::string key;
+    std::vector<BlobInput> blobs;
+  };
+  std::vector<absl::Status> PutMany(std::vector<EntryInput> entries);
 
   // The entries whose namespace starts with `ns_prefix`, created at or after
   // `since`, in the order they were stored, a page at a time: those after
@@ -217,6 +227,15 @@ class ArtifactStore {
 
   // StoreStats::disk_bytes.
   uint64_t DiskBytes() const;
+  // What DiskBytes counts besides the index's database file and WAL.
+  uint64_t BytesBesideTheIndex() const;
+  // The store's size as eviction measures it between its batches: the index
+  // by its pages as last committed rather than by its files, which a
+  // checkpoint brings to that size only later, and without its WAL, which the
+  // checkpoint after the last batch empties. Measuring the files, eviction
+  // took each batch's WAL pages for entries still to evict, unless it
+  // checkpointed after every batch (a third of its time at a million entries).
+  uint64_t EvictionBytesLocked();
   // StoreStats::stored_bytes, without Stats()'s counting of rows.
   uint64_t StoredBytes() const { return stored_bytes_.load(); }
 
@@ -293,10 +312,19 @@ class ArtifactStore {
                                               IntegrityCheck check);
   // Methods named *Locked run with writer_mutex_ held.
   struct QueuedPut;
-  // Stores a put in a transaction shared with the puts queued beside it
-  // (group commit); returns how it went.
-  absl::Status CommitInGroup(absl::string_view ns, absl::string_view key,
-                             const std::vector<PreparedBlob>& prepared, const NamedDigests& stored);
+  // Checks an entry's names before anything of it is prepared.
+  static absl::Status ValidateEntry(absl::string_view ns, absl::string_view key,
+                                    const std::vector<BlobInput>& blobs, const NamedDigests& stored);
+  // Hashes, compresses and (when large) writes each blob to a temp file.
+  absl::StatusOr<std::vector<PreparedBlob>> PrepareBlobs(std::vector<BlobInput> blobs);
+  // Stores puts[first, end) in transactions shared with the puts queued
+  // beside them (group commit); each one's `result` says how it went.
+  void CommitInGroup(std::vector<QueuedPut>& puts, size_t first, size_t end);
+  // After puts[first, end) were committed: those stored are counted, and
+  // their domains' caps and the store's are checked.
+  void NoteEntriesStored(const std::vector<QueuedPut>& puts, size_t first, size_t end);
+  // The temp files of blobs that were or could not be published.
+  static void RemoveTempFiles(const std::vector<PreparedBlob>& prepared);
   void CommitGroupLocked(const std::vector<QueuedPut*>& group);
   // One put's rows, within the group's transaction.
   absl::Status PutInTransactionLocked(QueuedPut& put);
@@ -348,9 +376,12 @@ class ArtifactStore {
   const StoreOptions options_;
   std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_
   std::mutex writer_mutex_;
-  // Puts waiting for the next group commit (CommitInGroup).
+  // Puts waiting for the next group commit (CommitInGroup), and whether one
+  // is being committed; put_committed_ wakes their callers.
   std::mutex put_queue_mutex_;
   std::vector<QueuedPut*> put_queue_;  // guarded by put_queue_mutex_
+  bool committing_ = false;            // guarded by put_queue_mutex_
+  std::condition_variable put_committed_;
 
   std::mutex readers_mutex_;
   std::vector<std::unique_ptr<ReaderConnection>> idle_readers_;

@@ -89,6 +89,7 @@ struct ArtifactStore::ReaderConnection {
 
 struct ArtifactStore::Writer {
   std::unique_ptr<sqlite::Database> db;
+  sqlite::Statement index_pages;  // the database's bytes as last committed
   sqlite::Statement find_entry;
   sqlite::Statement delete_entry;
   sqlite::Statement entry_blob_ids;

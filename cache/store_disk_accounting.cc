@@ -99,10 +99,23 @@ void ArtifactStore::EnsureSpaceReserve() {
 
 uint64_t ArtifactStore::DiskBytes() const {
   const fs::path db = options_.data_dir / "kiln.db";
+  return BytesBesideTheIndex() + platform::AllocatedBytes(db) +
+         platform::AllocatedBytes(fs::path(db).concat("-wal"));
+}
+
+uint64_t ArtifactStore::BytesBesideTheIndex() const {
   return file_blob_bytes_.load() + served_files_.bytes() + unrecorded_bytes_.load() +
          leftover_bytes_.load() +
-         platform::AllocatedBytes(db) + platform::AllocatedBytes(fs::path(db).concat("-wal")) +
-         platform::AllocatedBytes(fs::path(db).concat("-shm"));
+         platform::AllocatedBytes(options_.data_dir / "kiln.db-shm");
+}
+
+uint64_t ArtifactStore::EvictionBytesLocked() {
+  sqlite::Statement& pages = writer_->index_pages;
+  absl::StatusOr<bool> row = pages.Step();
+  const uint64_t index_bytes = row.ok() && *row ? static_cast<uint64_t>(pages.ColumnInt(0)) : 0;
+  pages.Reset();
+  if (!row.ok() || index_bytes == 0) return DiskBytes();
+  return BytesBesideTheIndex() + index_bytes;
 }
 
 void ArtifactStore::MeasureUnrecordedBytes() {

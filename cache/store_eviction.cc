@@ -67,7 +67,7 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   w.least_recently_used.Reset();
   FreedBlobs freed;
   uint64_t evicted = 0;
-  const uint64_t on_disk = DiskBytes();
+  const uint64_t on_disk = EvictionBytesLocked();
   // Entry by entry, so eviction stops as soon as the store should fit the
   // target: each blob frees what it stored and its served copy. The caller
   // measures again after the batch.
@@ -213,14 +213,17 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchesToSize(uint64_t target_bytes
     // The lock is taken per batch so puts and corrupt-blob drops interleave;
     // lookups never wait for it (WAL readers see the last committed state).
     std::lock_guard lock(writer_mutex_);
-    // The WAL cut to nothing first (when no reader is in it; best effort), so
-    // that what it held, the last batch's pages, is not taken for entries to evict.
-    writer_->db->Exec("PRAGMA wal_checkpoint(TRUNCATE)").IgnoreError();
-    if (DiskBytes() <= target_bytes) break;
+    if (EvictionBytesLocked() <= target_bytes) break;
     RETURN_IF_ERROR(FlushTouches());
     ASSIGN_OR_RETURN(uint64_t batch, EvictBatchLocked(target_bytes));
     if (batch == 0) break;
     evicted += batch;
+  }
+  {
+    // The WAL cut to nothing and the database file to its pages (when no
+    // reader is in the WAL; best effort): what EvictionBytesLocked measured.
+    std::lock_guard lock(writer_mutex_);
+    writer_->db->Exec("PRAGMA wal_checkpoint(TRUNCATE)").IgnoreError();
   }
   if (evicted > 0) {
     spdlog::info("cache: evicted {} least recently used entries; {} bytes on disk", evicted,

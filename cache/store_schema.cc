@@ -90,10 +90,11 @@ ALTER TABLE entries ADD COLUMN index_disk_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE entries ADD COLUMN link_extension TEXT;
 )sql";
 
-// The WAL is checkpointed every this many pages (SQLite's default is 1000),
-// and cut back to kWalSizeLimit after a checkpoint (SQLite leaves it at its
-// largest otherwise): it holds little of the disk the cap bounds.
-constexpr int kWalCheckpointPages = 256;
+// The WAL is checkpointed every this many pages, SQLite's default (a quarter
+// of it cost a checkpoint and its fsync for about every eviction batch and
+// bulk put), and cut back to kWalSizeLimit after a checkpoint (SQLite leaves
+// it at its largest otherwise): it holds little of the disk the cap bounds.
+constexpr int kWalCheckpointPages = 1000;
 constexpr int kWalSizeLimit = 1 << 20;
 
 }  // namespace

@@ -326,6 +326,50 @@ grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
   });
 }
 
+grpc::ServerUnaryReactor* KilnService::PutMany(grpc::CallbackServerContext* context,
+                                               const v1::PutManyRequest* request,
+                                               v1::PutManyResponse* response) {
+  return Serve(context, Rpc::kPutMany, Where::kBlockingPool,
+               [this, request, response](const Caller& caller) {
+    RETURN_IF_ERROR(ValidatePutMany(*request));
+    std::vector<absl::Status> results(request->entries_size());
+    std::vector<cache::ArtifactStore::EntryInput> entries;
+    std::vector<int> entry_of_input;  // entries[i] is request->entries(entry_of_input[i])
+    std::vector<std::string> scoped_namespaces;  // entries[i]'s, kept past the store's move
+    for (int i = 0; i < request->entries_size(); ++i) {
+      const v1::PutRequest& put = request->entries(i);
+      results[i] = ValidatePut(put);
+      if (!results[i].ok()) continue;
+      cache::ArtifactStore::EntryInput& entry = entries.emplace_back();
+      entry.ns = ScopedNamespace(caller, put.namespace_());
+      entry.key = put.key();
+      entry.blobs.reserve(put.blobs_size());
+      for (const v1::Blob& blob : put.blobs()) {
+        entry.blobs.push_back({blob.name(), blob.data(), blob.sha256()});
+      }
+      entry_of_input.push_back(i);
+      scoped_namespaces.push_back(entry.ns);
+    }
+    std::vector<absl::Status> stored = store_.PutMany(std::move(entries));
+    for (size_t i = 0; i < stored.size(); ++i) {
+      const v1::PutRequest& put = request->entries(entry_of_input[i]);
+      results[entry_of_input[i]] = stored[i];
+      if (!stored[i].ok()) continue;
+      claims_.Release(scoped_namespaces[i], put.key());
+      if (!put.has_serve_as_files() || put.serve_as_files()) {
+        ServeAheadOfLookups(caller, scoped_namespaces[i], put.namespace_(), put.key());
+      }
+    }
+    for (const absl::Status& result : results) {
+      v1::PutResult* out = response->add_results();
+      out->set_code(static_cast<int32_t>(result.code()));
+      out->set_message(std::string(result.message()));
+    }
+    response->set_stored_bytes(store_.StoredBytes());
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KilnService::RecordHits(grpc::CallbackServerContext* context,
                                                   const v1::RecordHitsRequest* request,
                                                   v1::RecordHitsResponse* response) {

@@ -70,6 +70,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context,
                                 const v1::PutRequest* request,
                                 v1::PutResponse* response) override;
+  grpc::ServerUnaryReactor* PutMany(grpc::CallbackServerContext* context,
+                                    const v1::PutManyRequest* request,
+                                    v1::PutManyResponse* response) override;
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
                                     const v1::CompileRequest* request,
                                     v1::CompileResponse* response) override;

@@ -162,6 +162,14 @@ absl::Status ValidatePut(const v1::PutRequest& request) {
   return ValidateSentBlobs(request.blobs());
 }
 
+absl::Status ValidatePutMany(const v1::PutManyRequest& request) {
+  if (request.entries_size() > 10000) {
+    return absl::InvalidArgumentError(
+        "put_many: at most 10,000 entries a call; send them in batches");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCompile(const v1::CompileRequest& request) {
   if (request.triton_key().empty()) {
     return absl::InvalidArgumentError(

@@ -12,6 +12,8 @@ namespace kiln::service {
 absl::Status ValidateLookup(const v1::LookupRequest& request);
 absl::Status ValidateRecordHits(const v1::RecordHitsRequest& request);
 absl::Status ValidatePut(const v1::PutRequest& request);
+// The call as a whole; each entry is checked by ValidatePut.
+absl::Status ValidatePutMany(const v1::PutManyRequest& request);
 absl::Status ValidateCompile(const v1::CompileRequest& request);
 absl::Status ValidateBuildLauncher(const v1::BuildLauncherRequest& request);
 absl::Status ValidatePrewarm(const v1::PrewarmRequest& request);

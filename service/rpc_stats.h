@@ -29,6 +29,7 @@ enum class Rpc {
   kListMisses,
   kPrewarm,
   kCompileInductorKernel,
+  kPutMany,
   kCount
 };
 

@@ -373,6 +373,53 @@ TEST_F(ArtifactStoreTest, ConcurrentWritersAndReadersSeeOnlyCompleteEntries) {
   EXPECT_EQ(QueryText("PRAGMA integrity_check"), "ok");
 }
 
+TEST_F(ArtifactStoreTest, PutManyStoresEachEntryOrRefusesItAloneBesideSinglePuts) {
+  auto store = OpenStore(Options());
+  // More entries than one group commit takes, so the call spans several,
+  // while another writer's single puts share them.
+  constexpr int kEntries = 1300;
+  constexpr int kSinglePuts = 200;
+  const auto data_of = [](int i) { return TestBytes(1024 + i % 3000, static_cast<uint32_t>(i)); };
+  std::vector<ArtifactStore::EntryInput> entries;
+  for (int i = 0; i < kEntries; ++i) {
+    entries.push_back({"triton", absl::StrCat("many", i), {{"k.cubin", data_of(i), ""}}});
+  }
+  entries[7].blobs.push_back({"k.cubin", "again", ""});            // a repeated name
+  entries[700].blobs[0].expected_digest = std::string(32, '\x01');  // damaged in transit
+  std::thread single_writer([&] {
+    for (int i = 0; i < kSinglePuts; ++i) {
+      EXPECT_TRUE(store->Put("triton", absl::StrCat("one", i), {{"k.cubin", data_of(-i - 1), ""}}).ok());
+    }
+  });
+  const std::vector<absl::Status> results = store->PutMany(entries);
+  single_writer.join();
+  ASSERT_EQ(results.size(), static_cast<size_t>(kEntries));
+  for (int i = 0; i < kEntries; ++i) {
+    absl::StatusOr<CacheEntry> entry = store->Lookup("triton", absl::StrCat("many", i));
+    if (i == 7 || i == 700) {
+      EXPECT_TRUE(absl::IsInvalidArgument(results[i])) << i << ": " << results[i];
+      EXPECT_TRUE(absl::IsNotFound(entry.status())) << i;
+      continue;
+    }
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i];
+    ASSERT_TRUE(entry.ok()) << i << ": " << entry.status();
+    ASSERT_EQ(entry->blobs.size(), 1u);
+    EXPECT_EQ(entry->blobs[0].data, data_of(i)) << i;
+  }
+  EXPECT_NE(results[700].message().find("SHA-256"), std::string::npos) << results[700];
+  EXPECT_EQ(store->Stats()->entries, static_cast<uint64_t>(kEntries - 2 + kSinglePuts));
+  EXPECT_EQ(QueryText("PRAGMA integrity_check"), "ok");
+
+  // A stop refuses what is not committed yet, whole, and says so.
+  store->RequestStop();
+  const std::vector<absl::Status> after_stop = store->PutMany(
+      {{"triton", "late", {{"k.cubin", "late bytes", ""}}}});
+  ASSERT_EQ(after_stop.size(), 1u);
+  EXPECT_TRUE(absl::IsUnavailable(after_stop[0])) << after_stop[0];
+  EXPECT_NE(after_stop[0].message().find("stopping"), std::string::npos) << after_stop[0];
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "late").status()));
+}
+
 TEST_F(ArtifactStoreTest, EvictionStaysUnderTheCapAndKeepsRecentlyUsedEntries) {
   StoreOptions options = Options();
   options.zstd_level = 0;

@@ -453,8 +453,10 @@ absl::StatusOr<Response> Client::Unary(absl::string_view method, absl::Duration 
   return response;
 }
 
-absl::Status Client::Put(absl::string_view ns, absl::string_view key,
-                         const std::vector<std::pair<std::string, std::string>>& named_blobs) {
+namespace {
+
+v1::PutRequest MakePutRequest(absl::string_view ns, absl::string_view key,
+                              const std::vector<std::pair<std::string, std::string>>& named_blobs) {
   v1::PutRequest request;
   request.set_namespace_(std::string(ns));
   request.set_key(std::string(key));
@@ -468,7 +470,36 @@ absl::Status Client::Put(absl::string_view ns, absl::string_view key,
     blob->set_size(data.size());
     blob->set_sha256(DigestBytes(Sha256(data)));
   }
-  return Unary<v1::PutResponse>("put", options_.timeout, request, &v1::Kiln::Stub::Put).status();
+  return request;
+}
+
+}  // namespace
+
+absl::Status Client::Put(absl::string_view ns, absl::string_view key,
+                         const std::vector<std::pair<std::string, std::string>>& named_blobs) {
+  return Unary<v1::PutResponse>("put", options_.timeout, MakePutRequest(ns, key, named_blobs),
+                                &v1::Kiln::Stub::Put)
+      .status();
+}
+
+absl::StatusOr<std::vector<absl::Status>> Client::PutMany(const std::vector<EntryToPut>& entries) {
+  v1::PutManyRequest request;
+  for (const EntryToPut& entry : entries) {
+    *request.add_entries() = MakePutRequest(entry.ns, entry.key, entry.named_blobs);
+  }
+  absl::StatusOr<v1::PutManyResponse> response = Unary<v1::PutManyResponse>(
+      "put_many", options_.timeout, request, &v1::Kiln::Stub::PutMany);
+  if (!response.ok()) return response.status();
+  if (response->results_size() != request.entries_size()) {
+    return absl::InternalError(absl::StrFormat(
+        "put_many: kilnd answered %d results for %d entries", response->results_size(),
+        request.entries_size()));
+  }
+  std::vector<absl::Status> results;
+  for (const v1::PutResult& result : response->results()) {
+    results.emplace_back(static_cast<absl::StatusCode>(result.code()), result.message());
+  }
+  return results;
 }
 
 absl::StatusOr<std::optional<v1::CacheEntry>> Client::Lookup(absl::string_view ns,

@@ -425,23 +425,52 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
   return kOk;
 }
 
+// What one PutMany call of an import carries at most: few enough bytes that
+// a call stays far below kilnd's request limit, enough entries that the
+// call's and the commit's costs are shared.
+constexpr size_t kImportEntriesPerCall = 256;
+constexpr size_t kImportBytesPerCall = 8 << 20;
+
 int Import(kiln::Client& client, const std::vector<std::string>& args) {
   if (args.size() != 1) return Usage("import needs one FILE");
   absl::StatusOr<std::vector<kiln::v1::BundleEntry>> entries = kiln::ReadBundle(args[0]);
   if (!entries.ok()) return Fail(entries.status());
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
   size_t imported = 0;
-  for (const kiln::v1::BundleEntry& entry : *entries) {
-    std::vector<std::pair<std::string, std::string>> blobs;
-    for (const kiln::v1::Blob& blob : entry.blobs()) blobs.emplace_back(blob.name(), blob.data());
-    if (absl::Status put = client.Put(entry.namespace_(), entry.key(), blobs); !put.ok()) {
-      progress.Clear();
-      return Fail(put, absl::StrFormat("import of %s stopped after %d of %d entries (those are "
-                                       "stored; importing the file again stores the rest); %s/%s",
-                                       args[0], imported, entries->size(), entry.namespace_(),
-                                       entry.key()));
+  size_t next = 0;
+  while (next < entries->size()) {
+    std::vector<kiln::Client::EntryToPut> batch;
+    size_t batch_bytes = 0;
+    for (; next < entries->size() && batch.size() < kImportEntriesPerCall &&
+           (batch.empty() || batch_bytes < kImportBytesPerCall);
+         ++next) {
+      const kiln::v1::BundleEntry& entry = (*entries)[next];
+      kiln::Client::EntryToPut& put = batch.emplace_back();
+      put.ns = entry.namespace_();
+      put.key = entry.key();
+      for (const kiln::v1::Blob& blob : entry.blobs()) {
+        put.named_blobs.emplace_back(blob.name(), blob.data());
+        batch_bytes += blob.data().size();
+      }
     }
-    progress.Update(absl::StrFormat("importing: %d/%d entries", ++imported, entries->size()));
+    const auto stopped = [&](const absl::Status& status, const kiln::Client::EntryToPut& at) {
+      progress.Clear();
+      return Fail(status, absl::StrFormat("import of %s stopped after %d of %d entries (those are "
+                                          "stored; importing the file again stores the rest); %s/%s",
+                                          args[0], imported, entries->size(), at.ns, at.key));
+    };
+    absl::StatusOr<std::vector<absl::Status>> results = client.PutMany(batch);
+    if (!results.ok()) return stopped(results.status(), batch.front());
+    size_t failed = results->size();
+    for (size_t i = 0; i < results->size(); ++i) {
+      if ((*results)[i].ok()) {
+        ++imported;
+      } else if (failed == results->size()) {
+        failed = i;
+      }
+    }
+    if (failed != results->size()) return stopped((*results)[failed], batch[failed]);
+    progress.Update(absl::StrFormat("importing: %d/%d entries", imported, entries->size()));
   }
   progress.Print(absl::StrFormat("imported %d entries from %s", imported, args[0]));
   return kOk;

@@ -177,7 +177,7 @@ def test_unknown_target_is_invalid_argument(kilnd, backend, arch):
 
 
 @pytest.mark.parametrize("method,request_type,streaming", [
-    ("Put", "PutRequest", False), ("GetStats", "GetStatsRequest", False),
+    ("Put", "PutRequest", False), ("PutMany", "PutManyRequest", False), ("GetStats", "GetStatsRequest", False),
     ("LookupOrClaim", "LookupRequest", True)])
 def test_request_that_does_not_parse_is_invalid_argument_naming_the_method(
         kilnd, method, request_type, streaming):

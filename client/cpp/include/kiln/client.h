@@ -141,6 +141,15 @@ class Client {
   // Stores named artifacts under (ns, key).
   absl::Status Put(absl::string_view ns, absl::string_view key,
                    const std::vector<std::pair<std::string, std::string>>& named_blobs);
+  // Stores many entries in one call (at most 10,000, and within kilnd's
+  // request size limit), each as Put would: what a bulk writer sends. The
+  // call's status, then each entry's, in order.
+  struct EntryToPut {
+    std::string ns;
+    std::string key;
+    std::vector<std::pair<std::string, std::string>> named_blobs;
+  };
+  absl::StatusOr<std::vector<absl::Status>> PutMany(const std::vector<EntryToPut>& entries);
   // The entry, or nullopt on a miss.
   absl::StatusOr<std::optional<v1::CacheEntry>> Lookup(absl::string_view ns,
                                                        absl::string_view key);

@@ -58,6 +58,8 @@ LookupRequest = _message("LookupRequest")
 LookupResponse = _message("LookupResponse")
 PutRequest = _message("PutRequest")
 PutResponse = _message("PutResponse")
+PutManyRequest = _message("PutManyRequest")
+PutManyResponse = _message("PutManyResponse")
 RecordHitsRequest = _message("RecordHitsRequest")
 RecordHitsResponse = _message("RecordHitsResponse")
 Target = _message("Target")
@@ -99,6 +101,7 @@ PRIORITY = _enum_values("Priority")
 _METHODS = {
     "Lookup": (LookupRequest, LookupResponse),
     "Put": (PutRequest, PutResponse),
+    "PutMany": (PutManyRequest, PutManyResponse),
     "RecordHits": (RecordHitsRequest, RecordHitsResponse),
     "Compile": (CompileRequest, CompileResponse),
     "BuildLauncher": (BuildLauncherRequest, BuildLauncherResponse),
