@@ -128,6 +128,9 @@ absl::Status ArtifactStore::Initialize() {
     absl::string_view sql;
   };
   const StatementSpec specs[] = {
+      {&Writer::begin_put, "SAVEPOINT put"},
+      {&Writer::undo_put, "ROLLBACK TO put"},
+      {&Writer::end_put, "RELEASE put"},
       {&Writer::index_pages,
        "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"},
       {&Writer::find_entry,
@@ -634,12 +637,13 @@ void ArtifactStore::CommitGroupLocked(const std::vector<QueuedPut*>& group) {
     for (QueuedPut* put : group) {
       // Each put on a savepoint of its own: one that fails (a `stored` digest
       // evicted meanwhile, a full disk) takes back only itself.
-      put->result = w.db->Exec("SAVEPOINT put");
+      put->result = w.begin_put.Run();
       if (put->result.ok()) put->result = PutInTransactionLocked(*put);
       if (put->result.ok()) {
-        put->result = w.db->Exec("RELEASE put");
+        put->result = w.end_put.Run();
       } else {
-        w.db->Exec("ROLLBACK TO put; RELEASE put").IgnoreError();
+        w.undo_put.Run().IgnoreError();
+        w.end_put.Run().IgnoreError();
         RemovePublishedFiles(*put);
       }
     }

@@ -90,6 +90,10 @@ struct ArtifactStore::ReaderConnection {
 struct ArtifactStore::Writer {
   std::unique_ptr<sqlite::Database> db;
   sqlite::Statement index_pages;  // the database's bytes as last committed
+  // A put's savepoint within its group's transaction (CommitGroupLocked).
+  sqlite::Statement begin_put;
+  sqlite::Statement undo_put;
+  sqlite::Statement end_put;
   sqlite::Statement find_entry;
   sqlite::Statement delete_entry;
   sqlite::Statement entry_blob_ids;
