@@ -67,7 +67,7 @@ PROBE = ROOT / "tests" / "python" / "client_probe.py"
 SETTLE_SECONDS = 1.0  # kilnd's data dir unchanged this long counts as settled
 SETTLE_LIMIT = 30
 DATABASE_FILES = re.compile(r"kiln\.db(-wal|-shm|-journal)?")
-FAN_OUT = re.compile(r"[0-9a-f]{2}")
+FAN_OUT = re.compile(r"[0-9a-f]{1,2}")  # kilnd's one hex digit, the client's own files' two
 # Triton's keys (base32) and Kiln's content digests (hex) as file or dir names.
 KEY_NAME = re.compile(r"[A-Z2-7]{32,}|[0-9a-f]{32,}")
 STOCK_CACHE = "stock TRITON_CACHE_DIR"

@@ -310,6 +310,9 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
       result.entry.created = absl::FromUnixMillis(lookup.ColumnInt(1));
       StoredBlob blob{std::string(lookup.ColumnText(2)), std::string(lookup.ColumnBlob(3)),
                       static_cast<uint64_t>(lookup.ColumnInt(4)), std::nullopt, std::nullopt};
+      if (as_files != nullptr && blob.name == kKeyInputsBlob) {
+        continue;  // read through Lookup alone
+      }
       if (as_files != nullptr) {
         if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5), lookup.ColumnInt(6),
                                               lookup.ColumnBlob(7), writes);

@@ -11,7 +11,7 @@
 //                            so paths stay short (about 80 characters past the
 //                            data directory) and are written once
 //   blobs/tmp/               files being written; never referenced by the index
-//   files/<hh>/<64 hex><ext> blobs as plain files for local clients (served_files.h)
+//   files/<h>/<64 hex><ext>  blobs as plain files for local clients (served_files.h)
 // Small blobs live inline in the database. A blob is stored zstd-compressed
 // when that saves space. Its digest is always of the uncompressed content and
 // is checked on every read.
@@ -54,6 +54,12 @@ namespace kiln::cache {
 // Debian 12 machine): inline is faster up to 32 KiB (1.11x at 32 KiB), files
 // are faster from 64 KiB (1.12x at 64 KiB, 2.1x at 1 MiB) and keep the WAL small.
 inline constexpr uint64_t kDefaultInlineThreshold = 48 * 1024;
+
+// The blob Kiln's client stores beside a Triton kernel with the inputs of its
+// key, for `kiln prewarm` and export (which read it through Lookup): no client
+// reads it as a file, so it is never served as one, nor listed in a served
+// index entry.
+inline constexpr absl::string_view kKeyInputsBlob = "kiln.key-inputs.json";
 
 struct BlobInput {
   std::string name;

@@ -25,6 +25,11 @@ using platform::FileStamp;
 constexpr absl::string_view kTempSuffix = ".tmp";
 constexpr char kIndexDir[] = "index";
 constexpr char kLinksDir[] = "links";
+// Each tree fans out by the first hex digit of its names: 16 directories. With
+// 256, a few dozen kernels cost nearly a directory for every file; 16 hold a
+// farm's million entries at some 60k names each, which ext4's and NTFS's
+// indexed directories find by name as fast as a few hundred.
+constexpr size_t kFanOutDigits = 1;
 
 bool IsSafeExtensionChar(char c) {
   return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
@@ -103,7 +108,7 @@ std::optional<std::string> ServedFiles::ExtensionOf(absl::string_view name) {
 
 fs::path ServedFiles::PathOf(absl::string_view digest, absl::string_view extension) const {
   const std::string hex = DigestHex(digest);
-  return dir_ / hex.substr(0, 2) / absl::StrCat(hex, extension);
+  return dir_ / hex.substr(0, kFanOutDigits) / absl::StrCat(hex, extension);
 }
 
 std::optional<fs::path> ServedFiles::Find(absl::string_view digest, absl::string_view extension) {
@@ -127,7 +132,8 @@ fs::path ServedFiles::KeyedPathOf(absl::string_view subdir, absl::string_view ns
                                   absl::string_view key, absl::string_view extension) const {
   const std::string hex =
       DigestHex(DigestBytes(Sha256(absl::StrCat(ns, absl::string_view("\0", 1), key))));
-  return dir_ / std::string(subdir) / hex.substr(0, 2) / absl::StrCat(hex.substr(2), extension);
+  return dir_ / std::string(subdir) / hex.substr(0, kFanOutDigits) /
+         absl::StrCat(hex.substr(kFanOutDigits), extension);
 }
 
 absl::StatusOr<platform::Replaced> ServedFiles::WriteAndMove(const fs::path& target,
@@ -212,7 +218,7 @@ absl::StatusOr<std::optional<std::string>> ServedFiles::PublishLink(absl::string
   if (!extension) return std::nullopt;  // the client finds no link for such a name either
   const fs::path link = KeyedPathOf(kLinksDir, ns, key, *extension);
   std::error_code error;
-  // Relative ("../../<hh>/<file>"): the links survive the data directory moving.
+  // Relative ("../../<h>/<file>"): the links survive the data directory moving.
   const fs::path target = file.path.lexically_relative(link.parent_path());
   if (target.empty()) {
     return absl::InternalError(absl::StrFormat("%s is not under %s", file.path.string(), dir_.string()));
@@ -287,8 +293,8 @@ void ServedFiles::MeasureDirectories() {
     if (tree != dir_) measured += static_cast<int64_t>(platform::AllocatedBytes(tree));
     for (const fs::directory_entry& subdir : fs::directory_iterator(tree, error)) {
       const std::string name = subdir.path().filename().string();
-      // The <hh> directories; the trees and hits/ are counted on their own.
-      if (name.size() == 2 && subdir.is_directory(error)) {
+      // The fan-out directories; the trees and hits/ are counted on their own.
+      if (name.size() == kFanOutDigits && subdir.is_directory(error)) {
         measured += static_cast<int64_t>(platform::AllocatedBytes(subdir.path()));
       }
     }

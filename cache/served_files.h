@@ -6,7 +6,7 @@
 // hit in Triton's own file cache costs (open and read), however large the
 // blobs. Stored blobs may be compressed or inline in SQLite; a served file is
 // the uncompressed content under
-//   <dir>/<hh>/<64 hex><extension>
+//   <dir>/<h>/<64 hex><extension>
 // named for the content's SHA-256 and the blob name's extension (Triton tells
 // artifacts apart by suffix and imports launcher modules by it).
 //
@@ -18,13 +18,13 @@
 //
 // Beside them, an index lets local clients find an entry's files without
 // asking kilnd at all (the Python client's _index.py reads it):
-//   <dir>/index/<hh>/<62 hex>.json   {"files": {"<blob name>": ["<path>", <size>]}}
+//   <dir>/index/<h>/<63 hex>.json   {"files": {"<blob name>": ["<path>", <size>]}}
 // named by the SHA-256 of "<namespace>\0<key>" in the client's namespace. A
 // client uses an entry only while every file is there with its size.
 //
 // An entry of one file (a launcher module: Triton's get_file) gets a symbolic
 // link to it instead, named by the same digest and the file's extension:
-//   <dir>/links/<hh>/<62 hex><extension>
+//   <dir>/links/<h>/<63 hex><extension>
 // so that a client finds it with one stat, as stock Triton's file cache does,
 // and it costs one file less. A link whose file is gone dangles, which a
 // client sees as a miss. Where this account may not make links (Windows
@@ -153,7 +153,7 @@ class ServedFiles {
 
  private:
   std::filesystem::path PathOf(absl::string_view digest, absl::string_view extension) const;
-  // <dir>/<subdir>/<hh>/<62 hex><extension>, by the digest of (ns, key).
+  // <dir>/<subdir>/<h>/<63 hex><extension>, by the digest of (ns, key).
   std::filesystem::path KeyedPathOf(absl::string_view subdir, absl::string_view ns,
                                     absl::string_view key, absl::string_view extension) const;
   // Removes the file or link at `path`, uncounting what it took; one that

@@ -1,4 +1,4 @@
-// The index's schema as SQL, its migration from version 1, and its open.
+// The index's schema as SQL, its migrations from versions 1 and 2, and its open.
 
 #include "cache/store_schema.h"
 
@@ -13,9 +13,9 @@
 namespace kiln::cache::store_internal {
 namespace {
 
-constexpr int64_t kSchemaVersion = 2;
+constexpr int64_t kSchemaVersion = 3;
 
-// Version 2. Blobs are shared between entries; a blob row is deleted when no
+// Version 3 (its tables are version 2's). Blobs are shared between entries; a blob row is deleted when no
 // entry references it any more. Sizes are in bytes; times in unix milliseconds.
 // LRU order uses a logical clock rather than wall time, so a clock step or two
 // uses within one millisecond cannot reorder it. The served files
@@ -89,6 +89,15 @@ ALTER TABLE entries ADD COLUMN index_namespace TEXT;
 ALTER TABLE entries ADD COLUMN index_disk_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE entries ADD COLUMN link_extension TEXT;
 )sql";
+// From version 2, whose served files fanned out 256 ways (served_files.cc):
+// they are retired like version 1's, and their records with them. The totals
+// a clean stop saved count them: the open after this counts the store again.
+constexpr absl::string_view kMigrationFrom2 = R"sql(
+DELETE FROM served_copies;
+UPDATE entries SET index_namespace = NULL, index_disk_bytes = 0, link_extension = NULL
+  WHERE index_namespace IS NOT NULL OR index_disk_bytes != 0 OR link_extension IS NOT NULL;
+DELETE FROM clean_stop_totals;
+)sql";
 
 // The WAL is checkpointed every this many pages, SQLite's default (a quarter
 // of it cost a checkpoint and its fsync for about every eviction batch and
@@ -101,7 +110,7 @@ constexpr int kWalSizeLimit = 1 << 20;
 
 absl::StatusOr<OpenedIndex> OpenIndex(const std::filesystem::path& path,
                                       absl::Duration busy_timeout,
-                                      absl::FunctionRef<void()> on_migrated_from_version_1) {
+                                      absl::FunctionRef<void()> retire_served_files) {
   OpenedIndex index;
   ASSIGN_OR_RETURN(index.db, sqlite::Database::Open(path, busy_timeout));
   sqlite::Database& db = *index.db;
@@ -139,10 +148,15 @@ absl::StatusOr<OpenedIndex> OpenIndex(const std::filesystem::path& path,
                                        "; PRAGMA wal_autocheckpoint = ", kWalCheckpointPages)));
   if (found_version < kSchemaVersion) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
-    RETURN_IF_ERROR(db.Exec(found_version == 0 ? kSchema : kMigrationFrom1));
+    const absl::string_view migration = found_version == 0   ? kSchema
+                                        : found_version == 1 ? kMigrationFrom1
+                                                             : kMigrationFrom2;
+    // A version 2 store made before some of its tables were has them first.
+    if (found_version == 2) RETURN_IF_ERROR(db.Exec(kVersion2Tables));
+    RETURN_IF_ERROR(db.Exec(migration));
     RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
     RETURN_IF_ERROR(txn.Commit());
-    if (found_version == 1) on_migrated_from_version_1();
+    if (found_version != 0) retire_served_files();
   }
   RETURN_IF_ERROR(db.Exec(kVersion2Tables));
   index.found_version = found_version;

@@ -1,8 +1,8 @@
 #ifndef KILN_CACHE_STORE_SCHEMA_H_
 #define KILN_CACHE_STORE_SCHEMA_H_
 
-// The artifact store's index, kiln.db: its schema, the migration from version
-// 1, and the open that brings a database to the current version. Internal to
+// The artifact store's index, kiln.db: its schema, the migrations from
+// versions 1 and 2, and the open that brings a database to the current version. Internal to
 // the artifact store (artifact_store*.cc, store_*.cc).
 
 #include <cstdint>
@@ -27,11 +27,12 @@ struct OpenedIndex {
 
 // Opens the index at `path`, set up to give freed pages back and to keep its
 // WAL small, with its schema brought to the current version.
-// `on_migrated_from_version_1` runs once a version 1 database's migration has
+// `retire_served_files` runs once the migration of a database whose served
+// files are not where this version serves them (versions 1 and 2) has
 // committed. FAILED_PRECONDITION when the database has a newer schema.
 absl::StatusOr<OpenedIndex> OpenIndex(const std::filesystem::path& path,
                                       absl::Duration busy_timeout,
-                                      absl::FunctionRef<void()> on_migrated_from_version_1);
+                                      absl::FunctionRef<void()> retire_served_files);
 
 }  // namespace kiln::cache::store_internal
 

@@ -27,9 +27,7 @@ namespace {
 // the client's own trust domain.
 constexpr absl::string_view kCompileNamespace = "shared.compile";
 constexpr absl::string_view kLauncherNamespace = "shared.launcher";
-// What the Python client keeps with each kernel it compiles through kilnd:
-// kiln.v1.KeyInputs as JSON.
-constexpr char kKeyInputsBlob[] = "kiln.key-inputs.json";
+using cache::kKeyInputsBlob;  // what the Python client keeps with each kernel: kiln.v1.KeyInputs
 
 std::string CompileKey(const v1::CompileRequest& request) {
   std::vector<std::string> env;
@@ -242,7 +240,7 @@ absl::StatusOr<PrewarmPlan> CompileCoordinator::PlanPrewarmOnThread(
   // frontend output it started from, and the key inputs for the next prewarm.
   *compile.add_client_artifacts() = *source;
   v1::Blob* inputs = compile.add_client_artifacts();
-  inputs->set_name(kKeyInputsBlob);
+  inputs->set_name(std::string(kKeyInputsBlob));
   inputs->set_data(std::move(retargeted.key_inputs_json));
   return PrewarmPlan{"", std::move(compile)};
 }

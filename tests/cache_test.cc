@@ -245,7 +245,7 @@ TEST_F(ArtifactStoreTest, ReopenedStoreServesWhatWasCommitted) {
       ASSERT_TRUE(store->Put("triton", absl::StrCat("key", i), KernelBlobs(i)).ok());
     }
   }
-  EXPECT_EQ(QueryText("PRAGMA user_version"), "2");
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "3");
   EXPECT_EQ(QueryText("SELECT count(*) FROM entries"), "5");
   auto store = OpenStore(Options());
   for (uint32_t i = 0; i < 5; ++i) {
@@ -553,10 +553,10 @@ std::string FileContent(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// The served index entry of (ns, key): <files>/index/<hh>/<62 hex>.json.
+// The served index entry of (ns, key): <files>/index/<h>/<63 hex>.json.
 fs::path ServedIndexPath(const fs::path& data_dir, const std::string& ns, const std::string& key) {
   const std::string hex = DigestHex(DigestBytes(Sha256(ns + std::string(1, '\0') + key)));
-  return data_dir / "files" / "index" / hex.substr(0, 2) / (hex.substr(2) + ".json");
+  return data_dir / "files" / "index" / hex.substr(0, 1) / (hex.substr(1) + ".json");
 }
 
 TEST_F(ArtifactStoreTest, LookupAsFilesServesEachBlobAsAFileAndIndexesTheEntry) {
@@ -643,18 +643,18 @@ TEST_F(ArtifactStoreTest, ServedFilesGoWithTheirBlobsAndStaleOnesAtStartup) {
   // no mark of a clean stop.
   ASSERT_TRUE(fs::remove(dir_.path() / "data" / "clean-stop"));
   const std::string gone = DigestHex(DigestBytes(Sha256("gone")));
-  fs::create_directories(served_dir / gone.substr(0, 2));
-  std::ofstream(served_dir / gone.substr(0, 2) / (gone + ".cubin")) << "gone";
-  const fs::path half_written = served_dir / gone.substr(0, 2) / ".7.tmp";
+  fs::create_directories(served_dir / gone.substr(0, 1));
+  std::ofstream(served_dir / gone.substr(0, 1) / (gone + ".cubin")) << "gone";
+  const fs::path half_written = served_dir / gone.substr(0, 1) / ".7.tmp";
   std::ofstream(half_written) << "half";
   fs::last_write_time(half_written, fs::file_time_type::clock::now() - std::chrono::hours(1));
   // A write of the new kilnd in progress while its sweep runs: it stays.
-  const fs::path being_written = served_dir / gone.substr(0, 2) / ".8.tmp";
+  const fs::path being_written = served_dir / gone.substr(0, 1) / ".8.tmp";
   std::ofstream(being_written) << "being written";
   const fs::path stale_index = ServedIndexPath(dir_.path() / "data", "ns", "gone");
   fs::create_directories(stale_index.parent_path());
   std::ofstream(stale_index) << "{\"files\": {\"k.cubin\": [\""
-                             << (served_dir / gone.substr(0, 2) / (gone + ".cubin")).string()
+                             << (served_dir / gone.substr(0, 1) / (gone + ".cubin")).string()
                              << "\", 4]}}";
   auto store = OpenStore(Options());
   for (int i = 0; i < 100 && fs::exists(stale_index); ++i) {
@@ -725,7 +725,7 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
 
   auto store = OpenStore(Options());
   ASSERT_NE(store, nullptr);
-  EXPECT_EQ(QueryText("PRAGMA user_version"), "2");
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "3");
   // Nothing unrecorded is served: the old files are out of the served tree at
   // once (deleted in the background), and the entries are served anew.
   for (const fs::path& file : version1_files) EXPECT_FALSE(fs::exists(file)) << file;
@@ -745,12 +745,65 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
   EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
 }
 
+// A data directory as a version 2 kilnd left it at a clean stop: its served
+// files fanned out 256 ways (<hh>/), recorded, and counted in the totals it
+// saved.
+TEST_F(ArtifactStoreTest, AVersion2DataDirIsMigratedAndItsServedFilesAreServedAnewSixteenWays) {
+  const fs::path data_dir = dir_.path() / "data";
+  const fs::path served_dir = data_dir / "files";
+  const ArtifactStore::AsFiles as_files{"ns"};
+  {
+    auto store = OpenStore(Options());
+    ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(31)).ok());
+    ASSERT_TRUE(store->Put("ns", "b", {{"k.so", "module", ""}}).ok());
+    ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
+    ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
+  }
+  // Version 2's layout: two hex digits of fan-out where this one has one.
+  std::vector<fs::path> version2_files;
+  for (const fs::path& file : FilesUnder(served_dir)) {
+    const fs::path fan_out = file.parent_path();
+    const std::string name = fan_out.filename().string() + file.filename().string();
+    const bool keyed = fan_out.parent_path() != served_dir;  // index/ or links/
+    const fs::path old_dir = fan_out.parent_path() / name.substr(0, 2);
+    const fs::path old_path = old_dir / (keyed ? name.substr(2) : name);
+    fs::create_directories(old_dir);
+    fs::rename(file, old_path);
+    version2_files.push_back(old_path);
+  }
+  ASSERT_EQ(version2_files.size(), 4u + 2u);  // a: 3 files, an index entry; b: a file, its link
+  ExecSql("PRAGMA user_version = 2");
+  ASSERT_TRUE(fs::exists(data_dir / "clean-stop"));
+
+  auto store = OpenStore(Options());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "3");
+  for (const fs::path& file : version2_files) EXPECT_FALSE(fs::exists(file)) << file;
+  EXPECT_EQ(QueryText("SELECT count(*) FROM served_copies"), "0");
+  EXPECT_EQ(QueryText("SELECT count(*) FROM entries WHERE index_namespace IS NOT NULL"), "0");
+  for (int i = 0; i < 500 && fs::exists(data_dir / "retired"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // deleted in the background
+  }
+  EXPECT_FALSE(fs::exists(data_dir / "retired"));
+  // Served anew, one hex digit of fan-out, and counted as they are written.
+  absl::StatusOr<CacheEntry> a = store->Lookup("ns", "a", {}, &as_files);
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (const StoredBlob& blob : a->blobs) {
+    ASSERT_TRUE(blob.file.has_value()) << blob.name;
+    EXPECT_EQ(blob.file->parent_path().filename().string(), DigestHex(blob.digest).substr(0, 1));
+  }
+  ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
+  EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 2u);
+  EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
+  EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
+}
+
 TEST_F(ArtifactStoreTest, AnEntryOfOneFileIsLinkedByItsKeyUntilItsFileGoes) {
   const std::string name = "__triton_launcher.cpython-311-x86_64-linux-gnu.so";
   const std::string key = "abc/" + name;
   const std::string hex = DigestHex(DigestBytes(Sha256("triton-files" + std::string(1, '\0') + key)));
-  const fs::path link = dir_.path() / "data" / "files" / "links" / hex.substr(0, 2) /
-                        (hex.substr(2) + ".cpython-311-x86_64-linux-gnu.so");
+  const fs::path link = dir_.path() / "data" / "files" / "links" / hex.substr(0, 1) /
+                        (hex.substr(1) + ".cpython-311-x86_64-linux-gnu.so");
   const ArtifactStore::AsFiles as_files{"triton-files"};
   {
     auto store = OpenStore(Options());

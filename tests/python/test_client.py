@@ -91,6 +91,25 @@ def test_a_process_with_no_files_of_its_own_reads_kilnds_files(kilnd, kiln_env, 
     assert kilnd.stats().hits - before.hits >= len(stock_suite)
 
 
+def test_a_cold_process_keeps_no_file_of_its_own_where_kilnd_serves_it_and_the_next_reads_kilnds(
+        fresh_kilnd, base_env, tmp_path, stock_suite):
+    kilnd = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2")  # an empty store: all cold
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    cold = probe_json(run_probe(env, "suite"))
+    assert cold["kernels"] == stock_suite
+    assert kilnd.stats().compiles >= len(stock_suite) // 2  # compiled by kilnd, not found in it
+    # Triton got kilnd's served files for every compile: the client wrote
+    # files only while kilnd had none (its scratch, gone by its exit), kept no
+    # copy and no index entry of its own.
+    assert not _artifacts_in(tmp_path / "kiln-files")
+    fresh = dict(env, KILN_FILES_DIR=str(tmp_path / "new-files"), TRITON_CACHE_DIR=str(tmp_path / "new-cache"))
+    marker = tmp_path / "grpc-imported"
+    warm = probe_json(run_probe(fresh, "suite", "--note-grpc-import", str(marker)))
+    assert warm["kernels"] == stock_suite
+    assert warm["frontend_runs"] == 0
+    assert not marker.exists(), "a kernel was not in kilnd's index: the process asked kilnd"
+
+
 def test_a_process_whose_every_lookup_hits_kilnds_files_never_imports_grpc_yet_kilnd_counts_each_hit(
         kilnd, kiln_env, tmp_path, stock_suite):
     run_probe(kiln_env, "suite")  # kilnd has every kernel now

@@ -4,11 +4,22 @@ every blob kilnd returns as bytes is materialized once under files_dir() with a
 short, content-addressed name: <hh>/<38 hex><extension>. A file is written under a
 unique temporary name and renamed into place; an existing file with the right
 content is reused, never rewritten, so a file another process holds open
-(a loaded launcher module on Windows) is never replaced."""
+(a loaded launcher module on Windows) is never replaced.
 
+A compile's files that kilnd serves the next process (its own account,
+locally) are this process's alone (scratch): Triton needs a path for each as
+its stages make it, and kilnd writes its own served files and index once it
+has stored the kernel. They live under files_dir()/scratch/<pid>-<nonce>/,
+unique names no other process reads, and go at this process's exit: a kernel
+then costs no lasting file of the client's own. One that becomes a shared file
+after all is moved where materialize puts it (promote)."""
+
+import atexit
 import contextlib
 import hashlib
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -35,12 +46,17 @@ def _has_content(path, data, digest):
 _made_dirs = set()  # directories this process knows exist: one mkdir each, not one per file
 
 
+def _content_path(name, digest):
+    """(directory, path) of the content-addressed file of `digest` and `name`'s extension."""
+    hex_digest = digest.hex()
+    directory = os.path.join(_paths.files_dir(), hex_digest[:2])
+    return directory, os.path.join(directory, hex_digest[2:40] + extension(name))
+
+
 def materialize(name, data, digest=None):
     """The path of a file holding `data`, named for its content and `name`'s extension."""
     digest = digest or hashlib.sha256(data).digest()
-    hex_digest = digest.hex()
-    directory = os.path.join(_paths.files_dir(), hex_digest[:2])
-    path = os.path.join(directory, hex_digest[2:40] + extension(name))
+    directory, path = _content_path(name, digest)
     if _has_content(path, data, digest):
         return path
     if directory not in _made_dirs:
@@ -65,6 +81,76 @@ def materialize(name, data, digest=None):
         if not _has_content(path, data, digest):
             raise
     return path
+
+
+_SCRATCH_DIR = "scratch"
+# A scratch dir unchanged this long is a killed process's: the next process to
+# make one removes it. A live process's dir changes with each of its compiles.
+_SCRATCH_ABANDONED_SECONDS = 24 * 3600
+_own_scratch = None  # (pid, dir): this process's scratch dir, once made
+
+
+def _remove_scratch(pid, directory):
+    if os.getpid() == pid:  # not a forked child's exit: the dir is its parent's
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _scratch_dir():
+    global _own_scratch
+    if _own_scratch is None or _own_scratch[0] != os.getpid():
+        root = os.path.join(_paths.files_dir(), _SCRATCH_DIR)
+        with contextlib.suppress(OSError), os.scandir(root) as others:
+            abandoned_before = time.time() - _SCRATCH_ABANDONED_SECONDS
+            for other in others:
+                with contextlib.suppress(OSError):
+                    if other.stat(follow_symlinks=False).st_mtime < abandoned_before:
+                        shutil.rmtree(other.path, ignore_errors=True)
+        _own_scratch = (os.getpid(), os.path.join(root, f"{os.getpid()}-{uuid.uuid4().hex[:8]}"))
+        atexit.register(_remove_scratch, *_own_scratch)
+    return _own_scratch[1]
+
+
+def scratch(name, data):
+    """A file of this process's own holding `data`, with `name`'s extension."""
+    path = os.path.join(_scratch_dir(), uuid.uuid4().hex[:16] + extension(name))
+    for attempt in (1, 2):
+        try:
+            with open(path, "wb") as out:
+                out.write(data)
+            return path
+        except FileNotFoundError:  # not made yet, or removed under us: (once more) made
+            if attempt == 2:
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def is_scratch(path):
+    return _own_scratch is not None and os.path.dirname(path) == _own_scratch[1]
+
+
+def discard(path):
+    """Removes a scratch file (one already gone is no matter)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def promote(path, name, data, digest=None):
+    """The content-addressed file of `data`, made from the scratch file `path` holding it."""
+    digest = digest or hashlib.sha256(data).digest()
+    directory, target = _content_path(name, digest)
+    if _has_content(target, data, digest):
+        discard(path)
+        return target
+    try:
+        if directory not in _made_dirs:
+            os.makedirs(directory, exist_ok=True)
+            _made_dirs.add(directory)
+        os.replace(path, target)
+        return target
+    except OSError:  # held open (Windows), or moved meanwhile: written as any other
+        discard(path)
+        return materialize(name, data, digest)
 
 
 _served_files_readable = None  # None: not known yet

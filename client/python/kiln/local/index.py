@@ -8,7 +8,7 @@ file cache: no round trip, no gRPC import, no hashing. Two of them, one format:
 - this client's own, under <files dir>/index, for entries whose bytes kilnd
   sent (it serves files only to its own account) or that this process made.
 
-    <root>/index/<hh>/<62 hex>.json   {"files": {name: [path, size]}}
+    <root>/index/<h>/<63 hex>.json   {"files": {name: [path, size]}}
 
 named by the SHA-256 of "<namespace>\0<key>". An entry is used only if every
 file is there with its recorded size; files are written once under names
@@ -16,7 +16,7 @@ derived from their SHA-256, so an entry can go stale (a file removed) but
 never point at other content of the same name. kilnd also links each entry of
 one file (a launcher module) under the same digest,
 
-    <root>/links/<hh>/<62 hex><extension>  -> the file
+    <root>/links/<h>/<63 hex><extension>  -> the file
 
 so that Triton's get_file costs one stat, as in its own file cache; a link
 whose file is gone is a miss.
@@ -61,7 +61,7 @@ _flush_timer = None
 def _keyed_path(root, subdir, namespace, key, extension):
     digest = hashlib.sha256(f"{namespace}\0{key}".encode()).hexdigest()
     # Not os.path.join: this runs on every hit, and the parts need no checks.
-    return f"{root}{os.sep}{subdir}{os.sep}{digest[:2]}{os.sep}{digest[2:]}{extension}"
+    return f"{root}{os.sep}{subdir}{os.sep}{digest[:1]}{os.sep}{digest[1:]}{extension}"
 
 
 def _entry_path(root, namespace, key):

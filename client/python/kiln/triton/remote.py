@@ -217,7 +217,10 @@ class RemoteCacheManager(CacheManager):
             _compile_threads.python_part_done()
         data = data if isinstance(data, bytes) else str(data).encode()
         digest = hashlib.sha256(data).digest()
-        path = _files.materialize(filename, data, digest)
+        if self._group is not None and _kilnd_serves_files():
+            path = _files.scratch(filename, data)  # this process's alone (put_group)
+        else:
+            path = _files.materialize(filename, data, digest)
         self._files[filename] = path
         if "torch._inductor" in sys.modules:  # its static launcher reads the cubin from Triton's cache dir
             _files.mirror_cubin(path, self.key, filename)
@@ -235,30 +238,50 @@ class RemoteCacheManager(CacheManager):
     @_stock_on_failure
     def put_group(self, filename, group):
         compile_group, self._group = self._group, None
-        output_blob, indexed = None, dict(group)
         try:
             if compile_group is not None and _frontend.worth_keeping(compile_group.output):
-                output_blob = _output_blob(compile_group.output)
-                indexed[output_blob.name] = _files.materialize(output_blob.name, output_blob.data,
-                                                               output_blob.sha256)
                 # A hit shows the output again only where Triton's cache dir lacks
                 # the kernel (hand_over), as stock compiles only there: this
                 # one has it now.
                 for name, path in group.items():
                     _files.mirror_cubin(path, self.key, name)
-            if compile_group is None or not compile_group.recorded_by_kilnd:
-                # Triton compiled in this process (a flow Kiln leaves stock): share it.
-                made = compile_group.made if compile_group is not None else {}
-                blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
-                if output_blob is not None:
-                    blobs.append(output_blob)
-                _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs,
-                                            serve_as_files=True))
-            _index.record("triton", self._hex, indexed)
+            if compile_group is not None and compile_group.recorded_by_kilnd and _kilnd_serves_files():
+                # kilnd serves this entry's files and index to the next process
+                # (it writes them once stored): this process's own files are
+                # scratch, for Triton's CompiledKernel here, and go at its exit.
+                return None
+            for name, path in group.items():  # no longer this process's alone
+                if _files.is_scratch(path):
+                    group[name] = self._files[name] = _files.promote(path, name, compile_group.made[name])
+            self._index_group(compile_group, group)
         finally:
             if compile_group is not None:
                 _frontend.finish(compile_group)
         return None
+
+    def _index_group(self, compile_group, group):
+        """Records the group in this client's own index (and shares it with
+        kilnd where Triton compiled it here)."""
+        output_blob, indexed = None, dict(group)
+        if compile_group is not None and _frontend.worth_keeping(compile_group.output):
+            output_blob = _output_blob(compile_group.output)
+            indexed[output_blob.name] = _files.materialize(output_blob.name, output_blob.data,
+                                                           output_blob.sha256)
+        if compile_group is None or not compile_group.recorded_by_kilnd:
+            # Triton compiled in this process (a flow Kiln leaves stock): share it.
+            made = compile_group.made if compile_group is not None else {}
+            blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
+            if output_blob is not None:
+                blobs.append(output_blob)
+            _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs,
+                                        serve_as_files=True))
+        _index.record("triton", self._hex, indexed)
+
+
+def _kilnd_serves_files():
+    """Whether kilnd serves this process its files (its own account, locally):
+    then a compile's files are scratch, this process's alone (put_group)."""
+    return _paths.served_files_dir() is not None and _files.wanted_as_served_files()
 
 
 def _output_blob(output):
