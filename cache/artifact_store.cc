@@ -72,6 +72,12 @@ ArtifactStore::~ArtifactStore() {
   RequestStop();
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
   if (retired_files_thread_.joinable()) retired_files_thread_.join();
+  SaveStateAtStop();
+  // Not while holding the writer: its thread may be waiting for it.
+  checkpointer_.reset();
+}
+
+void ArtifactStore::SaveStateAtStop() {
   std::lock_guard lock(writer_mutex_);
   if (writer_) {
     if (absl::Status status = FlushTouches(); !status.ok()) {
@@ -121,6 +127,10 @@ absl::Status ArtifactStore::Initialize() {
                    OpenIndex(options_.data_dir / "kiln.db", options_.busy_timeout,
                              [this] { RetireUnrecordedServedFiles(); }));
   writer->db = std::move(index.db);
+  ASSIGN_OR_RETURN(checkpointer_,
+                   WalCheckpointer::Start(options_.data_dir / "kiln.db", options_.busy_timeout,
+                                          store_internal::kWalCheckpointPages, *writer->db,
+                                          writer_mutex_));
   const int64_t found_version = index.found_version;
   sqlite::Database& db = *writer->db;
   struct StatementSpec {

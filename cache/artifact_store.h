@@ -41,6 +41,7 @@
 #include "cache/hit_journal.h"
 #include "cache/served_files.h"
 #include "cache/trusted_stamps.h"
+#include "cache/wal_checkpointer.h"
 #include "common/platform.h"
 
 namespace kiln::sqlite {
@@ -369,6 +370,8 @@ class ArtifactStore {
   void RecordTouch(int64_t entry_id);
   void CountLookup(absl::string_view ns, bool hit);
   void MaintenanceLoop();
+  // At a stop: the LRU order, and the totals and clean-stop mark the next open reads.
+  void SaveStateAtStop();
   // Removes the files a killed kilnd left unrecorded; false when stopped.
   bool RemoveOrphanFiles();
   // Measures what the store does not record: directories, logs, the reserve.
@@ -380,6 +383,8 @@ class ArtifactStore {
   std::filesystem::path BlobPath(absl::string_view digest) const;
 
   const StoreOptions options_;
+  // Hears of the writer's commits until the destructor's last one, then goes.
+  std::unique_ptr<WalCheckpointer> checkpointer_;
   std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_
   std::mutex writer_mutex_;
   // Puts waiting for the next group commit (CommitInGroup), and whether one

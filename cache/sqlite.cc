@@ -125,6 +125,37 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::filesystem::
 
 Database::~Database() { sqlite3_close_v2(db_); }
 
+void Database::OnWalCommit(std::function<void(int wal_pages)> on_commit) {
+  on_wal_commit_ = std::move(on_commit);
+  sqlite3_wal_hook(
+      db_,
+      [](void* self, sqlite3*, const char*, int pages) {
+        static_cast<Database*>(self)->on_wal_commit_(pages);
+        return SQLITE_OK;
+      },
+      this);
+}
+
+absl::StatusOr<int> Database::CheckpointPassively() {
+  int wal_frames = 0;
+  int copied_frames = 0;
+  const int rc = sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &wal_frames,
+                                           &copied_frames);
+  if (rc != SQLITE_OK) {
+    return StatusOf(rc, absl::StrFormat("sqlite: checkpoint: %s", sqlite3_errmsg(db_)));
+  }
+  return wal_frames - copied_frames;
+}
+
+absl::StatusOr<bool> Database::CheckpointAndTruncate() {
+  const int rc = sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_TRUNCATE, nullptr, nullptr);
+  if (rc == SQLITE_BUSY) return false;
+  if (rc != SQLITE_OK) {
+    return StatusOf(rc, absl::StrFormat("sqlite: checkpoint: %s", sqlite3_errmsg(db_)));
+  }
+  return true;
+}
+
 absl::Status Database::Error(absl::string_view what) const {
   return absl::InternalError(absl::StrFormat("%s: %s", what, sqlite3_errmsg(db_)));
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -68,9 +69,23 @@ class Database {
   int64_t LastInsertId() const { return sqlite3_last_insert_rowid(db_); }
   absl::Status Error(absl::string_view what) const;
 
+  // After each commit of this connection, calls `on_commit` with the WAL's
+  // size in pages instead of checkpointing it itself (SQLite's autocheckpoint):
+  // whoever gets the call checkpoints, so the commit does not wait for it.
+  void OnWalCommit(std::function<void(int wal_pages)> on_commit);
+  // Copies what it can of the WAL into the database without waiting for
+  // readers or writers (PASSIVE), and syncs the database file. Returns how
+  // many of the WAL's pages it could not copy yet (written meanwhile).
+  absl::StatusOr<int> CheckpointPassively();
+  // Copies all of the WAL into the database, cuts the database file to its
+  // pages and the WAL to nothing, waiting for readers and writers as the busy
+  // timeout allows (TRUNCATE). False when they kept it from finishing.
+  absl::StatusOr<bool> CheckpointAndTruncate();
+
  private:
   explicit Database(sqlite3* db) : db_(db) {}
   sqlite3* db_;
+  std::function<void(int)> on_wal_commit_;
 };
 
 // BEGIN IMMEDIATE on construction (so a writer fails fast on the busy timeout

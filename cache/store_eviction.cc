@@ -3,7 +3,9 @@
 // than its cap (StoreOptions::max_domain_bytes).
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,6 +27,8 @@ using store_internal::kReserveFile;
 // (16,000 entries/s in-process on the 2-core machine), so puts interleave, and
 // the per-batch checkpoint and vacuum are shared by enough entries.
 constexpr int kEvictionBatch = 256;
+// How often an eviction's last checkpoint is tried, 50 ms apart.
+constexpr int kTruncateAttempts = 40;
 
 // The namespaces of `domain` as a range [from, to): "<domain>/" up to
 // "<domain>0", '0' being the character after '/'.
@@ -219,11 +223,16 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchesToSize(uint64_t target_bytes
     if (batch == 0) break;
     evicted += batch;
   }
-  {
-    // The WAL cut to nothing and the database file to its pages (when no
-    // reader is in the WAL; best effort): what EvictionBytesLocked measured.
-    std::lock_guard lock(writer_mutex_);
-    writer_->db->Exec("PRAGMA wal_checkpoint(TRUNCATE)").IgnoreError();
+  // The WAL cut to nothing and the database file to its pages: what
+  // EvictionBytesLocked measured. Tried for a while (best effort): the
+  // checkpointer's own checkpoint, or readers, may hold it off for moments.
+  for (int attempt = 0; attempt < kTruncateAttempts && !stop_requested_.load(); ++attempt) {
+    {
+      std::lock_guard lock(writer_mutex_);
+      absl::StatusOr<bool> truncated = writer_->db->CheckpointAndTruncate();
+      if (!truncated.ok() || *truncated) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (evicted > 0) {
     spdlog::info("cache: evicted {} least recently used entries; {} bytes on disk", evicted,

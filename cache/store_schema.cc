@@ -99,11 +99,8 @@ UPDATE entries SET index_namespace = NULL, index_disk_bytes = 0, link_extension 
 DELETE FROM clean_stop_totals;
 )sql";
 
-// The WAL is checkpointed every this many pages, SQLite's default (a quarter
-// of it cost a checkpoint and its fsync for about every eviction batch and
-// bulk put), and cut back to kWalSizeLimit after a checkpoint (SQLite leaves
-// it at its largest otherwise): it holds little of the disk the cap bounds.
-constexpr int kWalCheckpointPages = 1000;
+// The WAL is cut back to this after a checkpoint (SQLite leaves it at its
+// largest otherwise): it holds little of the disk the cap bounds.
 constexpr int kWalSizeLimit = 1 << 20;
 
 }  // namespace
@@ -144,8 +141,7 @@ absl::StatusOr<OpenedIndex> OpenIndex(const std::filesystem::path& path,
                    status.message());
     }
   }
-  RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA journal_size_limit = ", kWalSizeLimit,
-                                       "; PRAGMA wal_autocheckpoint = ", kWalCheckpointPages)));
+  RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA journal_size_limit = ", kWalSizeLimit)));
   if (found_version < kSchemaVersion) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
     const absl::string_view migration = found_version == 0   ? kSchema

@@ -16,6 +16,11 @@
 
 namespace kiln::cache::store_internal {
 
+// The WAL is checkpointed (WalCheckpointer) once a commit leaves it at this
+// many pages, SQLite's default for its own autocheckpoint: a quarter of it
+// cost a checkpoint and its fsync for about every eviction batch and bulk put.
+inline constexpr int kWalCheckpointPages = 1000;
+
 // Where a blob's stored bytes are (the blobs.location column).
 enum Location : int64_t { kInline = 0, kFile = 1 };
 

@@ -1,0 +1,66 @@
+#ifndef KILN_CACHE_WAL_CHECKPOINTER_H_
+#define KILN_CACHE_WAL_CHECKPOINTER_H_
+
+// Checkpoints the index's WAL on a thread and a connection of its own, so that
+// no commit waits for most of one. With SQLite's autocheckpoint, the commit
+// that takes the WAL past its limit copies the WAL into the database file and
+// syncs it while it holds the store's writer: at a million entries that was a
+// pause of every put and eviction batch behind it, about once a batch. Here
+// checkpoints run beside writers and readers (PASSIVE) until what the writer
+// added meanwhile is under the limit (or a few rounds did not get it there),
+// and then, holding the writer, the last one copies the rest: a writer that
+// never pauses would otherwise keep every checkpoint from finishing, and the
+// WAL would grow without bound. The writer's next commit starts a WAL copied
+// whole over (cut to journal_size_limit); when none comes for a second, the
+// checkpointer cuts it to nothing itself.
+
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cache/sqlite.h"
+
+namespace kiln::cache {
+
+class WalCheckpointer {
+ public:
+  // Checkpoints the database at `path` (in WAL mode) whenever a commit leaves
+  // its WAL at `wal_pages` pages or more; `writer` (the one connection that
+  // writes it, whose writes hold `writer_mutex`) reports its commits here from
+  // now on.
+  static absl::StatusOr<std::unique_ptr<WalCheckpointer>> Start(const std::filesystem::path& path,
+                                                                absl::Duration busy_timeout,
+                                                                int wal_pages,
+                                                                sqlite::Database& writer,
+                                                                std::mutex& writer_mutex);
+  // Ends the thread after the checkpoint in progress, if any.
+  ~WalCheckpointer();
+  WalCheckpointer(const WalCheckpointer&) = delete;
+  WalCheckpointer& operator=(const WalCheckpointer&) = delete;
+
+ private:
+  WalCheckpointer(std::unique_ptr<sqlite::Database> db, int wal_pages, std::mutex& writer_mutex);
+  void NoteCommit(int wal_pages);
+  void Run();
+  void Checkpoint();
+  void CutIdleWal();
+
+  const std::unique_ptr<sqlite::Database> db_;
+  const int wal_pages_;
+  std::mutex& writer_mutex_;
+  std::mutex mutex_;
+  std::condition_variable wakeup_;
+  bool due_ = false;       // guarded by mutex_
+  uint64_t commits_ = 0;   // guarded by mutex_
+  bool stopping_ = false;  // guarded by mutex_
+  std::thread thread_;
+};
+
+}  // namespace kiln::cache
+
+#endif  // KILN_CACHE_WAL_CHECKPOINTER_H_
