@@ -77,23 +77,24 @@ void WalCheckpointer::CutIdleWal() {
 
 void WalCheckpointer::Run() {
   std::unique_lock lock(mutex_);
-  // Commits counted when the last checkpoint ended, while the WAL it left
-  // (copied, but as large as it grew) is still to be cut.
+  // Commits counted when last looked at, from the end of a checkpoint until
+  // the writer idles and the WAL (copied, but as large as it grew) is cut.
   std::optional<uint64_t> to_cut_after;
   while (true) {
     const auto ready = [this] { return due_ || stopping_; };
     if (!to_cut_after.has_value()) {
       wakeup_.wait(lock, ready);
     } else if (!wakeup_.wait_for(lock, kIdleBeforeCut, ready)) {
-      // The writer's next commit would start the WAL over and cut it to
-      // journal_size_limit; none came, so it is cut here.
-      const bool idle = commits_ == *to_cut_after;
-      to_cut_after.reset();
-      if (idle) {
-        lock.unlock();
-        CutIdleWal();
-        lock.lock();
+      // Commits since start the WAL over (cut to journal_size_limit) but
+      // leave what they add; once none came for a while, it is cut here.
+      if (commits_ != *to_cut_after) {
+        to_cut_after = commits_;
+        continue;
       }
+      to_cut_after.reset();
+      lock.unlock();
+      CutIdleWal();
+      lock.lock();
       continue;
     }
     if (stopping_) return;

@@ -11,8 +11,8 @@
 // and then, holding the writer, the last one copies the rest: a writer that
 // never pauses would otherwise keep every checkpoint from finishing, and the
 // WAL would grow without bound. The writer's next commit starts a WAL copied
-// whole over (cut to journal_size_limit); when none comes for a second, the
-// checkpointer cuts it to nothing itself.
+// whole over (cut to journal_size_limit); once the writer has been idle for a
+// second, the checkpointer cuts the WAL to nothing.
 
 #include <condition_variable>
 #include <cstdint>
