@@ -26,7 +26,7 @@ using store_internal::kReserveFile;
 // Entries an eviction transaction takes at most: the writer is held about 15 ms
 // (16,000 entries/s in-process on the 2-core machine), so puts interleave, and
 // the per-batch checkpoint and vacuum are shared by enough entries.
-constexpr int kEvictionBatch = 256;
+constexpr int kEvictionBatch = 512;
 // How often an eviction's last checkpoint is tried, 50 ms apart.
 constexpr int kTruncateAttempts = 40;
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/fmt_absl.h"
+#include "common/platform.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -76,6 +77,8 @@ void WalCheckpointer::CutIdleWal() {
 }
 
 void WalCheckpointer::Run() {
+  // Its copying and syncing yield the CPU to lookups, as eviction's do.
+  platform::LowerCurrentThreadPriority();
   std::unique_lock lock(mutex_);
   // Commits counted when last looked at, from the end of a checkpoint until
   // the writer idles and the WAL (copied, but as large as it grew) is cut.
