@@ -15,6 +15,9 @@ namespace {
 
 // Checkpoints beside the writer before the one that holds it, at most.
 constexpr int kUnlockedRounds = 4;
+// A WAL this many times the checkpoint's size is checkpointed by the commit
+// that finds it so: a bound on the WAL whatever the checkpointer's thread gets.
+constexpr int kWalPagesWriterCheckpoints = 8;
 // How long the writer is idle before the WAL a checkpoint left is cut.
 constexpr std::chrono::seconds kIdleBeforeCut{1};
 
@@ -26,7 +29,17 @@ absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
   ASSIGN_OR_RETURN(std::unique_ptr<sqlite::Database> db, sqlite::Database::Open(path, busy_timeout));
   std::unique_ptr<WalCheckpointer> checkpointer(
       new WalCheckpointer(std::move(db), wal_pages, writer_mutex));
-  writer.OnWalCommit([raw = checkpointer.get()](int pages) { raw->NoteCommit(pages); });
+  writer.OnWalCommit([raw = checkpointer.get(), &writer](int pages) {
+    if (pages >= kWalPagesWriterCheckpoints * raw->wal_pages_) {
+      // The checkpointer's thread is not keeping up (starved of CPU at its
+      // lowered priority): the commit checkpoints, as SQLite's own would.
+      if (absl::StatusOr<int> left = writer.CheckpointPassively(); !left.ok()) {
+        spdlog::debug("cache: WAL checkpoint: {}", left.status().message());
+      }
+      return;
+    }
+    raw->NoteCommit(pages);
+  });
   checkpointer->thread_ = std::thread([raw = checkpointer.get()] { raw->Run(); });
   return checkpointer;
 }
