@@ -166,11 +166,14 @@ def test_a_killed_claimant_costs_its_waiter_under_a_second(kilnd, tmp_path):
 
 
 def test_a_graph_compile_longer_than_the_claim_timeout_is_still_compiled_once(tmp_path):
-    kilnd = Kilnd(tmp_path / "kilnd", "--claim-timeout-seconds=2")
+    # 5 s, not kilnd's 60: the holder renews every 1.7 s, so a renewal may be
+    # 3 s late before the claim lapses. With 2 s, a 2-core machine busy with
+    # the two processes' compiles (and CI's other work) sometimes let it lapse.
+    kilnd = Kilnd(tmp_path / "kilnd", "--claim-timeout-seconds=5")
     try:
-        holder = Program(tmp_path, "holder", kilnd, "--hold-claim", "7")
+        holder = Program(tmp_path, "holder", kilnd, "--hold-claim", "16")
         (tmp_path / "start").touch()
-        holder.wait_for("holding")  # compiling its first graph for 7 s: 3.5 claim timeouts
+        holder.wait_for("holding")  # compiling its first graph for 16 s: 3.2 claim timeouts
         waiter = Program(tmp_path, "waiter", kilnd)
         results = [holder.result(), waiter.result()]
         logs = holder.log() + "\n\n" + waiter.log()
