@@ -46,6 +46,7 @@ constexpr char kCleanStopFile[] = "clean-stop";
 // no more than one.
 constexpr size_t kPutsPerCommit = 512;
 
+
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
 // "tenant:alpha" of "tenant:alpha/triton": the trust domain a namespace is in.
@@ -80,6 +81,7 @@ ArtifactStore::~ArtifactStore() {
 void ArtifactStore::SaveStateAtStop() {
   std::lock_guard lock(writer_mutex_);
   if (writer_) {
+    RemoveServedCopiesGoneLocked(/*all=*/true);
     if (absl::Status status = FlushTouches(); !status.ok()) {
       spdlog::warn("cache: last-use times not saved at shutdown: {}", status.message());
     }
@@ -687,6 +689,7 @@ void ArtifactStore::CommitGroupLocked(const std::vector<QueuedPut*>& group) {
     });
     ReleaseFreedBlobs(put->freed);
   }
+  RemoveServedCopiesGoneLocked(/*all=*/false);  // those past their grace already
 }
 
 void ArtifactStore::RemovePublishedFiles(const QueuedPut& put) {
@@ -845,8 +848,17 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
       leftovers.push_back({file, platform::AllocatedBytes(file)});
     }
   }
+  // Not removed yet: a local client that found the entry in the served index
+  // a moment ago may be about to read them. The index entries and links go
+  // now, so no new reader finds them.
+  const absl::Time now = absl::Now();
   for (const auto& [digest, extensions] : freed.served_copies) {
-    served_files_.Remove(digest, extensions, &leftovers);
+    std::vector<ServedFiles::Leftover> detached;
+    served_files_.Detach(digest, extensions, detached);
+    for (ServedFiles::Leftover& copy : detached) {
+      leftover_bytes_ += copy.disk_bytes;
+      served_copies_going_.push_back({now, std::move(copy)});
+    }
   }
   for (const FreedBlobs::Entry& entry : freed.entries) {
     if (entry.index_namespace.has_value()) {
@@ -870,6 +882,38 @@ void ArtifactStore::RecordLeftoverLocked(const ServedFiles::Leftover& leftover) 
   }
 }
 
+bool ArtifactStore::RecordedAgainLocked(const fs::path& path) {
+  // Stored or served again since under the same name (content-addressed):
+  // the file is in use again, and counted where it is recorded now.
+  Writer& w = *writer_;
+  const std::string name = path.filename().string();
+  const std::string hex = name.substr(0, 2 * kSha256Size);
+  if (hex.size() != 2 * kSha256Size || !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
+    return false;
+  }
+  const std::string digest = absl::HexStringToBytes(hex);
+  sqlite::Statement& recorded = name.size() == hex.size() ? w.file_blob_exists : w.served_copy_recorded;
+  recorded.BindBlob(1, digest);
+  if (name.size() != hex.size()) recorded.BindText(2, absl::string_view(name).substr(hex.size()));
+  absl::StatusOr<bool> found = recorded.Step();
+  recorded.Reset();
+  return found.ok() && *found;
+}
+
+void ArtifactStore::RemoveServedCopiesGoneLocked(bool all) {
+  const absl::Time now = absl::Now();
+  while (!served_copies_going_.empty() &&
+         (all || now - served_copies_going_.front().since >= options_.served_copy_grace)) {
+    const ServedFiles::Leftover copy = served_copies_going_.front().copy;
+    served_copies_going_.pop_front();
+    leftover_bytes_ -= std::min(copy.disk_bytes, leftover_bytes_.load());
+    if (RecordedAgainLocked(copy.path)) continue;
+    std::error_code error;
+    // One held open (Windows) is retried as any leftover is.
+    if (!fs::remove(copy.path, error) && fs::exists(copy.path, error)) RecordLeftoverLocked(copy);
+  }
+}
+
 void ArtifactStore::RemoveLeftoversLocked() {
   Writer& w = *writer_;
   std::vector<std::pair<std::string, uint64_t>> leftovers;
@@ -880,21 +924,7 @@ void ArtifactStore::RemoveLeftoversLocked() {
   w.leftovers.Reset();
   for (const auto& [relative, disk_bytes] : leftovers) {
     const fs::path path = options_.data_dir / fs::path(relative);
-    // Stored or served again since under the same name (content-addressed):
-    // the file is in use again, and counted where it is recorded now.
-    const std::string name = path.filename().string();
-    const std::string hex = name.substr(0, 2 * kSha256Size);
-    bool in_use = false;
-    if (hex.size() == 2 * kSha256Size && std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
-      const std::string digest = absl::HexStringToBytes(hex);
-      sqlite::Statement& recorded =
-          name.size() == hex.size() ? w.file_blob_exists : w.served_copy_recorded;
-      recorded.BindBlob(1, digest);
-      if (name.size() != hex.size()) recorded.BindText(2, absl::string_view(name).substr(hex.size()));
-      absl::StatusOr<bool> found = recorded.Step();
-      recorded.Reset();
-      in_use = found.ok() && *found;
-    }
+    const bool in_use = RecordedAgainLocked(path);
     std::error_code error;
     if (!in_use && !fs::remove(path, error) && fs::exists(path, error)) continue;  // still held
     leftover_bytes_ -= std::min(disk_bytes, leftover_bytes_.load());

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -100,6 +101,10 @@ struct StoreOptions {
   // change within the file system's time tick could keep their stamp.
   absl::Duration trust_files_changed_before = absl::Seconds(2);
   absl::Duration lru_flush_interval = absl::Seconds(2);
+  // How long the served copies of a blob that went stay on disk (counted),
+  // for a local client that found them in the served index just before to
+  // read them; its index entry and link go at once.
+  absl::Duration served_copy_grace = absl::Seconds(2);
   // Accounts besides this one that may read served files (Windows: the users
   // a machine service serves; see platform::EnsurePrivateDirectory).
   std::vector<std::string> served_file_readers;
@@ -350,6 +355,11 @@ class ArtifactStore {
   // recorded, counted, and retried by RemoveLeftoversLocked every 2 s.
   void RecordLeftoverLocked(const ServedFiles::Leftover& leftover);
   void RemoveLeftoversLocked();
+  // Whether a blob file or served copy at `path` is recorded again since it went.
+  bool RecordedAgainLocked(const std::filesystem::path& path);
+  // Removes the served copies of blobs that went at least
+  // options_.served_copy_grace ago (`all`: every one, at a stop).
+  void RemoveServedCopiesGoneLocked(bool all);
   void DropCorruptBlob(absl::string_view digest, absl::string_view reason);
   // Evicts up to one batch of least recently used entries, stopping once the
   // store fits `target_bytes`.
@@ -383,6 +393,12 @@ class ArtifactStore {
   std::filesystem::path BlobPath(absl::string_view digest) const;
 
   const StoreOptions options_;
+  // Served copies of blobs that went, counted as leftovers until removed.
+  struct ServedCopyGoing {
+    absl::Time since;
+    ServedFiles::Leftover copy;
+  };
+  std::deque<ServedCopyGoing> served_copies_going_;  // guarded by writer_mutex_
   // Hears of the writer's commits until the destructor's last one, then goes.
   std::unique_ptr<WalCheckpointer> checkpointer_;
   std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_

@@ -280,6 +280,19 @@ void ServedFiles::Remove(absl::string_view digest, const std::vector<std::string
   for (const std::string& extension : extensions) RemoveCounted(PathOf(digest, extension), leftovers);
 }
 
+void ServedFiles::Detach(absl::string_view digest, const std::vector<std::string>& extensions,
+                         std::vector<Leftover>& detached) {
+  for (const std::string& extension : extensions) {
+    const fs::path path = PathOf(digest, extension);
+    trusted_.Forget(path.string());
+    std::error_code error;
+    if (!fs::exists(path, error)) continue;
+    const uint64_t size = platform::AllocatedBytes(path);
+    bytes_ -= static_cast<int64_t>(size);
+    detached.push_back({path, size});
+  }
+}
+
 void ServedFiles::RemoveIndex(absl::string_view ns, absl::string_view key,
                               const std::optional<std::string>& link_extension) {
   RemoveCounted(KeyedPathOf(kIndexDir, ns, key, ".json"));

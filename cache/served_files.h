@@ -122,6 +122,11 @@ class ServedFiles {
     std::filesystem::path path;
     uint64_t disk_bytes = 0;
   };
+  // No longer counts the served files of blob `digest` under each of
+  // `extensions` that are there, and appends them to `detached` (the caller
+  // removes them).
+  void Detach(absl::string_view digest, const std::vector<std::string>& extensions,
+              std::vector<Leftover>& detached);
   // Removes the served files of blob `digest` under each of `extensions`;
   // appends those that stay to `leftovers`.
   void Remove(absl::string_view digest, const std::vector<std::string>& extensions,

@@ -198,8 +198,13 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
     // Files whose holders let go since: they free space before any entry goes.
     std::lock_guard lock(writer_mutex_);
     RemoveLeftoversLocked();
+    RemoveServedCopiesGoneLocked(/*all=*/false);
   }
   absl::StatusOr<uint64_t> evicted = EvictBatchesToSize(target_bytes);
+  {
+    std::lock_guard lock(writer_mutex_);
+    RemoveServedCopiesGoneLocked(/*all=*/false);  // those past their grace already
+  }
   if (absl::IsResourceExhausted(evicted.status())) {
     // The transaction found no room to write in: give it the reserve's.
     std::error_code error;

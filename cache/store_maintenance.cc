@@ -125,6 +125,7 @@ void ArtifactStore::MaintenanceLoop() {
         spdlog::warn("cache: cannot record last-use times: {}", status.message());
       }
       RemoveLeftoversLocked();
+      RemoveServedCopiesGoneLocked(/*all=*/false);
     }
     if (DiskBytes() > options_.max_size_bytes) {
       // Evict below the cap, not just to it, so the next put does not evict again.

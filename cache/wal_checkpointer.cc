@@ -2,11 +2,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <utility>
 
 #include "common/fmt_absl.h"
-#include "common/platform.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -18,7 +16,7 @@ constexpr int kUnlockedRounds = 4;
 // A WAL this many times the checkpoint's size is checkpointed by the commit
 // that finds it so: a bound on the WAL whatever the checkpointer's thread gets.
 constexpr int kWalPagesWriterCheckpoints = 8;
-// How long the writer is idle before the WAL a checkpoint left is cut.
+// How long the writer is idle before the WAL is cut to nothing.
 constexpr std::chrono::seconds kIdleBeforeCut{1};
 
 }  // namespace
@@ -31,8 +29,8 @@ absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
       new WalCheckpointer(std::move(db), wal_pages, writer_mutex));
   writer.OnWalCommit([raw = checkpointer.get(), &writer](int pages) {
     if (pages >= kWalPagesWriterCheckpoints * raw->wal_pages_) {
-      // The checkpointer's thread is not keeping up (starved of CPU at its
-      // lowered priority): the commit checkpoints, as SQLite's own would.
+      // The checkpointer's thread is not keeping up (starved of CPU): the
+      // commit checkpoints, as SQLite's own would.
       if (absl::StatusOr<int> left = writer.CheckpointPassively(); !left.ok()) {
         spdlog::debug("cache: WAL checkpoint: {}", left.status().message());
       }
@@ -80,45 +78,39 @@ void WalCheckpointer::Checkpoint() {
   if (!left.ok()) spdlog::debug("cache: WAL checkpoint: {}", left.status().message());
 }
 
-void WalCheckpointer::CutIdleWal() {
+bool WalCheckpointer::CutIdleWal() {
   std::lock_guard writer_lock(writer_mutex_);
-  // False when readers held it off past the busy timeout: no matter, it is
-  // tried again after the next checkpoint.
-  if (absl::StatusOr<bool> cut = db_->CheckpointAndTruncate(); !cut.ok()) {
-    spdlog::debug("cache: WAL checkpoint: {}", cut.status().message());
-  }
+  // False when readers held it off past the busy timeout: tried again later.
+  absl::StatusOr<bool> cut = db_->CheckpointAndTruncate();
+  if (!cut.ok()) spdlog::debug("cache: WAL checkpoint: {}", cut.status().message());
+  return cut.ok() && *cut;
 }
 
 void WalCheckpointer::Run() {
-  // Its copying and syncing yield the CPU to lookups, as eviction's do.
-  platform::LowerCurrentThreadPriority();
   std::unique_lock lock(mutex_);
-  // Commits counted when last looked at, from the end of a checkpoint until
-  // the writer idles and the WAL (copied, but as large as it grew) is cut.
-  std::optional<uint64_t> to_cut_after;
+  uint64_t commits_at_cut = commits_;  // the WAL was cut (or empty) after this many
   while (true) {
     const auto ready = [this] { return due_ || stopping_; };
-    if (!to_cut_after.has_value()) {
-      wakeup_.wait(lock, ready);
-    } else if (!wakeup_.wait_for(lock, kIdleBeforeCut, ready)) {
-      // Commits since start the WAL over (cut to journal_size_limit) but
-      // leave what they add; once none came for a while, it is cut here.
-      if (commits_ != *to_cut_after) {
-        to_cut_after = commits_;
+    if (commits_ == commits_at_cut) {
+      wakeup_.wait_for(lock, kIdleBeforeCut, ready);
+    } else {
+      // Commits since the last cut: once none comes for a while, the WAL they
+      // left (however little: it counts against the cap) is cut to nothing.
+      const uint64_t commits_before = commits_;
+      if (!wakeup_.wait_for(lock, kIdleBeforeCut, ready) && commits_ == commits_before) {
+        lock.unlock();
+        const bool cut = CutIdleWal();
+        lock.lock();
+        if (cut) commits_at_cut = commits_before;
         continue;
       }
-      to_cut_after.reset();
-      lock.unlock();
-      CutIdleWal();
-      lock.lock();
-      continue;
     }
     if (stopping_) return;
+    if (!due_) continue;
     due_ = false;
     lock.unlock();
     Checkpoint();
     lock.lock();
-    to_cut_after = commits_;
   }
 }
 

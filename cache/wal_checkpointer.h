@@ -10,12 +10,13 @@
 // added meanwhile is under the limit (or a few rounds did not get it there),
 // and then, holding the writer, the last one copies the rest: a writer that
 // never pauses would otherwise keep every checkpoint from finishing, and the
-// WAL would grow without bound. The writer's next commit starts a WAL copied
-// whole over (cut to journal_size_limit); once the writer has been idle for a
-// second, the checkpointer cuts the WAL to nothing. The thread runs at a
-// lowered CPU priority, yielding to lookups; a commit that finds the WAL at
-// eight times the checkpoint's size (the thread starved of CPU) checkpoints
-// it itself, as SQLite would.
+// WAL would grow without bound. Once the writer has been idle for a second
+// after any commit, the checkpointer cuts the WAL to nothing: what it holds
+// counts against the cap, and small caps have little room for it. A commit
+// that finds the WAL at eight times the checkpoint's size (the thread starved
+// of CPU) checkpoints it itself, as SQLite would. (At a lowered priority, the
+// thread was starved under load, and held the checkpoint lock that this
+// commit's checkpoint needs: the WAL grew to hundreds of MB.)
 
 #include <condition_variable>
 #include <cstdint>
@@ -51,7 +52,8 @@ class WalCheckpointer {
   void NoteCommit(int wal_pages);
   void Run();
   void Checkpoint();
-  void CutIdleWal();
+  // Cuts the WAL to nothing, holding the writer; false when readers kept it from it.
+  bool CutIdleWal();
 
   const std::unique_ptr<sqlite::Database> db_;
   const int wal_pages_;

@@ -29,6 +29,8 @@ class ArtifactStoreTest : public ::testing::Test {
   StoreOptions Options() const {
     StoreOptions options;
     options.data_dir = dir_.path() / "data";
+    // Served copies of what went are removed with it (the grace has a test).
+    options.served_copy_grace = absl::ZeroDuration();
     return options;
   }
 
@@ -821,6 +823,31 @@ TEST_F(ArtifactStoreTest, AVersion2DataDirIsMigratedAndItsServedFilesAreServedAn
   EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 2u);
   EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
   EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
+}
+
+TEST_F(ArtifactStoreTest, AnEvictedEntrysServedFilesStayForAReaderThatFoundItAMomentAgo) {
+  StoreOptions options = Options();
+  options.served_copy_grace = absl::Seconds(2);
+  auto store = OpenStore(options);
+  const ArtifactStore::AsFiles as_files{"ns"};
+  ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(41)).ok());
+  absl::StatusOr<CacheEntry> served = store->Lookup("ns", "a", {}, &as_files);
+  ASSERT_TRUE(served.ok()) << served.status();
+  const fs::path index = ServedIndexPath(dir_.path() / "data", "ns", "a");
+  ASSERT_TRUE(fs::exists(index));
+  ASSERT_EQ(store->EvictToSize(0).value_or(0), 1u);
+  // No new reader finds the entry; one that found it just before reads its files.
+  EXPECT_FALSE(fs::exists(index));
+  for (const StoredBlob& blob : served->blobs) {
+    ASSERT_TRUE(blob.file.has_value()) << blob.name;
+    EXPECT_TRUE(fs::exists(*blob.file)) << *blob.file;
+  }
+  EXPECT_GE(store->DiskBytes(), 200u * 1024) << "what stays is counted";
+  // Then they go, within the maintenance thread's round after the grace.
+  for (int i = 0; i < 300 && !FilesUnder(dir_.path() / "data" / "files").empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(FilesUnder(dir_.path() / "data" / "files"), std::vector<fs::path>{});
 }
 
 TEST_F(ArtifactStoreTest, AnEntryOfOneFileIsLinkedByItsKeyUntilItsFileGoes) {

@@ -91,6 +91,7 @@ class StoreScaleTest : public ::testing::Test {
     StoreOptions options;
     options.data_dir = dir_.path() / "data";
     options.served_namespace_prefix = "local/";
+    options.served_copy_grace = absl::ZeroDuration();  // removed with their blob
     options.zstd_level = 0;
     return options;
   }
