@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "cache/artifact_store_internal.h"
 #include "cache/disk_usage.h"
 #include "cache/sqlite.h"
@@ -912,6 +913,20 @@ void ArtifactStore::RemoveServedCopiesGoneLocked(bool all) {
     // One held open (Windows) is retried as any leftover is.
     if (!fs::remove(copy.path, error) && fs::exists(copy.path, error)) RecordLeftoverLocked(copy);
   }
+}
+
+void ArtifactStore::RemoveServedCopiesGone() {
+  absl::Time until;
+  {
+    std::lock_guard lock(writer_mutex_);
+    if (served_copies_going_.empty()) return;
+    until = served_copies_going_.back().since + options_.served_copy_grace;
+  }
+  for (absl::Time now = absl::Now(); now < until && !stop_requested_.load(); now = absl::Now()) {
+    absl::SleepFor(std::min(until - now, absl::Milliseconds(50)));
+  }
+  std::lock_guard lock(writer_mutex_);
+  RemoveServedCopiesGoneLocked(/*all=*/false);
 }
 
 void ArtifactStore::RemoveLeftoversLocked() {

@@ -236,6 +236,10 @@ class ArtifactStore {
   // disk: it gives up the space reserve (kReserveFile) to do so. Returns how
   // many entries went.
   absl::StatusOr<uint64_t> EvictToSize(uint64_t target_bytes);
+  // Waits until the served copies of blobs that went so far are past their
+  // grace (options_.served_copy_grace), or a stop, and removes them: an
+  // operator's eviction (kiln gc) reports, and leaves, their space freed.
+  void RemoveServedCopiesGone();
 
   // StoreStats::disk_bytes.
   uint64_t DiskBytes() const;

@@ -613,6 +613,7 @@ grpc::ServerUnaryReactor* KilnService::Evict(grpc::CallbackServerContext* contex
                [this, request, response](const Caller& caller) {
     RETURN_IF_ERROR(RequireLocalUser(caller, kMaintenance));
     ASSIGN_OR_RETURN(uint64_t evicted, store_.EvictToSize(request->target_bytes()));
+    store_.RemoveServedCopiesGone();
     ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
     response->set_evicted_entries(evicted);
     response->set_stored_bytes(stats.stored_bytes);

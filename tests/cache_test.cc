@@ -850,6 +850,23 @@ TEST_F(ArtifactStoreTest, AnEvictedEntrysServedFilesStayForAReaderThatFoundItAMo
   EXPECT_EQ(FilesUnder(dir_.path() / "data" / "files"), std::vector<fs::path>{});
 }
 
+TEST_F(ArtifactStoreTest, AnOperatorsEvictionWaitsOutTheGraceAndLeavesNoServedCopy) {
+  StoreOptions options = Options();
+  options.served_copy_grace = absl::Milliseconds(500);
+  options.lru_flush_interval = absl::Hours(1);  // no maintenance round removes them meanwhile
+  auto store = OpenStore(options);
+  const ArtifactStore::AsFiles as_files{"ns"};
+  ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(42)).ok());
+  ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
+  ASSERT_EQ(store->EvictToSize(0).value_or(0), 1u);
+  ASSERT_NE(FilesUnder(dir_.path() / "data" / "files"), std::vector<fs::path>{}) << "in their grace";
+  const absl::Time started = absl::Now();
+  store->RemoveServedCopiesGone();
+  EXPECT_GE(absl::Now() - started, absl::Milliseconds(400)) << "a reader's grace is kept";
+  EXPECT_EQ(FilesUnder(dir_.path() / "data" / "files"), std::vector<fs::path>{});
+  store->RemoveServedCopiesGone();  // none left: returns at once
+}
+
 TEST_F(ArtifactStoreTest, AnEntryOfOneFileIsLinkedByItsKeyUntilItsFileGoes) {
   const std::string name = "__triton_launcher.cpython-311-x86_64-linux-gnu.so";
   const std::string key = "abc/" + name;
