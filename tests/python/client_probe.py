@@ -4,7 +4,7 @@ Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says 
 usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
                        autotune-warmup|autotune-warmup-failing|autotune-benchmarks|
                        unloadable-launcher put|build LIBCUDA_DIR|
-                       deferred-texts|text-gone|
+                       deferred-texts|text-gone|hit-gone evicted|deleted|
                        frontend-error|device-dependent|
                        where-warning|override FILE|put-file [--enable | --disable] [--as-inductor]
                        [--note-grpc-import FILE] [--kill-kilnd-at METHOD[,METHOD...][@SECONDS] PID]
@@ -260,6 +260,34 @@ def text_gone():
     except Exception as error:
         return {"error": type(error).__name__, "message": str(error), "cubin": digest(kernel.asm["cubin"])}
     return {"error": None}
+
+
+def hit_gone(how):
+    """The suite's first kernel for sm90 from kilnd's files, which go (`evicted`:
+    kilnd evicts every entry, as `kiln gc 0`; `deleted`: its cubin is deleted
+    by hand) after the lookup found them and before the kernel loads."""
+    import os
+
+    from kiln.service import api, connection
+    from kiln.triton import cache_manager
+
+    hand_over = cache_manager.hand_over
+    gone = []
+
+    def losing_a_file(key, files):
+        group = hand_over(key, files)
+        if not gone:
+            cubin = next(path for name, path in group.items() if name.endswith(".cubin"))
+            if how == "evicted":
+                connection.connect().stub.Evict(api.EvictRequest(target_bytes=0), timeout=60)
+            else:
+                os.unlink(cubin)
+            gone.append(os.path.exists(cubin))
+        return group
+
+    cache_manager.hand_over = losing_a_file
+    kernel = _first_kernel_sm90()
+    return {"gone": gone, "cubin": digest(kernel.asm["cubin"]), "ptx": digest(kernel.asm["ptx"])}
 
 
 def device_dependent():
@@ -548,6 +576,7 @@ def main():
               "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),
               "device-dependent": device_dependent, "early-launcher": early_launcher,
               "deferred-texts": deferred_texts, "text-gone": text_gone,
+              "hit-gone": lambda: hit_gone(sys.argv[2]),
               "frontend-error": frontend_error, "where-warning": where_warning,
               "override": lambda: override(sys.argv[2]), "put-file": put_file,
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3]),

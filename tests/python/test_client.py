@@ -236,6 +236,23 @@ def test_a_text_asked_for_once_its_file_and_kilnd_are_gone_raises_a_clear_error(
     assert result["cubin"]  # the kernel itself is whole
 
 
+@pytest.mark.parametrize("how", ["evicted", "deleted"])
+def test_a_hit_whose_files_go_before_it_loads_is_looked_up_again_and_loads_stocks_kernel(
+        base_env, tmp_path, stock_suite, how):
+    kilnd = Kilnd(tmp_path / "kilnd")
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+    try:
+        run_probe(env, "first")
+        result = probe_json(run_probe(env, "hit-gone", how))
+    finally:
+        kilnd.stop()
+    stock = next(kernel for name, kernel in stock_suite.items() if name.endswith("-sm90"))
+    assert result["gone"] == [False]
+    assert result["cubin"] == stock["asm"]["cubin"] and result["ptx"] == stock["asm"]["ptx"]
+    # Evicted: compiled again; deleted by hand: kilnd still has the kernel, and serves it anew.
+    assert result["frontend_runs"] == (1 if how == "evicted" else 0)
+
+
 def test_launcher_modules_are_built_by_kilnd(kilnd, kiln_env, libcuda_dir):  # noqa: F811
     before = kilnd.stats()
     env = dict(kiln_env, LD_LIBRARY_PATH=str(libcuda_dir))

@@ -13,12 +13,16 @@ something asks for it. `kernel.asm` keeps every key from the start, so
 membership, keys and length are stock's; every way to a value (indexing, get,
 items, values, copies, comparison, pickling) reads it first, so no caller
 ever sees a text unread. A file gone by then (a served file kilnd rewrote or
-removed) is asked of kilnd again.
+removed) is asked of kilnd again. A metadata or binary file gone between the
+lookup and the load (kilnd evicted the entry) is a lookup again, a miss if
+kilnd no longer has the kernel: never the program's error.
 
 Groups Triton makes itself (its own cache, a compile in this process) are
 left to stock."""
 
+import logging
 import os
+import threading
 from pathlib import Path
 
 from triton.compiler.compiler import AsmDict
@@ -27,6 +31,9 @@ from triton.compiler.compiler import AsmDict
 # order a stock kernel's asm has them in, the binary last). Never the binary a
 # kernel launches from (cubin), nor the metadata (json) every load needs.
 _DEFERRED_ORDER = {"source": 0, "ttir": 1, "ttgir": 2, "llir": 3, "ptx": 4}
+
+log = logging.getLogger("kiln")
+_loading_again = threading.local()
 
 
 class HitGroup(dict):
@@ -139,6 +146,27 @@ def _read_text(kernel_hash, unread):
         return Path(path).read_text()
 
 
+def _load_again(kernel_hash, error):
+    """The kernel whose hit lost a file between its lookup and its load: kilnd
+    evicted the entry (its served files stay a grace for such readers, and an
+    operator's gc waits that out), or someone removed the file. The lookup
+    again finds kilnd's files as they are now, or misses and compiles, as
+    triton.compile's caller asked."""
+    from kiln.triton import key_inputs  # only now: a hit lost under its reader is rare
+
+    frame = key_inputs.compile_frame()
+    inputs = frame.f_locals if frame is not None else {}
+    if not all(name in inputs for name in ("src", "target", "options")):
+        raise error  # a Triton whose compile() keeps its inputs under other names
+    log.info("kiln: a file of kernel %s went as it loaded (%s); looked up again", kernel_hash, error)
+    _loading_again.active = True
+    try:
+        return frame.f_globals["compile"](inputs["src"], target=inputs["target"],
+                                          options=dict(vars(inputs["options"])), _env_vars=inputs.get("env_vars"))
+    finally:
+        _loading_again.active = False
+
+
 def install(compiler):
     """Wraps CompiledKernel.__init__ so that a HitGroup's texts are read on first use."""
     kernel_class = compiler.CompiledKernel
@@ -146,9 +174,7 @@ def install(compiler):
     if getattr(stock_init, "_kiln_defers_texts", False):
         return
 
-    def __init__(self, src, metadata_group, hash):
-        if type(metadata_group) is not HitGroup:
-            return stock_init(self, src, metadata_group, hash)
+    def init_from_hit(self, src, metadata_group, hash):
         # CompiledKernel keys asm by each path's suffix, and leaves out the metadata (.json).
         suffixes = {name: os.path.splitext(path)[1][1:] for name, path in metadata_group.items()
                     if not name.endswith(".json")}
@@ -160,6 +186,16 @@ def install(compiler):
             values[suffix] = _Unread(name, metadata_group[name]) if suffix in _DEFERRED_ORDER else read[suffix]
         self.asm = LazyAsm(values, hash)
         self.metadata_group = dict(metadata_group)
+
+    def __init__(self, src, metadata_group, hash):
+        if type(metadata_group) is not HitGroup:
+            return stock_init(self, src, metadata_group, hash)
+        try:
+            init_from_hit(self, src, metadata_group, hash)
+        except OSError as error:
+            if getattr(_loading_again, "active", False):
+                raise
+            self.__dict__.update(_load_again(hash, error).__dict__)
 
     __init__._kiln_defers_texts = True
     __init__.__wrapped__ = stock_init
