@@ -24,6 +24,13 @@ namespace {
 
 constexpr absl::string_view kMaintenance = "maintenance RPCs are";
 
+std::vector<cache::BlobInput> BlobInputsOf(const v1::PutRequest& put) {
+  std::vector<cache::BlobInput> blobs;
+  blobs.reserve(put.blobs_size());
+  for (const v1::Blob& blob : put.blobs()) blobs.push_back({blob.name(), blob.data(), blob.sha256()});
+  return blobs;
+}
+
 // Errors caused by the client are its to handle; only these are our problem.
 bool IsServerSideError(const absl::Status& status) {
   return absl::IsInternal(status) || absl::IsDataLoss(status) || absl::IsUnknown(status);
@@ -303,6 +310,14 @@ void KilnService::CountWaitedHit(const std::string& ns) {
   ++waited_hits_by_namespace_[ns];
 }
 
+void KilnService::AfterStored(const Caller& caller, const std::string& ns,
+                              const v1::PutRequest& put) {
+  claims_.Release(ns, put.key());
+  if (!put.has_serve_as_files() || put.serve_as_files()) {
+    ServeAheadOfLookups(caller, ns, put.namespace_(), put.key());
+  }
+}
+
 grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
                                            const v1::PutRequest* request,
                                            v1::PutResponse* response) {
@@ -310,16 +325,8 @@ grpc::ServerUnaryReactor* KilnService::Put(grpc::CallbackServerContext* context,
                [this, request, response](const Caller& caller) {
     RETURN_IF_ERROR(ValidatePut(*request));
     const std::string ns = ScopedNamespace(caller, request->namespace_());
-    std::vector<cache::BlobInput> blobs;
-    blobs.reserve(request->blobs_size());
-    for (const v1::Blob& blob : request->blobs()) {
-      blobs.push_back({blob.name(), blob.data(), blob.sha256()});
-    }
-    RETURN_IF_ERROR(store_.Put(ns, request->key(), std::move(blobs)).status());
-    claims_.Release(ns, request->key());
-    if (!request->has_serve_as_files() || request->serve_as_files()) {
-      ServeAheadOfLookups(caller, ns, request->namespace_(), request->key());
-    }
+    RETURN_IF_ERROR(store_.Put(ns, request->key(), BlobInputsOf(*request)).status());
+    AfterStored(caller, ns, *request);
     // Not Stats(): it counts every row, which a put must not wait for.
     response->set_stored_bytes(store_.StoredBytes());
     return absl::OkStatus();
@@ -343,22 +350,14 @@ grpc::ServerUnaryReactor* KilnService::PutMany(grpc::CallbackServerContext* cont
       cache::ArtifactStore::EntryInput& entry = entries.emplace_back();
       entry.ns = ScopedNamespace(caller, put.namespace_());
       entry.key = put.key();
-      entry.blobs.reserve(put.blobs_size());
-      for (const v1::Blob& blob : put.blobs()) {
-        entry.blobs.push_back({blob.name(), blob.data(), blob.sha256()});
-      }
+      entry.blobs = BlobInputsOf(put);
       entry_of_input.push_back(i);
       scoped_namespaces.push_back(entry.ns);
     }
     std::vector<absl::Status> stored = store_.PutMany(std::move(entries));
     for (size_t i = 0; i < stored.size(); ++i) {
-      const v1::PutRequest& put = request->entries(entry_of_input[i]);
       results[entry_of_input[i]] = stored[i];
-      if (!stored[i].ok()) continue;
-      claims_.Release(scoped_namespaces[i], put.key());
-      if (!put.has_serve_as_files() || put.serve_as_files()) {
-        ServeAheadOfLookups(caller, scoped_namespaces[i], put.namespace_(), put.key());
-      }
+      if (stored[i].ok()) AfterStored(caller, scoped_namespaces[i], request->entries(entry_of_input[i]));
     }
     for (const absl::Status& result : results) {
       v1::PutResult* out = response->add_results();

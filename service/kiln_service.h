@@ -139,6 +139,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   // without asking. `client_ns` is the namespace the client named.
   void ServeAheadOfLookups(const Caller& caller, const std::string& ns,
                            const std::string& client_ns, const std::string& key);
+  // After a put of `put` stored under `ns` (scoped): its claim released, its
+  // files served ahead where it asks for that.
+  void AfterStored(const Caller& caller, const std::string& ns, const v1::PutRequest& put);
 
   // Authenticates the caller, runs `handler(caller)` (returning absl::Status)
   // inline or on the blocking pool, records its latency, logs server-side

@@ -728,6 +728,36 @@ TEST_F(ArtifactStoreTest, AFileThatCannotBeRemovedYetIsRetriedUntilItGoes) {
   EXPECT_EQ(QueryText("SELECT count(*) FROM leftover_files"), "0");
 }
 
+// Fills a store in the test's data dir with two entries served as files (a:
+// a kernel's three blobs and its index entry; b: one file and its link), then
+// closes it: the data dir an older kilnd's test makes its own from.
+void FillTwoEntriesServedAsFiles(const StoreOptions& options, int seed) {
+  auto store = ArtifactStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const ArtifactStore::AsFiles as_files{"ns"};
+  ASSERT_TRUE((*store)->Put("ns", "a", KernelBlobs(seed)).ok());
+  ASSERT_TRUE((*store)->Put("ns", "b", {{"k.so", "module", ""}}).ok());
+  ASSERT_TRUE((*store)->Lookup("ns", "a", {}, &as_files).ok());
+  ASSERT_TRUE((*store)->Lookup("ns", "b", {}, &as_files).ok());
+}
+
+void ExpectRetiredFilesDeletedInTheBackground(const fs::path& data_dir) {
+  for (int i = 0; i < 500 && fs::exists(data_dir / "retired"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(fs::exists(data_dir / "retired"));
+}
+
+// The two entries of FillTwoEntriesServedAsFiles served anew and recorded:
+// eviction takes every file.
+void ExpectServedAnewAndEvictedWhole(ArtifactStore& store, const fs::path& served_dir) {
+  const ArtifactStore::AsFiles as_files{"ns"};
+  ASSERT_TRUE(store.Lookup("ns", "b", {}, &as_files).ok());
+  EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 2u);
+  EXPECT_EQ(store.EvictToSize(0).value_or(0), 2u);
+  EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
+}
+
 // A data directory as a version 1 kilnd left it: the same tables without the
 // served files' records, files served from it, no clean-stop mark (version 1
 // never wrote one).
@@ -735,13 +765,7 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
   const fs::path data_dir = dir_.path() / "data";
   const fs::path served_dir = data_dir / "files";
   const ArtifactStore::AsFiles as_files{"ns"};
-  {
-    auto store = OpenStore(Options());
-    ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(21)).ok());
-    ASSERT_TRUE(store->Put("ns", "b", {{"k.so", "module", ""}}).ok());
-    ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
-    ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(FillTwoEntriesServedAsFiles(Options(), 21));
   ExecSql("DROP TABLE served_copies; DROP TABLE leftover_files; "
           "ALTER TABLE entries DROP COLUMN index_namespace; "
           "ALTER TABLE entries DROP COLUMN index_disk_bytes; "
@@ -757,19 +781,12 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
   // once (deleted in the background), and the entries are served anew.
   for (const fs::path& file : version1_files) EXPECT_FALSE(fs::exists(file)) << file;
   EXPECT_TRUE(fs::is_directory(served_dir / "hits")) << "where clients journal their hits";
-  for (int i = 0; i < 500 && fs::exists(data_dir / "retired"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // deleted in the background
-  }
-  EXPECT_FALSE(fs::exists(data_dir / "retired"));
+  ExpectRetiredFilesDeletedInTheBackground(data_dir);
   absl::StatusOr<CacheEntry> a = store->Lookup("ns", "a");
   ASSERT_TRUE(a.ok()) << a.status();
   ExpectEntryMatches(*a, KernelBlobs(21));
   ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
-  ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
-  EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 2u);
-  // Recorded now: eviction takes every one of them.
-  EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
-  EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
+  ExpectServedAnewAndEvictedWhole(*store, served_dir);
 }
 
 // A data directory as a version 2 kilnd left it at a clean stop: its served
@@ -779,13 +796,7 @@ TEST_F(ArtifactStoreTest, AVersion2DataDirIsMigratedAndItsServedFilesAreServedAn
   const fs::path data_dir = dir_.path() / "data";
   const fs::path served_dir = data_dir / "files";
   const ArtifactStore::AsFiles as_files{"ns"};
-  {
-    auto store = OpenStore(Options());
-    ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(31)).ok());
-    ASSERT_TRUE(store->Put("ns", "b", {{"k.so", "module", ""}}).ok());
-    ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
-    ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(FillTwoEntriesServedAsFiles(Options(), 31));
   // Version 2's layout: two hex digits of fan-out where this one has one.
   std::vector<fs::path> version2_files;
   for (const fs::path& file : FilesUnder(served_dir)) {
@@ -808,10 +819,7 @@ TEST_F(ArtifactStoreTest, AVersion2DataDirIsMigratedAndItsServedFilesAreServedAn
   for (const fs::path& file : version2_files) EXPECT_FALSE(fs::exists(file)) << file;
   EXPECT_EQ(QueryText("SELECT count(*) FROM served_copies"), "0");
   EXPECT_EQ(QueryText("SELECT count(*) FROM entries WHERE index_namespace IS NOT NULL"), "0");
-  for (int i = 0; i < 500 && fs::exists(data_dir / "retired"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // deleted in the background
-  }
-  EXPECT_FALSE(fs::exists(data_dir / "retired"));
+  ExpectRetiredFilesDeletedInTheBackground(data_dir);
   // Served anew, one hex digit of fan-out, and counted as they are written.
   absl::StatusOr<CacheEntry> a = store->Lookup("ns", "a", {}, &as_files);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -819,10 +827,7 @@ TEST_F(ArtifactStoreTest, AVersion2DataDirIsMigratedAndItsServedFilesAreServedAn
     ASSERT_TRUE(blob.file.has_value()) << blob.name;
     EXPECT_EQ(blob.file->parent_path().filename().string(), DigestHex(blob.digest).substr(0, 1));
   }
-  ASSERT_TRUE(store->Lookup("ns", "b", {}, &as_files).ok());
-  EXPECT_EQ(FilesUnder(served_dir).size(), 4u + 2u);
-  EXPECT_EQ(store->EvictToSize(0).value_or(0), 2u);
-  EXPECT_EQ(FilesUnder(served_dir), std::vector<fs::path>{});
+  ExpectServedAnewAndEvictedWhole(*store, served_dir);
 }
 
 TEST_F(ArtifactStoreTest, AnEvictedEntrysServedFilesStayForAReaderThatFoundItAMomentAgo) {
