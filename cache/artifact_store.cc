@@ -151,8 +151,9 @@ absl::Status ArtifactStore::Initialize() {
        "WHERE namespace = ?1 AND key = ?2"},
       {&Writer::delete_entry, "DELETE FROM entries WHERE id = ?1"},
       {&Writer::entry_blob_ids, "SELECT blob_id FROM entry_blobs WHERE entry_id = ?1"},
+      // The columns of an EntryToEvict (store_eviction.cc), as the two below.
       {&Writer::entry_name,
-       "SELECT namespace, key, index_disk_bytes, link_extension, index_namespace FROM entries "
+       "SELECT id, namespace, key, index_disk_bytes, link_extension, index_namespace FROM entries "
        "WHERE id = ?1"},
       {&Writer::find_blob, "SELECT id FROM blobs WHERE digest = ?1"},
       {&Writer::insert_blob,
@@ -163,18 +164,21 @@ absl::Status ArtifactStore::Initialize() {
        "link_extension, index_namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
       {&Writer::insert_entry_blob,
        "INSERT INTO entry_blobs (entry_id, name, blob_id) VALUES (?1, ?2, ?3)"},
+      // A row per served copy (extension NULL when it has none).
       {&Writer::orphan_blob,
-       "SELECT digest, stored_size, location, size FROM blobs WHERE id = ?1 AND NOT EXISTS "
+       "SELECT b.digest, b.stored_size, b.location, s.extension, s.disk_bytes FROM blobs b "
+       "LEFT JOIN served_copies s ON s.blob_id = b.id WHERE b.id = ?1 AND NOT EXISTS "
        "(SELECT 1 FROM entry_blobs WHERE blob_id = ?1)"},
       {&Writer::delete_blob, "DELETE FROM blobs WHERE id = ?1"},
       {&Writer::touch_entry,
        "UPDATE entries SET last_use = max(last_use, ?2) WHERE id = ?1"},
       {&Writer::least_recently_used,
-       "SELECT id FROM entries ORDER BY last_use LIMIT ?1"},
+       "SELECT id, namespace, key, index_disk_bytes, link_extension, index_namespace FROM entries "
+       "ORDER BY last_use LIMIT ?1"},
       // Namespaces in [?1, ?2): one trust domain's (see DomainRange).
       {&Writer::least_recently_used_in_range,
-       "SELECT id FROM entries WHERE namespace >= ?1 AND namespace < ?2 ORDER BY last_use "
-       "LIMIT ?3"},
+       "SELECT id, namespace, key, index_disk_bytes, link_extension, index_namespace FROM entries "
+       "WHERE namespace >= ?1 AND namespace < ?2 ORDER BY last_use LIMIT ?3"},
       {&Writer::bytes_in_range,
        "SELECT total(b.stored_size) FROM entries e JOIN entry_blobs eb ON eb.entry_id = e.id "
        "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace >= ?1 AND e.namespace < ?2"},
@@ -190,8 +194,6 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::entries_after,
        "SELECT id, namespace, key, created_ms FROM entries WHERE namespace >= ?1 AND "
        "namespace < ?2 AND created_ms >= ?3 AND id > ?4 ORDER BY id LIMIT ?5"},
-      {&Writer::served_copies_of,
-       "SELECT extension, disk_bytes FROM served_copies WHERE blob_id = ?1"},
       // Nothing when the blob went meanwhile: the caller then removes the file.
       {&Writer::record_served_copy,
        "INSERT OR REPLACE INTO served_copies (blob_id, extension, disk_bytes) "
@@ -804,30 +806,31 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
   Writer& w = *writer_;
   FreedBlobs freed;
   for (int64_t blob_id : candidate_ids) {
+    // Unused by any entry now: its row, and its served copies' records.
     w.orphan_blob.Bind(1, blob_id);
-    ASSIGN_OR_RETURN(bool orphaned, w.orphan_blob.Step());
+    bool orphaned = false;
     std::string digest;
-    if (orphaned) {
-      const auto stored_size = static_cast<uint64_t>(w.orphan_blob.ColumnInt(1));
-      freed.bytes += stored_size;
-      digest = std::string(w.orphan_blob.ColumnBlob(0));
-      if (w.orphan_blob.ColumnInt(2) == kFile) {
-        freed.file_bytes += OnDisk(stored_size);
-        freed.files.push_back(BlobPath(digest));
+    std::vector<std::string> extensions;
+    absl::StatusOr<bool> row;
+    while ((row = w.orphan_blob.Step()).ok() && *row) {
+      if (!orphaned) {
+        orphaned = true;
+        const auto stored_size = static_cast<uint64_t>(w.orphan_blob.ColumnInt(1));
+        freed.bytes += stored_size;
+        digest = std::string(w.orphan_blob.ColumnBlob(0));
+        if (w.orphan_blob.ColumnInt(2) == kFile) {
+          freed.file_bytes += OnDisk(stored_size);
+          freed.files.push_back(BlobPath(digest));
+        }
       }
+      if (w.orphan_blob.ColumnIsNull(3)) continue;
+      extensions.emplace_back(w.orphan_blob.ColumnText(3));
+      freed.served_bytes += static_cast<uint64_t>(w.orphan_blob.ColumnInt(4));
     }
     w.orphan_blob.Reset();
+    RETURN_IF_ERROR(row.status());
     if (!orphaned) continue;
-    // Its served copies, from their records: deleting the blob row deletes them.
-    std::vector<std::string> extensions;
-    w.served_copies_of.Bind(1, blob_id);
-    absl::StatusOr<bool> copy;
-    while ((copy = w.served_copies_of.Step()).ok() && *copy) {
-      extensions.emplace_back(w.served_copies_of.ColumnText(0));
-      freed.served_bytes += static_cast<uint64_t>(w.served_copies_of.ColumnInt(1));
-    }
-    w.served_copies_of.Reset();
-    RETURN_IF_ERROR(copy.status());
+    // Deleting the blob row deletes its copies' records.
     if (!extensions.empty()) freed.served_copies.emplace_back(digest, std::move(extensions));
     RETURN_IF_ERROR(w.delete_blob.Bind(1, blob_id).Run());
     ++freed.blob_rows;

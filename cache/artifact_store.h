@@ -47,6 +47,7 @@
 
 namespace kiln::sqlite {
 class Database;
+class Statement;
 }
 
 namespace kiln::cache {
@@ -273,6 +274,7 @@ class ArtifactStore {
   struct Writer;
   struct PreparedBlob;
   struct FreedBlobs;
+  struct EntryToEvict;
   struct ServedWrites;
   class ReaderLease;
 
@@ -371,6 +373,11 @@ class ArtifactStore {
   // Deletes the entry and the blobs only it used, adding those to `freed`
   // (ReleaseFreedBlobs once the transaction commits).
   absl::Status EvictEntryLocked(int64_t entry_id, FreedBlobs& freed);
+  absl::Status EvictEntryLocked(const EntryToEvict& entry, FreedBlobs& freed);
+  // The EntryToEvict at `row` of a query selecting its columns (entry_name,
+  // least_recently_used...); every one `query` (bound) selects, in its order.
+  static EntryToEvict EntryToEvictAt(const sqlite::Statement& row);
+  static absl::StatusOr<std::vector<EntryToEvict>> EntriesToEvict(sqlite::Statement& query);
   absl::Status FlushTouches();
   absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
   // Evicts `domain`'s least recently used entries, when it holds more than

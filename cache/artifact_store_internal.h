@@ -74,6 +74,14 @@ struct ArtifactStore::FreedBlobs {
   }
 };
 
+// An entry eviction takes, as its queries select it (entry_name,
+// least_recently_used...): what its going frees besides its blobs.
+struct ArtifactStore::EntryToEvict {
+  int64_t id = 0;
+  FreedBlobs::Entry names;
+  uint64_t index_disk_bytes = 0;  // its served index entry and link
+};
+
 // Served files a lookup wrote, to record in one transaction once it has read.
 struct ArtifactStore::ServedWrites {
   std::vector<std::tuple<std::string, std::string, uint64_t>> copies;  // digest, extension, bytes
@@ -113,7 +121,6 @@ struct ArtifactStore::Writer {
   sqlite::Statement file_blob_exists;
   sqlite::Statement blob_exists;
   sqlite::Statement entries_after;
-  sqlite::Statement served_copies_of;
   sqlite::Statement record_served_copy;
   sqlite::Statement record_index;
   sqlite::Statement served_copy_recorded;

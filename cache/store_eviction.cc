@@ -39,21 +39,39 @@ std::pair<std::string, std::string> DomainRange(absl::string_view domain) {
 
 }  // namespace
 
+ArtifactStore::EntryToEvict ArtifactStore::EntryToEvictAt(const sqlite::Statement& row) {
+  EntryToEvict entry;
+  entry.id = row.ColumnInt(0);
+  entry.names.ns = std::string(row.ColumnText(1));
+  entry.names.key = std::string(row.ColumnText(2));
+  entry.index_disk_bytes = static_cast<uint64_t>(row.ColumnInt(3));
+  if (!row.ColumnIsNull(4)) entry.names.link_extension = std::string(row.ColumnText(4));
+  if (!row.ColumnIsNull(5)) entry.names.index_namespace = std::string(row.ColumnText(5));
+  return entry;
+}
+
+absl::StatusOr<std::vector<ArtifactStore::EntryToEvict>> ArtifactStore::EntriesToEvict(sqlite::Statement& query) {
+  std::vector<EntryToEvict> entries;
+  absl::StatusOr<bool> row;
+  while ((row = query.Step()).ok() && *row) entries.push_back(EntryToEvictAt(query));
+  query.Reset();
+  RETURN_IF_ERROR(row.status());
+  return entries;
+}
+
 absl::Status ArtifactStore::EvictEntryLocked(int64_t entry_id, FreedBlobs& freed) {
   Writer& w = *writer_;
   w.entry_name.Bind(1, entry_id);
-  ASSIGN_OR_RETURN(bool named, w.entry_name.Step());
-  if (named) {
-    FreedBlobs::Entry entry{std::string(w.entry_name.ColumnText(0)),
-                            std::string(w.entry_name.ColumnText(1)), std::nullopt, std::nullopt};
-    if (!w.entry_name.ColumnIsNull(3)) entry.link_extension = std::string(w.entry_name.ColumnText(3));
-    if (!w.entry_name.ColumnIsNull(4)) entry.index_namespace = std::string(w.entry_name.ColumnText(4));
-    freed.served_bytes += static_cast<uint64_t>(w.entry_name.ColumnInt(2));
-    freed.entries.push_back(std::move(entry));
-  }
-  w.entry_name.Reset();
+  ASSIGN_OR_RETURN(std::vector<EntryToEvict> found, EntriesToEvict(w.entry_name));
+  if (found.empty()) return absl::OkStatus();  // gone already
+  return EvictEntryLocked(found.front(), freed);
+}
+
+absl::Status ArtifactStore::EvictEntryLocked(const EntryToEvict& entry, FreedBlobs& freed) {
+  freed.served_bytes += entry.index_disk_bytes;
+  freed.entries.push_back(entry.names);
   std::vector<int64_t> blob_ids;
-  RETURN_IF_ERROR(DeleteEntryLocked(entry_id, blob_ids));
+  RETURN_IF_ERROR(DeleteEntryLocked(entry.id, blob_ids));
   ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
   freed.Add(std::move(entry_freed));
   return absl::OkStatus();
@@ -62,24 +80,18 @@ absl::Status ArtifactStore::EvictEntryLocked(int64_t entry_id, FreedBlobs& freed
 absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) {
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  std::vector<int64_t> candidates;
   w.least_recently_used.Bind(1, kEvictionBatch);
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, w.least_recently_used.Step());
-    if (!row) break;
-    candidates.push_back(w.least_recently_used.ColumnInt(0));
-  }
-  w.least_recently_used.Reset();
+  ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates, EntriesToEvict(w.least_recently_used));
   FreedBlobs freed;
   uint64_t evicted = 0;
   const uint64_t on_disk = EvictionBytesLocked();
   // Entry by entry, so eviction stops as soon as the store should fit the
   // target: each blob frees what it stored and its served copy. The caller
   // measures again after the batch.
-  for (int64_t entry_id : candidates) {
+  for (const EntryToEvict& entry : candidates) {
     const uint64_t freeing = freed.bytes + freed.served_bytes;
     if (on_disk - std::min(on_disk, freeing) <= target_bytes) break;
-    RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
+    RETURN_IF_ERROR(EvictEntryLocked(entry, freed));
     ++evicted;
   }
   RETURN_IF_ERROR(txn.Commit());
@@ -167,23 +179,18 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictDomainBatchLocked(absl::string_view
   Writer& w = *writer_;
   const auto [from, to] = DomainRange(domain);
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  std::vector<int64_t> candidates;
   w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, w.least_recently_used_in_range.Step());
-    if (!row) break;
-    candidates.push_back(w.least_recently_used_in_range.ColumnInt(0));
-  }
-  w.least_recently_used_in_range.Reset();
+  ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates,
+                   EntriesToEvict(w.least_recently_used_in_range));
   FreedBlobs freed;
   uint64_t evicted = 0;
-  for (int64_t entry_id : candidates) {
+  for (const EntryToEvict& entry : candidates) {
     if (held <= target_bytes) break;
-    w.entry_bytes.Bind(1, entry_id);
+    w.entry_bytes.Bind(1, entry.id);
     ASSIGN_OR_RETURN(bool row, w.entry_bytes.Step());
     const uint64_t entry_bytes = row ? static_cast<uint64_t>(w.entry_bytes.ColumnInt(0)) : 0;
     w.entry_bytes.Reset();
-    RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));
+    RETURN_IF_ERROR(EvictEntryLocked(entry, freed));
     held -= std::min(held, entry_bytes);
     ++evicted;
   }
