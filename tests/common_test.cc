@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/byte_size.h"
+#include "common/ed25519.h"
 #include "common/json_syntax.h"
 #include "common/latency_histogram.h"
 #include "common/platform.h"
@@ -43,6 +44,76 @@ TEST(ByteSizeTest, ParsesUnitsAndRefusesJunk) {
 TEST(Sha256Test, MatchesTheKnownDigestOfAbc) {
   EXPECT_EQ(DigestHex(DigestBytes(Sha256("abc"))),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// Keys as a publisher makes them, with the openssl command the docs name.
+class Ed25519Test : public ::testing::Test {
+ protected:
+  std::string MakeKey(const std::vector<std::string>& genpkey_args, const std::string& name) {
+    const std::filesystem::path path = dir_.path() / name;
+    std::vector<std::string> argv = {"openssl", "genpkey"};
+    argv.insert(argv.end(), genpkey_args.begin(), genpkey_args.end());
+    argv.insert(argv.end(), {"-out", path.string()});
+    absl::StatusOr<CommandResult> made = RunCommand(argv, absl::Seconds(60));
+    EXPECT_TRUE(made.ok() && made->succeeded) << (made.ok() ? made->errors : made.status().ToString());
+    return ReadFile(path);
+  }
+  std::string PublicHalf(const std::string& private_pem) {
+    const std::filesystem::path in = dir_.path() / "in.pem";
+    const std::filesystem::path out = dir_.path() / "out.pub.pem";
+    std::ofstream(in) << private_pem;
+    absl::StatusOr<CommandResult> made = RunCommand(
+        {"openssl", "pkey", "-in", in.string(), "-pubout", "-out", out.string()}, absl::Seconds(60));
+    EXPECT_TRUE(made.ok() && made->succeeded);
+    return ReadFile(out);
+  }
+  static std::string ReadFile(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  testing::TestDir dir_;
+};
+
+TEST_F(Ed25519Test, ASignatureVerifiesUnderItsKeyAloneAndForItsMessageAlone) {
+  const std::string pem = MakeKey({"-algorithm", "ed25519"}, "a.pem");
+  absl::StatusOr<Ed25519PrivateKey> signer = Ed25519PrivateKey::FromPem(pem, "a.pem");
+  ASSERT_TRUE(signer.ok()) << signer.status();
+  absl::StatusOr<Ed25519PublicKey> verifier = Ed25519PublicKey::FromPem(PublicHalf(pem), "a.pub.pem");
+  ASSERT_TRUE(verifier.ok()) << verifier.status();
+  EXPECT_EQ(signer->id(), verifier->id());
+  EXPECT_EQ(signer->id().size(), 64u);
+
+  absl::StatusOr<std::string> signature = signer->Sign("bundle digest");
+  ASSERT_TRUE(signature.ok()) << signature.status();
+  EXPECT_EQ(signature->size(), kEd25519SignatureSize);
+  EXPECT_TRUE(verifier->Verifies("bundle digest", *signature));
+  EXPECT_FALSE(verifier->Verifies("bundle digesT", *signature));
+  std::string flipped = *signature;
+  flipped[10] ^= 1;
+  EXPECT_FALSE(verifier->Verifies("bundle digest", flipped));
+  EXPECT_FALSE(verifier->Verifies("bundle digest", signature->substr(1)));
+
+  // Another key: another id, and it verifies none of a's signatures.
+  absl::StatusOr<Ed25519PublicKey> other =
+      Ed25519PublicKey::FromPem(MakeKey({"-algorithm", "ed25519"}, "b.pem"), "b.pem");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->id(), signer->id());
+  EXPECT_FALSE(other->Verifies("bundle digest", *signature));
+}
+
+TEST_F(Ed25519Test, WhatIsNotAnEd25519KeyIsRefusedNamingItsSourceAndHowToMakeOne) {
+  const std::string rsa = MakeKey({"-algorithm", "rsa", "-pkeyopt", "rsa_keygen_bits:2048"}, "rsa.pem");
+  const std::string encrypted =
+      MakeKey({"-algorithm", "ed25519", "-aes-128-cbc", "-pass", "pass:secret"}, "enc.pem");
+  for (const auto& [pem, source] : std::vector<std::pair<std::string, std::string>>{
+           {rsa, "rsa.pem"}, {encrypted, "enc.pem"}, {"not a key", "junk.pem"}, {"", "empty.pem"}}) {
+    absl::StatusOr<Ed25519PrivateKey> private_key = Ed25519PrivateKey::FromPem(pem, source);
+    ASSERT_FALSE(private_key.ok()) << source;
+    EXPECT_EQ(private_key.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(private_key.status().message().find(source), std::string::npos);
+    EXPECT_NE(private_key.status().message().find("openssl genpkey -algorithm ed25519"), std::string::npos);
+    EXPECT_FALSE(Ed25519PublicKey::FromPem(pem == encrypted ? "" : pem, source).ok()) << source;
+  }
 }
 
 TEST(JsonSyntaxTest, AcceptsObjectsAsTritonWritesThem) {
