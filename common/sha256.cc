@@ -4,6 +4,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <utility>
+
 #include "absl/strings/escaping.h"
 
 namespace kiln {
@@ -12,6 +14,33 @@ Sha256Digest Sha256(absl::string_view data) {
   Sha256Digest digest{};
   unsigned int length = 0;
   EVP_Digest(data.data(), data.size(), digest.data(), &length, EVP_sha256(), nullptr);
+  return digest;
+}
+
+Sha256Stream::Sha256Stream() : context_(EVP_MD_CTX_new()) {
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(context_), EVP_sha256(), nullptr);
+}
+
+Sha256Stream::~Sha256Stream() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(context_)); }
+
+Sha256Stream::Sha256Stream(Sha256Stream&& other) noexcept : context_(other.context_) {
+  other.context_ = nullptr;
+}
+
+Sha256Stream& Sha256Stream::operator=(Sha256Stream&& other) noexcept {
+  std::swap(context_, other.context_);
+  return *this;
+}
+
+void Sha256Stream::Update(absl::string_view data) {
+  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(context_), data.data(), data.size());
+}
+
+Sha256Digest Sha256Stream::Finish() {
+  Sha256Digest digest{};
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(context_), digest.data(), &length);
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(context_), EVP_sha256(), nullptr);
   return digest;
 }
 

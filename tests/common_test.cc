@@ -116,6 +116,17 @@ TEST_F(Ed25519Test, WhatIsNotAnEd25519KeyIsRefusedNamingItsSourceAndHowToMakeOne
   }
 }
 
+TEST(Sha256Test, AStreamGivenPiecesDigestsTheirConcatenationAndStartsAgain) {
+  Sha256Stream stream;
+  stream.Update("a");
+  stream.Update("");
+  stream.Update("bc");
+  EXPECT_EQ(stream.Finish(), Sha256("abc"));
+  stream.Update("xyz");
+  Sha256Stream moved = std::move(stream);
+  EXPECT_EQ(moved.Finish(), Sha256("xyz"));
+}
+
 TEST(JsonSyntaxTest, AcceptsObjectsAsTritonWritesThem) {
   // Triton's metadata, as json.dumps writes it (abridged).
   EXPECT_TRUE(IsJsonObject(

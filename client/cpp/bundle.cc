@@ -1,22 +1,29 @@
 #include "bundle.h"
 
-#include <fstream>
+#include <algorithm>
 #include <system_error>
+#include <utility>
 
-#include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/platform.h"
-#include "common/sha256.h"
 
 namespace kiln {
 namespace {
 
-constexpr absl::string_view kMagic = "KILNBUNDLE 1\n";
-constexpr absl::string_view kTrailer = "END ";
+namespace fs = std::filesystem;
 
-void AppendLength(std::string& out, uint32_t length) {
+constexpr absl::string_view kUnsignedMagic = "KILNBUNDLE 1\n";
+constexpr absl::string_view kSignedMagic = "KILNBUNDLE 2\n";
+constexpr absl::string_view kEnd = "END ";
+constexpr absl::string_view kSignatureTag = "SIG ";
+constexpr uint64_t kEndSize = kEnd.size() + kSha256Size;
+constexpr uint64_t kSignatureSize = kSignatureTag.size() + kSha256Size + kEd25519SignatureSize;
+
+std::string Length(uint32_t length) {
+  std::string out;
   for (int shift = 0; shift < 32; shift += 8) out.push_back(static_cast<char>((length >> shift) & 0xff));
+  return out;
 }
 
 uint32_t ReadLength(absl::string_view in) {
@@ -27,72 +34,151 @@ uint32_t ReadLength(absl::string_view in) {
 
 }  // namespace
 
-void BundleWriter::Add(const v1::BundleEntry& entry) {
-  const std::string record = entry.SerializeAsString();
-  AppendLength(content_, static_cast<uint32_t>(record.size()));
-  content_ += record;
-  ++entries_;
+std::string BundleSignedMessage(absl::string_view digest) {
+  return absl::StrCat("kiln bundle signature\n", digest);
 }
 
-absl::Status BundleWriter::Finish(const std::filesystem::path& path) {
-  const std::string digest = DigestBytes(Sha256(content_));
-  const std::filesystem::path temp = path.string() + ".partial";
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out << content_ << kTrailer << digest;
-    if (!out.flush()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("cannot write %s; check the directory and free space", temp.string()));
-    }
+absl::StatusOr<BundleWriter> BundleWriter::Create(const fs::path& path,
+                                                  const Ed25519PrivateKey* signer) {
+  BundleWriter writer;
+  writer.path_ = path;
+  writer.partial_ = path.string() + ".partial";
+  writer.signer_ = signer;
+  writer.out_.open(writer.partial_, std::ios::binary | std::ios::trunc);
+  if (!writer.out_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot write %s; check that its directory exists and is writable", writer.partial_.string()));
   }
+  writer.Write(signer != nullptr ? kSignedMagic : kUnsignedMagic);
+  return writer;
+}
+
+BundleWriter::~BundleWriter() {
+  if (finished_ || partial_.empty()) return;
+  out_.close();
   std::error_code error;
-  std::filesystem::rename(temp, path, error);
-  if (error) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("cannot move %s to %s: %s", temp.string(), path.string(), error.message()));
+  fs::remove(partial_, error);  // never left half written
+}
+
+void BundleWriter::Write(absl::string_view bytes) {
+  digest_.Update(bytes);
+  out_.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+absl::Status BundleWriter::Add(const v1::BundleEntry& entry) {
+  const size_t size = entry.ByteSizeLong();
+  if (size > kMaxBundleEntryBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s/%s takes %d bytes, over a bundle entry's limit of %d", entry.namespace_(), entry.key(),
+        size, kMaxBundleEntryBytes));
   }
+  Write(Length(static_cast<uint32_t>(size)));
+  Write(entry.SerializeAsString());
+  ++entries_;
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::BundleEntry>> ReadBundle(const std::filesystem::path& path) {
-  absl::StatusOr<std::string> content = platform::ReadWholeFile(path);
-  if (!content.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", path.string()));
+absl::Status BundleWriter::Finish() {
+  const std::string digest = DigestBytes(digest_.Finish());
+  out_ << kEnd << digest;
+  if (signer_ != nullptr) {
+    absl::StatusOr<std::string> signature = signer_->Sign(BundleSignedMessage(digest));
+    if (!signature.ok()) return signature.status();
+    out_ << kSignatureTag << absl::HexStringToBytes(signer_->id()) << *signature;
   }
-  const auto damaged = [&](absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s is damaged (%s): nothing was imported; copy or export it again", path.string(), what));
-  };
-  if (!absl::StartsWith(*content, kMagic)) {
+  out_.close();
+  if (!out_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot write %s; check free space", partial_.string()));
+  }
+  std::error_code error;
+  fs::rename(partial_, path_, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot move %s to %s: %s", partial_.string(), path_.string(), error.message()));
+  }
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BundleReader> BundleReader::Open(const fs::path& path) {
+  BundleReader reader;
+  reader.path_ = path;
+  std::error_code error;
+  reader.size_ = fs::file_size(path, error);
+  reader.in_.open(path, std::ios::binary);
+  if (error || !reader.in_) return absl::InvalidArgumentError(absl::StrCat("cannot read ", path.string()));
+  absl::StatusOr<std::string> magic = reader.Read(std::min<uint64_t>(reader.size_, kSignedMagic.size()));
+  if (!magic.ok() || (*magic != kUnsignedMagic && *magic != kSignedMagic)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s is not a Kiln bundle (make one with `kiln export`)", path.string()));
   }
-  const size_t trailer_size = kTrailer.size() + kSha256Size;
-  if (content->size() < kMagic.size() + trailer_size ||
-      absl::string_view(*content).substr(content->size() - trailer_size, kTrailer.size()) != kTrailer) {
-    return damaged("it ends early");
-  }
-  const absl::string_view body = absl::string_view(*content).substr(0, content->size() - trailer_size);
-  if (DigestBytes(Sha256(body)) != content->substr(content->size() - kSha256Size)) {
-    return damaged("its checksum does not match");
-  }
-  std::vector<v1::BundleEntry> entries;
-  for (absl::string_view rest = body.substr(kMagic.size()); !rest.empty();) {
-    if (rest.size() < 4 || rest.size() - 4 < ReadLength(rest)) return damaged("an entry ends early");
-    v1::BundleEntry entry;
-    if (!entry.ParseFromArray(rest.data() + 4, static_cast<int>(ReadLength(rest)))) {
-      return damaged("an entry does not parse");
+  reader.signed_ = *magic == kSignedMagic;
+  reader.running_.Update(*magic);
+  const uint64_t trailer = kEndSize + (reader.signed_ ? kSignatureSize : 0);
+  if (reader.size_ < magic->size() + trailer) return reader.Damaged("it ends early");
+  reader.body_end_ = reader.size_ - trailer;
+  return reader;
+}
+
+absl::Status BundleReader::Damaged(absl::string_view what) const {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s is damaged (%s); copy or export it again", path_.string(), what));
+}
+
+absl::StatusOr<std::string> BundleReader::Read(uint64_t count) {
+  std::string bytes(count, '\0');
+  in_.read(bytes.data(), static_cast<std::streamsize>(count));
+  if (static_cast<uint64_t>(in_.gcount()) != count) return Damaged("it ends early");
+  position_ += count;
+  return bytes;
+}
+
+absl::StatusOr<std::optional<v1::BundleEntry>> BundleReader::Next() {
+  if (position_ < body_end_) {
+    if (body_end_ - position_ < 4) return Damaged("an entry ends early");
+    absl::StatusOr<std::string> length_bytes = Read(4);
+    if (!length_bytes.ok()) return length_bytes.status();
+    const uint32_t length = ReadLength(*length_bytes);
+    if (length > body_end_ - position_) return Damaged("an entry ends early");
+    if (length > kMaxBundleEntryBytes) {
+      return Damaged(absl::StrFormat("an entry of %d bytes, over the limit of %d", length,
+                                     kMaxBundleEntryBytes));
     }
-    rest.remove_prefix(4 + ReadLength(rest));
+    absl::StatusOr<std::string> record = Read(length);
+    if (!record.ok()) return record.status();
+    running_.Update(*length_bytes);
+    running_.Update(*record);
+    v1::BundleEntry entry;
+    if (!entry.ParseFromString(*record)) return Damaged("an entry does not parse");
     for (const v1::Blob& blob : entry.blobs()) {
       if (blob.sha256() != DigestBytes(Sha256(blob.data())) || blob.size() != blob.data().size()) {
-        return damaged(absl::StrCat("blob ", blob.name(), " of ", entry.namespace_(), "/",
+        return Damaged(absl::StrCat("blob ", blob.name(), " of ", entry.namespace_(), "/",
                                     entry.key(), " does not match its SHA-256"));
       }
     }
-    entries.push_back(std::move(entry));
+    return entry;
   }
-  return entries;
+  if (!digest_bytes_.empty()) return std::nullopt;
+  absl::StatusOr<std::string> end = Read(kEndSize);
+  if (!end.ok()) return end.status();
+  const std::string digest = DigestBytes(running_.Finish());
+  if (absl::string_view(*end).substr(0, kEnd.size()) != kEnd ||
+      !SameDigest(absl::string_view(*end).substr(kEnd.size()), digest)) {
+    return Damaged("its checksum does not match");
+  }
+  if (signed_) {
+    absl::StatusOr<std::string> record = Read(kSignatureSize);
+    if (!record.ok()) return record.status();
+    if (absl::string_view(*record).substr(0, kSignatureTag.size()) != kSignatureTag) {
+      return Damaged("its signature record is not one");
+    }
+    signature_ = BundleSignature{
+        absl::BytesToHexString(absl::string_view(*record).substr(kSignatureTag.size(), kSha256Size)),
+        record->substr(kSignatureTag.size() + kSha256Size)};
+  }
+  digest_bytes_ = digest;
+  return std::nullopt;
 }
 
 }  // namespace kiln

@@ -19,12 +19,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
+#include "common/ed25519.h"
 #include "common/platform.h"
 #include "bundle.h"
 #include "kiln/autostart.h"
@@ -60,10 +62,11 @@ constexpr const char* kUsageText =
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
     "  misses [--last N] [--json]       the latest compiles and what was new for each\n"
-    "  export FILE [--namespace NS] [--since 24h]\n"
+    "  export FILE [--namespace NS] [--since 24h] [--sign KEY.pem]\n"
     "                                   write this user's entries (all, or one namespace,\n"
     "                                   or those stored lately) to a bundle file; never\n"
-    "                                   the client's memos, which hold for this machine only\n"
+    "                                   the client's memos, which hold for this machine only;\n"
+    "                                   --sign: an Ed25519 private key (PEM) signs it\n"
     "  import FILE                      store a bundle's entries, every digest checked first\n"
     "  prewarm FILE --target cuda:89 [--target ...]\n"
     "                                   compile a bundle's kernels for other GPUs, stored\n"
@@ -378,6 +381,7 @@ constexpr absl::string_view kMachineLocalNamespace = "kiln-memos";
 int Export(kiln::Client& client, const std::vector<std::string>& args) {
   kiln::v1::ListEntriesRequest request;
   std::string file;
+  std::string sign_key;
   for (size_t i = 0; i < args.size(); ++i) {
     const bool has_value = i + 1 < args.size();
     if (args[i] == "--namespace" && has_value) {
@@ -386,6 +390,8 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
       absl::StatusOr<absl::Duration> age = ParseAge(args[++i]);
       if (!age.ok()) return Usage(age.status().message());
       request.set_since_unix_ms(absl::ToUnixMillis(absl::Now() - *age));
+    } else if (args[i] == "--sign" && has_value) {
+      sign_key = args[++i];
     } else if (file.empty() && !absl::StartsWith(args[i], "--")) {
       file = args[i];
     } else {
@@ -393,7 +399,17 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
     }
   }
   if (file.empty()) return Usage("export needs FILE");
-  kiln::BundleWriter bundle;
+  std::optional<kiln::Ed25519PrivateKey> signer;
+  if (!sign_key.empty()) {
+    absl::StatusOr<std::string> pem = kiln::platform::ReadWholeFile(sign_key);
+    if (!pem.ok()) return Usage(absl::StrFormat("export: cannot read the key %s", sign_key));
+    absl::StatusOr<kiln::Ed25519PrivateKey> key = kiln::Ed25519PrivateKey::FromPem(*pem, sign_key);
+    if (!key.ok()) return Usage(key.status().message());
+    signer = *std::move(key);
+  }
+  absl::StatusOr<kiln::BundleWriter> bundle =
+      kiln::BundleWriter::Create(file, signer.has_value() ? &*signer : nullptr);
+  if (!bundle.ok()) return Fail(bundle.status());
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
   uint64_t bytes = 0;
   do {
@@ -413,15 +429,20 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
         *out.add_blobs() = blob;
         bytes += blob.data().size();
       }
-      bundle.Add(out);
-      progress.Update(absl::StrFormat("exporting: %d entries, %s", bundle.entries(),
+      if (absl::Status added = bundle->Add(out); !added.ok()) {
+        progress.Clear();
+        std::cerr << "kiln: left out: " << added.message() << "\n";
+        continue;
+      }
+      progress.Update(absl::StrFormat("exporting: %d entries, %s", bundle->entries(),
                                       kiln::FormatByteSize(bytes)));
     }
     request.set_after(page->next_after());
   } while (request.after() != 0);
-  if (absl::Status written = bundle.Finish(file); !written.ok()) return Fail(written);
-  progress.Print(absl::StrFormat("exported %d entries (%s) to %s", bundle.entries(),
-                                 kiln::FormatByteSize(bytes), file));
+  if (absl::Status written = bundle->Finish(); !written.ok()) return Fail(written);
+  progress.Print(absl::StrFormat("exported %d entries (%s) to %s%s", bundle->entries(),
+                                 kiln::FormatByteSize(bytes), file,
+                                 signer.has_value() ? ", signed by key " + signer->id() : ""));
   return kOk;
 }
 
@@ -431,48 +452,79 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
 constexpr size_t kImportEntriesPerCall = 256;
 constexpr size_t kImportBytesPerCall = 8 << 20;
 
+// Reads the bundle at `file` a record at a time, every digest checked,
+// giving each entry to `use` (which may stop the read with an error).
+absl::StatusOr<kiln::BundleReader> ForEachBundleEntry(
+    const std::string& file, absl::FunctionRef<absl::Status(kiln::v1::BundleEntry&&)> use) {
+  absl::StatusOr<kiln::BundleReader> reader = kiln::BundleReader::Open(file);
+  if (!reader.ok()) return reader.status();
+  while (true) {
+    absl::StatusOr<std::optional<kiln::v1::BundleEntry>> entry = reader->Next();
+    if (!entry.ok()) return entry.status();
+    if (!entry->has_value()) return reader;
+    if (absl::Status used = use(**std::move(entry)); !used.ok()) return used;
+  }
+}
+
 int Import(kiln::Client& client, const std::vector<std::string>& args) {
   if (args.size() != 1) return Usage("import needs one FILE");
-  absl::StatusOr<std::vector<kiln::v1::BundleEntry>> entries = kiln::ReadBundle(args[0]);
-  if (!entries.ok()) return Fail(entries.status());
+  // Read twice: once to check all of it (nothing is stored from a damaged
+  // bundle), then to store it, a batch at a time; memory holds one batch.
+  size_t total = 0;
+  absl::StatusOr<kiln::BundleReader> checked =
+      ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&&) {
+        ++total;
+        return absl::OkStatus();
+      });
+  if (!checked.ok()) return Fail(checked.status(), "nothing was imported");
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
   size_t imported = 0;
-  size_t next = 0;
-  while (next < entries->size()) {
-    std::vector<kiln::Client::EntryToPut> batch;
-    size_t batch_bytes = 0;
-    for (; next < entries->size() && batch.size() < kImportEntriesPerCall &&
-           (batch.empty() || batch_bytes < kImportBytesPerCall);
-         ++next) {
-      const kiln::v1::BundleEntry& entry = (*entries)[next];
-      kiln::Client::EntryToPut& put = batch.emplace_back();
+  std::vector<kiln::v1::BundleEntry> batch;
+  size_t batch_bytes = 0;
+  const auto send = [&]() -> absl::Status {
+    std::vector<kiln::Client::EntryToPut> puts;
+    for (kiln::v1::BundleEntry& entry : batch) {
+      kiln::Client::EntryToPut& put = puts.emplace_back();
       put.ns = entry.namespace_();
       put.key = entry.key();
-      for (const kiln::v1::Blob& blob : entry.blobs()) {
-        put.named_blobs.emplace_back(blob.name(), blob.data());
-        batch_bytes += blob.data().size();
+      for (kiln::v1::Blob& blob : *entry.mutable_blobs()) {
+        put.named_blobs.emplace_back(blob.name(), std::move(*blob.mutable_data()));
       }
     }
-    const auto stopped = [&](const absl::Status& status, const kiln::Client::EntryToPut& at) {
-      progress.Clear();
-      return Fail(status, absl::StrFormat("import of %s stopped after %d of %d entries (those are "
-                                          "stored; importing the file again stores the rest); %s/%s",
-                                          args[0], imported, entries->size(), at.ns, at.key));
-    };
-    absl::StatusOr<std::vector<absl::Status>> results = client.PutMany(batch);
-    if (!results.ok()) return stopped(results.status(), batch.front());
-    size_t failed = results->size();
-    for (size_t i = 0; i < results->size(); ++i) {
-      if ((*results)[i].ok()) {
-        ++imported;
-      } else if (failed == results->size()) {
-        failed = i;
+    absl::StatusOr<std::vector<absl::Status>> results = client.PutMany(puts);
+    for (size_t i = 0; results.ok() && i < results->size(); ++i) {
+      if (!(*results)[i].ok()) {
+        return absl::Status((*results)[i].code(), absl::StrCat(puts[i].ns, "/", puts[i].key, ": ",
+                                                               (*results)[i].message()));
       }
+      ++imported;
     }
-    if (failed != results->size()) return stopped((*results)[failed], batch[failed]);
-    progress.Update(absl::StrFormat("importing: %d/%d entries", imported, entries->size()));
+    if (!results.ok()) return results.status();
+    batch.clear();
+    batch_bytes = 0;
+    progress.Update(absl::StrFormat("importing: %d/%d entries", imported, total));
+    return absl::OkStatus();
+  };
+  absl::StatusOr<kiln::BundleReader> stored =
+      ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&& entry) -> absl::Status {
+        batch_bytes += entry.ByteSizeLong();
+        batch.push_back(std::move(entry));
+        if (batch.size() < kImportEntriesPerCall && batch_bytes < kImportBytesPerCall) {
+          return absl::OkStatus();
+        }
+        return send();
+      });
+  absl::Status status = stored.status();
+  if (status.ok() && !batch.empty()) status = send();
+  if (!status.ok()) {
+    progress.Clear();
+    return Fail(status, absl::StrFormat("import of %s stopped after %d of %d entries (those are "
+                                        "stored; importing the file again stores the rest)",
+                                        args[0], imported, total));
   }
-  progress.Print(absl::StrFormat("imported %d entries from %s", imported, args[0]));
+  progress.Print(absl::StrFormat(
+      "imported %d entries from %s%s", imported, args[0],
+      checked->signature().has_value() ? ", signed by key " + checked->signature()->key_id : ""));
   return kOk;
 }
 
@@ -482,9 +534,12 @@ struct RecordedKernel {
   kiln::v1::PrewarmRequest request;  // without its target
 };
 
-std::vector<RecordedKernel> RecordedKernels(const std::vector<kiln::v1::BundleEntry>& entries) {
+// The recorded kernels of the bundle at `file`: memory holds their frontend
+// outputs and key inputs, never the bundle.
+absl::StatusOr<std::vector<RecordedKernel>> RecordedKernels(const std::string& file) {
   std::vector<RecordedKernel> kernels;
-  for (const kiln::v1::BundleEntry& entry : entries) {
+  absl::StatusOr<kiln::BundleReader> read =
+      ForEachBundleEntry(file, [&](kiln::v1::BundleEntry&& entry) {
     RecordedKernel kernel;
     kernel.request.set_namespace_(entry.namespace_());
     for (const kiln::v1::Blob& blob : entry.blobs()) {
@@ -497,7 +552,9 @@ std::vector<RecordedKernel> RecordedKernels(const std::vector<kiln::v1::BundleEn
     }
     // Entries of no Triton kernel (launchers, inductor's graphs) have no frontend output.
     if (!kernel.name.empty()) kernels.push_back(std::move(kernel));
-  }
+    return absl::OkStatus();
+  });
+  if (!read.ok()) return read.status();
   return kernels;
 }
 
@@ -516,9 +573,9 @@ int Prewarm(kiln::Client& client, const std::vector<std::string>& args) {
     }
   }
   if (file.empty() || targets.empty()) return Usage("prewarm needs FILE and at least one --target");
-  absl::StatusOr<std::vector<kiln::v1::BundleEntry>> entries = kiln::ReadBundle(file);
-  if (!entries.ok()) return Fail(entries.status());
-  const std::vector<RecordedKernel> kernels = RecordedKernels(*entries);
+  absl::StatusOr<std::vector<RecordedKernel>> recorded = RecordedKernels(file);
+  if (!recorded.ok()) return Fail(recorded.status());
+  const std::vector<RecordedKernel>& kernels = *recorded;
   if (kernels.empty()) {
     std::cerr << "kiln: " << file << " holds no recorded Triton kernel (entries with "
               << "<kernel>.source); export a cache that the kiln Python client filled\n";

@@ -2,7 +2,10 @@
 that then starts warm, and a damaged bundle refused whole. Real kilnds, the
 real client compiling the kernel suite."""
 
+import hashlib
+import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -87,6 +90,83 @@ def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path)
         target.stop()
 
 
+def openssl(*args):
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+
+def test_a_bundle_signed_at_export_names_its_key_and_imports(tmp_path):
+    key = tmp_path / "publisher.pem"
+    openssl("genpkey", "-algorithm", "ed25519", "-out", key)
+    openssl("pkey", "-in", key, "-pubout", "-outform", "DER", "-out", tmp_path / "publisher.der")
+    key_id = hashlib.sha256((tmp_path / "publisher.der").read_bytes()[-32:]).hexdigest()  # the raw key ends the DER
+    source = Kilnd(tmp_path / "source")
+    try:
+        blob = tmp_path / "k.cubin"
+        blob.write_bytes(os.urandom(5000))
+        assert kiln(source, "put", "triton", "signed", f"k.cubin={blob}").returncode == 0
+        exported = kiln(source, "export", tmp_path / "signed.kilnbundle", "--sign", key)
+        assert exported.returncode == 0 and f"signed by key {key_id}" in exported.stdout, exported
+        rsa = tmp_path / "rsa.pem"
+        openssl("genpkey", "-algorithm", "rsa", "-out", rsa)
+        refused = kiln(source, "export", tmp_path / "no.kilnbundle", "--sign", rsa)
+        assert refused.returncode == 2 and "not an unencrypted Ed25519 private key" in refused.stderr
+        assert "openssl genpkey -algorithm ed25519" in refused.stderr
+        assert not (tmp_path / "no.kilnbundle").exists() and not (tmp_path / "no.kilnbundle.partial").exists()
+    finally:
+        source.stop()
+    signed = (tmp_path / "signed.kilnbundle").read_bytes()
+    assert signed.startswith(b"KILNBUNDLE 2\n") and signed[-100:-96] == b"SIG "
+    assert signed[-96:-64].hex() == key_id
+    target = Kilnd(tmp_path / "target")
+    try:
+        imported = kiln(target, "import", tmp_path / "signed.kilnbundle")
+        assert imported.returncode == 0, imported.stderr
+        assert f"imported 1 entries from {tmp_path / 'signed.kilnbundle'}, signed by key {key_id}" in imported.stdout
+        got = kiln(target, "get", "triton", "signed", "-o", tmp_path / "out")
+        assert got.returncode == 0 and (tmp_path / "out" / "k.cubin").read_bytes() == blob.read_bytes()
+    finally:
+        target.stop()
+
+
+def write_bundle(path, entries):
+    """A version 1 bundle of `entries` ((namespace, key, {name: bytes})), written
+    as client/cpp/bundle.h lays it out, a record at a time."""
+    from kiln.service import api
+
+    digest = hashlib.sha256()
+    with open(path, "wb") as out:
+        def write(data):
+            digest.update(data)
+            out.write(data)
+
+        write(b"KILNBUNDLE 1\n")
+        for namespace, key, blobs in entries:
+            record = api.BundleEntry(namespace=namespace, key=key, blobs=[
+                api.blob(name, data) for name, data in blobs.items()]).SerializeToString()
+            write(struct.pack("<I", len(record)) + record)
+        out.write(b"END " + digest.digest())
+
+
+def test_importing_a_large_bundle_holds_a_batch_in_memory_not_the_bundle(tmp_path):
+    bundle = tmp_path / "large.kilnbundle"
+    chunk = os.urandom(1 << 20)
+    write_bundle(bundle, (("triton", f"large{i}", {"k.cubin": bytes([i]) + chunk[1:]}) for i in range(160)))
+    target = Kilnd(tmp_path / "target")
+    try:
+        # GNU time reports the import's peak resident memory (KiB) on stderr's last line.
+        imported = subprocess.run(["/usr/bin/time", "-f", "%M", str(KILN), "--endpoint", f"unix:{target.socket}",
+                                   "import", str(bundle)], capture_output=True, text=True, timeout=600)
+        assert imported.returncode == 0 and "imported 160 entries" in imported.stdout, imported.stderr
+        assert target.stats().entries == 160
+        got = kiln(target, "get", "triton", "large159", "-o", tmp_path / "out")
+        assert got.returncode == 0 and (tmp_path / "out" / "k.cubin").read_bytes() == bytes([159]) + chunk[1:]
+    finally:
+        target.stop()
+    peak_mib = int(imported.stderr.strip().splitlines()[-1]) / 1024
+    print(f"kiln import of a {bundle.stat().st_size >> 20} MiB bundle: peak RSS {peak_mib:.0f} MiB")
+    assert peak_mib < 64
+
+
 def test_prewarm_compiles_a_bundle_recorded_for_sm80_into_sm90_entries_that_an_sm90_client_hits(
         tmp_path, stock_suite):  # noqa: F811
     base = hermetic.stock_env()
@@ -132,7 +212,9 @@ def test_python_prewarm_reads_the_bundle_itself_and_refuses_a_damaged_one(tmp_pa
     try:
         run_probe(dict(base, KILN="1", KILN_ENDPOINT=f"unix:{recorder.socket}", TRITON_CACHE_DIR=str(tmp_path / "c1"),
                        KILN_FILES_DIR=str(tmp_path / "f1")), "first")  # the first suite kernel, at sm90
-        assert kiln(recorder, "export", bundle, "--namespace", "triton").returncode == 0
+        # Signed: prewarm reads the signature record past the checksum, and needs no trust (kilnd compiles).
+        openssl("genpkey", "-algorithm", "ed25519", "-out", tmp_path / "key.pem")
+        assert kiln(recorder, "export", bundle, "--namespace", "triton", "--sign", tmp_path / "key.pem").returncode == 0
     finally:
         recorder.stop()
     damaged = tmp_path / "damaged.kilnbundle"

@@ -5,6 +5,7 @@ with only this package."""
 
 import concurrent.futures
 import hashlib
+import os
 import struct
 import sys
 import threading
@@ -15,9 +16,13 @@ from kiln.local import index as _index
 from kiln.service import api as _api
 from kiln.service import connection as _service
 
-_MAGIC = b"KILNBUNDLE 1\n"
+# The format of client/cpp/bundle.h: version 1 unsigned, version 2 signed
+# (a signature record after the checksum, which prewarm has no use for: it
+# sends only what kilnd compiles itself).
+_MAGICS = {b"KILNBUNDLE 1\n": 0, b"KILNBUNDLE 2\n": 4 + 32 + 64}
 _TRAILER = b"END "
 _DIGEST_SIZE = 32
+_MAX_ENTRY_BYTES = 32 << 20
 
 
 class BundleError(ValueError):
@@ -25,39 +30,58 @@ class BundleError(ValueError):
 
 
 def read_bundle(path):
-    """The entries of a bundle file, every digest checked first (one changed
-    byte refuses all of it). BundleError names what is wrong."""
+    """Yields the entries of a bundle file a record at a time, every blob's
+    digest checked, then checks the whole file's checksum: a caller acts on
+    what it kept only once the last entry came. BundleError names what is wrong."""
     try:
-        data = Path(path).read_bytes()
+        bundle = open(path, "rb")  # noqa: SIM115  (closed below, across yields)
     except OSError as error:
         raise BundleError(f"cannot read {path}: {error.strerror}") from error
-    if not data.startswith(_MAGIC):
-        raise BundleError(f"{path} is not a Kiln bundle (make one with `kiln export`)")
+    with bundle:
+        size = os.fstat(bundle.fileno()).st_size
+        magic = bundle.read(len(next(iter(_MAGICS))))
+        if magic not in _MAGICS:
+            raise BundleError(f"{path} is not a Kiln bundle (make one with `kiln export`)")
 
-    def damaged(what):
-        return BundleError(f"{path} is damaged ({what}); copy or export it again")
+        def damaged(what):
+            return BundleError(f"{path} is damaged ({what}); copy or export it again")
 
-    trailer_at = len(data) - len(_TRAILER) - _DIGEST_SIZE
-    if trailer_at < len(_MAGIC) or data[trailer_at:trailer_at + len(_TRAILER)] != _TRAILER:
-        raise damaged("it ends early")
-    body = data[:trailer_at]
-    if hashlib.sha256(body).digest() != data[-_DIGEST_SIZE:]:
-        raise damaged("its checksum does not match")
-    entries, at = [], len(_MAGIC)
-    while at < len(body):
-        if len(body) - at < 4 or len(body) - at - 4 < struct.unpack_from("<I", body, at)[0]:
-            raise damaged("an entry ends early")
-        size = struct.unpack_from("<I", body, at)[0]
-        try:
-            entry = _api.BundleEntry.FromString(body[at + 4:at + 4 + size])
-        except Exception as error:  # noqa: BLE001  (protobuf's DecodeError, by version)
-            raise damaged("an entry does not parse") from error
-        at += 4 + size
-        for blob in entry.blobs:
-            if hashlib.sha256(blob.data).digest() != blob.sha256 or blob.size != len(blob.data):
-                raise damaged(f"blob {blob.name} of {entry.namespace}/{entry.key} does not match its SHA-256")
-        entries.append(entry)
-    return entries
+        body_end = size - len(_TRAILER) - _DIGEST_SIZE - _MAGICS[magic]
+        if body_end < len(magic):
+            raise damaged("it ends early")
+        digest = hashlib.sha256(magic)
+        at = len(magic)
+
+        def read(count):
+            data = bundle.read(count)
+            if len(data) != count:
+                raise damaged("it ends early")
+            return data
+
+        while at < body_end:
+            if body_end - at < 4:
+                raise damaged("an entry ends early")
+            length = read(4)
+            entry_size = struct.unpack("<I", length)[0]
+            if entry_size > body_end - at - 4:
+                raise damaged("an entry ends early")
+            if entry_size > _MAX_ENTRY_BYTES:
+                raise damaged(f"an entry of {entry_size} bytes, over the limit of {_MAX_ENTRY_BYTES}")
+            record = read(entry_size)
+            digest.update(length)
+            digest.update(record)
+            at += 4 + entry_size
+            try:
+                entry = _api.BundleEntry.FromString(record)
+            except Exception as error:  # noqa: BLE001  (protobuf's DecodeError, by version)
+                raise damaged("an entry does not parse") from error
+            for blob in entry.blobs:
+                if hashlib.sha256(blob.data).digest() != blob.sha256 or blob.size != len(blob.data):
+                    raise damaged(f"blob {blob.name} of {entry.namespace}/{entry.key} does not match its SHA-256")
+            yield entry
+        trailer = read(len(_TRAILER) + _DIGEST_SIZE)
+        if trailer[:len(_TRAILER)] != _TRAILER or trailer[len(_TRAILER):] != digest.digest():
+            raise damaged("its checksum does not match")
 
 
 def recorded_kernels(entries):
