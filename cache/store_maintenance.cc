@@ -13,6 +13,7 @@
 #include "cache/artifact_store.h"
 #include "cache/artifact_store_internal.h"
 #include "cache/sqlite.h"
+#include "cache/wal_checkpointer.h"
 #include "common/fmt_absl.h"
 #include "common/platform.h"
 #include "common/sha256.h"
@@ -100,7 +101,9 @@ void ArtifactStore::MaintenanceLoop() {
   // Eviction, sweeps and counts yield the CPU to lookups: on a machine of few
   // cores, an eviction beside a stream of lookups otherwise put milliseconds
   // into their p99. (Puts that wait for an eviction batch wait a little longer.)
+  // The WAL its commits grow is checkpointed here too, at this priority.
   platform::LowerCurrentThreadPriority();
+  const WalCheckpointer::CommitsCheckpointThemselves at_this_priority;
   if (sweep_orphans_) {
     spdlog::info("cache: the last kilnd did not stop cleanly; sweeping files it left unrecorded");
     if (!RemoveOrphanFiles()) return;  // stopped: the next start sweeps again

@@ -19,6 +19,8 @@ constexpr int kWalPagesWriterCheckpoints = 8;
 // How long the writer is idle before the WAL is cut to nothing.
 constexpr std::chrono::seconds kIdleBeforeCut{1};
 
+thread_local bool commits_checkpoint_themselves = false;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
@@ -28,6 +30,13 @@ absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
   std::unique_ptr<WalCheckpointer> checkpointer(
       new WalCheckpointer(std::move(db), wal_pages, writer_mutex));
   writer.OnWalCommit([raw = checkpointer.get(), &writer](int pages) {
+    if (commits_checkpoint_themselves && pages >= raw->wal_pages_) {
+      if (absl::StatusOr<int> left = writer.CheckpointPassively(); !left.ok()) {
+        spdlog::debug("cache: WAL checkpoint: {}", left.status().message());
+      }
+      raw->NoteCommit(0);  // a commit all the same: the WAL is cut once they stop
+      return;
+    }
     if (pages >= kWalPagesWriterCheckpoints * raw->wal_pages_) {
       // The checkpointer's thread is not keeping up (starved of CPU): the
       // commit checkpoints, as SQLite's own would.
@@ -40,6 +49,14 @@ absl::StatusOr<std::unique_ptr<WalCheckpointer>> WalCheckpointer::Start(
   });
   checkpointer->thread_ = std::thread([raw = checkpointer.get()] { raw->Run(); });
   return checkpointer;
+}
+
+WalCheckpointer::CommitsCheckpointThemselves::CommitsCheckpointThemselves() {
+  commits_checkpoint_themselves = true;
+}
+
+WalCheckpointer::CommitsCheckpointThemselves::~CommitsCheckpointThemselves() {
+  commits_checkpoint_themselves = false;
 }
 
 WalCheckpointer::WalCheckpointer(std::unique_ptr<sqlite::Database> db, int wal_pages,

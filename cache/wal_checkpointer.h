@@ -44,6 +44,20 @@ class WalCheckpointer {
                                                                 std::mutex& writer_mutex);
   // Ends the thread after the checkpoint in progress, if any.
   ~WalCheckpointer();
+
+  // While one lives, the commits of the thread that made it checkpoint the
+  // WAL they grew themselves, at that thread's priority, as SQLite's own
+  // autocheckpoint does; the checkpointer's thread is not woken for them.
+  // For a background writer (eviction, at a lowered priority): the
+  // checkpointer's thread, at normal priority, would take a core from
+  // lookups for work nothing waits for.
+  class CommitsCheckpointThemselves {
+   public:
+    CommitsCheckpointThemselves();
+    ~CommitsCheckpointThemselves();
+    CommitsCheckpointThemselves(const CommitsCheckpointThemselves&) = delete;
+    CommitsCheckpointThemselves& operator=(const CommitsCheckpointThemselves&) = delete;
+  };
   WalCheckpointer(const WalCheckpointer&) = delete;
   WalCheckpointer& operator=(const WalCheckpointer&) = delete;
 
