@@ -104,7 +104,7 @@ struct ArtifactStore::Writer {
   sqlite::Statement end_put;
   sqlite::Statement find_entry;
   sqlite::Statement delete_entry;
-  sqlite::Statement entry_blob_ids;
+  sqlite::Statement entry_blob_ids;  // deletes them, returning their blobs
   sqlite::Statement entry_name;
   sqlite::Statement find_blob;
   sqlite::Statement insert_blob;
@@ -112,6 +112,7 @@ struct ArtifactStore::Writer {
   sqlite::Statement insert_entry_blob;
   sqlite::Statement orphan_blob;
   sqlite::Statement delete_blob;
+  sqlite::Statement delete_served_copies;
   sqlite::Statement touch_entry;
   sqlite::Statement least_recently_used;
   sqlite::Statement least_recently_used_in_range;

@@ -855,6 +855,30 @@ TEST_F(ArtifactStoreTest, AnEvictedEntrysServedFilesStayForAReaderThatFoundItAMo
   EXPECT_EQ(FilesUnder(dir_.path() / "data" / "files"), std::vector<fs::path>{});
 }
 
+// The writer deletes what the foreign keys would cascade to itself: no row
+// may be left naming one that went.
+TEST_F(ArtifactStoreTest, ReplacingAndEvictingLeaveNoRowNamingOneThatWent) {
+  StoreOptions options = Options();
+  options.served_copy_grace = absl::ZeroDuration();
+  auto store = OpenStore(options);
+  const ArtifactStore::AsFiles as_files{"ns"};
+  ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(51)).ok());
+  ASSERT_TRUE(store->Put("ns", "b", KernelBlobs(51)).ok());  // the same blobs, shared
+  ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());  // served copies recorded
+  ASSERT_TRUE(store->Put("ns", "a", KernelBlobs(52)).ok());   // replaced: b keeps the old blobs
+  const auto dangling = [&] {
+    return QueryText("SELECT count(*) FROM pragma_foreign_key_check");
+  };
+  EXPECT_EQ(dangling(), "0");
+  EXPECT_EQ(QueryText("SELECT count(*) FROM entry_blobs"), std::to_string(2 * KernelBlobs(51).size()));
+  EXPECT_NE(QueryText("SELECT count(*) FROM served_copies"), "0") << "b's blobs keep a's copies";
+  ASSERT_EQ(store->EvictToSize(0).value_or(0), 2u);
+  EXPECT_EQ(dangling(), "0");
+  for (const char* table : {"entries", "entry_blobs", "blobs", "served_copies"}) {
+    EXPECT_EQ(QueryText(absl::StrCat("SELECT count(*) FROM ", table)), "0") << table;
+  }
+}
+
 TEST_F(ArtifactStoreTest, AnOperatorsEvictionWaitsOutTheGraceAndLeavesNoServedCopy) {
   StoreOptions options = Options();
   options.served_copy_grace = absl::Milliseconds(500);
