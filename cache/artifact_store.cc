@@ -47,7 +47,6 @@ constexpr char kCleanStopFile[] = "clean-stop";
 // no more than one.
 constexpr size_t kPutsPerCommit = 512;
 
-
 int64_t NowMillis() { return absl::ToUnixMillis(absl::Now()); }
 
 // "tenant:alpha" of "tenant:alpha/triton": the trust domain a namespace is in.

@@ -50,7 +50,8 @@ ArtifactStore::EntryToEvict ArtifactStore::EntryToEvictAt(const sqlite::Statemen
   return entry;
 }
 
-absl::StatusOr<std::vector<ArtifactStore::EntryToEvict>> ArtifactStore::EntriesToEvict(sqlite::Statement& query) {
+absl::StatusOr<std::vector<ArtifactStore::EntryToEvict>> ArtifactStore::EntriesToEvict(
+    sqlite::Statement& query) {
   std::vector<EntryToEvict> entries;
   absl::StatusOr<bool> row;
   while ((row = query.Step()).ok() && *row) entries.push_back(EntryToEvictAt(query));

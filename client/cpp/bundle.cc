@@ -53,6 +53,15 @@ absl::StatusOr<BundleWriter> BundleWriter::Create(const fs::path& path,
   return writer;
 }
 
+BundleWriter::BundleWriter(BundleWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      partial_(std::exchange(other.partial_, fs::path())),
+      out_(std::move(other.out_)),
+      digest_(std::move(other.digest_)),
+      signer_(other.signer_),
+      entries_(other.entries_),
+      finished_(other.finished_) {}
+
 BundleWriter::~BundleWriter() {
   if (finished_ || partial_.empty()) return;
   out_.close();

@@ -41,7 +41,10 @@ class BundleWriter {
   // `signer` when given (which must outlive the writer).
   static absl::StatusOr<BundleWriter> Create(const std::filesystem::path& path,
                                              const Ed25519PrivateKey* signer = nullptr);
-  BundleWriter(BundleWriter&&) = default;
+  // The moved-from writer no longer owns the partial file (its destructor
+  // would remove it).
+  BundleWriter(BundleWriter&& other) noexcept;
+  BundleWriter& operator=(BundleWriter&&) = delete;
   ~BundleWriter();
 
   // INVALID_ARGUMENT for an entry over kMaxBundleEntryBytes (nothing written).
