@@ -211,6 +211,17 @@ absl::Status ArtifactStore::Initialize() {
        "INSERT OR REPLACE INTO leftover_files (path, disk_bytes) VALUES (?1, ?2)"},
       {&Writer::leftovers, "SELECT path, disk_bytes FROM leftover_files LIMIT 1000"},
       {&Writer::forget_leftover, "DELETE FROM leftover_files WHERE path = ?1"},
+      {&Writer::entry_digests,
+       "SELECT eb.name, b.digest FROM entries e JOIN entry_blobs eb ON eb.entry_id = e.id "
+       "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace = ?1 AND e.key = ?2"},
+      {&Writer::journal_import,
+       "INSERT OR IGNORE INTO imported_entries (import_id, namespace, key) VALUES (?1, ?2, ?3)"},
+      {&Writer::imported_entries,
+       "SELECT namespace, key FROM imported_entries WHERE import_id = ?1 LIMIT ?2"},
+      {&Writer::forget_imported,
+       "DELETE FROM imported_entries WHERE import_id = ?1 AND namespace = ?2 AND key = ?3"},
+      {&Writer::finish_import, "DELETE FROM imported_entries WHERE import_id = ?1"},
+      {&Writer::unfinished_imports, "SELECT DISTINCT import_id FROM imported_entries"},
       {&Writer::served_copy_recorded,
        "SELECT 1 FROM served_copies c JOIN blobs b ON b.id = c.blob_id "
        "WHERE b.digest = ?1 AND c.extension = ?2"},
@@ -521,6 +532,8 @@ struct ArtifactStore::QueuedPut {
   std::vector<std::string> inserted_digests;  // of the blob rows it added
   bool new_entry = false;  // not one replaced
   FreedBlobs freed;
+  const ImportMode* import = nullptr;  // set for an import's entries
+  ImportedAs imported_as = ImportedAs::kStored;
 };
 
 absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
@@ -546,6 +559,12 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
 }
 
 std::vector<absl::Status> ArtifactStore::PutMany(std::vector<EntryInput> entries) {
+  return PutMany(std::move(entries), nullptr, nullptr);
+}
+
+std::vector<absl::Status> ArtifactStore::PutMany(std::vector<EntryInput> entries,
+                                                 const ImportMode* import,
+                                                 std::vector<ImportedAs>* imported_as) {
   static const NamedDigests kNoneStored;
   std::vector<absl::Status> results(entries.size());
   std::vector<QueuedPut> puts;
@@ -565,6 +584,7 @@ std::vector<absl::Status> ArtifactStore::PutMany(std::vector<EntryInput> entries
     put.key = entry.key;
     put.stored = &kNoneStored;
     put.prepared = *std::move(prepared);
+    put.import = import;
     put_of_entry.push_back(i);
   }
   // A commit's worth at a time, so that a stop ends a bulk writer's call
@@ -579,7 +599,11 @@ std::vector<absl::Status> ArtifactStore::PutMany(std::vector<EntryInput> entries
       CommitInGroup(puts, first, end);
     }
   }
-  for (size_t i = 0; i < puts.size(); ++i) results[put_of_entry[i]] = puts[i].result;
+  if (imported_as != nullptr) imported_as->assign(entries.size(), ImportedAs::kStored);
+  for (size_t i = 0; i < puts.size(); ++i) {
+    results[put_of_entry[i]] = puts[i].result;
+    if (imported_as != nullptr) (*imported_as)[put_of_entry[i]] = puts[i].imported_as;
+  }
   return results;
 }
 
@@ -709,6 +733,17 @@ void ArtifactStore::RemovePublishedFiles(const QueuedPut& put) {
 
 absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
   Writer& w = *writer_;
+  if (put.import != nullptr) {
+    ASSIGN_OR_RETURN(put.imported_as,
+                     ImportedAsLocked(put.ns, put.key, put.prepared, put.import->replace));
+    if (put.imported_as == ImportedAs::kUnchanged || put.imported_as == ImportedAs::kConflict) {
+      return absl::OkStatus();  // kept as it is
+    }
+    RETURN_IF_ERROR(w.journal_import.Bind(1, put.import->id)
+                        .BindText(2, put.ns)
+                        .BindText(3, put.key)
+                        .Run());
+  }
   std::vector<int64_t> replaced_blob_ids;
   ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(put.ns, put.key, replaced_blob_ids,
                                                               put.new_entry));

@@ -200,6 +200,24 @@ class ArtifactStore {
     std::vector<BlobInput> blobs;
   };
   std::vector<absl::Status> PutMany(std::vector<EntryInput> entries);
+  // An import's PutMany (a bundle's entries): an entry stored already is kept
+  // as it is, unless `replace` and its blobs differ, and `imported_as` says
+  // how each went. Each entry stored is journaled under `id` until
+  // FinishImport(id); AbandonImport(id), or the first open after a stop cut
+  // the import short, removes them: the import's entries are stored all or none.
+  struct ImportMode {
+    int64_t id = 0;
+    bool replace = false;
+  };
+  enum class ImportedAs { kStored, kUnchanged, kConflict, kReplaced };
+  std::vector<absl::Status> PutMany(std::vector<EntryInput> entries, const ImportMode* import,
+                                    std::vector<ImportedAs>* imported_as);
+  // The import's entries stay: their journal goes.
+  absl::Status FinishImport(int64_t import_id);
+  // Removes the entries the import stored, a batch a transaction, until
+  // none is left or a stop (the next open takes back the rest). Returns how
+  // many went.
+  absl::StatusOr<uint64_t> AbandonImport(int64_t import_id);
 
   // The entries whose namespace starts with `ns_prefix`, created at or after
   // `since`, in the order they were stored, a page at a time: those after
@@ -260,6 +278,7 @@ class ArtifactStore {
   // destructor: kilnd calls it as soon as it is asked to stop, before it waits
   // for in-flight calls, so that none of them keeps it from stopping.
   void RequestStop();
+  bool stop_requested() const { return stop_requested_.load(); }
 
   struct VerifyReport {
     uint64_t blobs_checked = 0;
@@ -346,6 +365,12 @@ class ArtifactStore {
   void CommitGroupLocked(const std::vector<QueuedPut*>& group);
   // One put's rows, within the group's transaction.
   absl::Status PutInTransactionLocked(QueuedPut& put);
+  // How an import's entry of `blobs` goes, by the entry stored under (ns, key).
+  absl::StatusOr<ImportedAs> ImportedAsLocked(absl::string_view ns, absl::string_view key,
+                                              const std::vector<PreparedBlob>& blobs,
+                                              bool replace);
+  // Imports that a stop or a crash cut short: their entries go (the maintenance thread).
+  void AbandonUnfinishedImports();
   void RemovePublishedFiles(const QueuedPut& put);
   // Deletes an entry; appends the ids of the blobs it used (candidates for
   // orphan deletion before commit).

@@ -128,6 +128,12 @@ struct ArtifactStore::Writer {
   sqlite::Statement record_leftover;
   sqlite::Statement leftovers;
   sqlite::Statement forget_leftover;
+  sqlite::Statement entry_digests;  // an entry's (name, digest) by its names
+  sqlite::Statement journal_import;
+  sqlite::Statement imported_entries;
+  sqlite::Statement forget_imported;
+  sqlite::Statement finish_import;
+  sqlite::Statement unfinished_imports;
 };
 
 struct ArtifactStore::PreparedBlob {

@@ -109,6 +109,7 @@ void ArtifactStore::MaintenanceLoop() {
     if (!RemoveOrphanFiles()) return;  // stopped: the next start sweeps again
     sweep_orphans_ = false;
   }
+  AbandonUnfinishedImports();
   std::unique_lock lock(maintenance_mutex_);
   while (!stopping_) {
     maintenance_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(options_.lru_flush_interval),

@@ -70,6 +70,15 @@ CREATE TABLE IF NOT EXISTS leftover_files (
   path       TEXT PRIMARY KEY,   -- relative to the data directory
   disk_bytes INTEGER NOT NULL
 ) WITHOUT ROWID;
+-- The entries an import stored, until it finishes: an import that fails or
+-- is cut short by a stop (then at the next open) takes them back, so that a
+-- bundle's entries are stored all or none (store_imports.cc).
+CREATE TABLE IF NOT EXISTS imported_entries (
+  import_id INTEGER NOT NULL,
+  namespace TEXT NOT NULL,
+  key       TEXT NOT NULL,
+  PRIMARY KEY (import_id, namespace, key)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS clean_stop_totals (
   id              INTEGER PRIMARY KEY CHECK (id = 1),
   blobs           INTEGER NOT NULL,

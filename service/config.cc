@@ -106,6 +106,10 @@ const std::vector<Setting>& Settings() {
        Text(&Config::tls_client_ca)},
       {"client_tokens", "file of 'TENANT SHA256-OF-TOKEN' lines: bearer tokens and their tenants",
        Text(&Config::client_tokens)},
+      {"trusted_bundle_keys",
+       "file of PEM Ed25519 public keys: bundles they signed import as they are; others "
+       "bring only kernels kilnd compiles",
+       Text(&Config::trusted_bundle_keys)},
       {"tcp_idle_seconds",
        "with tcp_listen: close connections with no call in progress for this long (some go "
        "after half of it), so that peers that never call free what they hold (300)",

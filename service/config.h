@@ -48,6 +48,10 @@ struct Config {
   // File of "TENANT SHA256-HEX-OF-TOKEN" lines: a client sending one of those
   // tokens (authorization: Bearer TOKEN) is that tenant. Reread when changed.
   std::string client_tokens;
+  // File of PEM Ed25519 public keys: bundles signed by one of them import as
+  // they are (but for native code); others bring only kernels kilnd compiles.
+  // Read at each import.
+  std::string trusted_bundle_keys;
   // Connections to kilnd with no call in progress for this long are closed
   // (some after half of it; clients connect again when they next call), and
   // at most this many are open on the tcp_listen listener at once; more are

@@ -471,24 +471,30 @@ grpc::ServerUnaryReactor* KilnService::Prewarm(grpc::CallbackServerContext* cont
                                                v1::PrewarmResponse* response) {
   return ServeAsync(context, Rpc::kPrewarm, [&](const Caller& caller, auto finish) {
     if (absl::Status status = ValidatePrewarm(*request); !status.ok()) return finish(status);
-    coordinator_.PlanPrewarm(
-        *request, [this, caller, response, finish](absl::StatusOr<PrewarmPlan> plan) {
-          if (!plan.ok()) return finish(plan.status());
-          if (!plan->skipped.empty()) {
-            response->set_skipped(plan->skipped);
-            return finish(absl::OkStatus());
-          }
-          // What the recording's toolchain made of it is checked as any compile is.
-          if (absl::Status valid = ValidateCompile(plan->compile); !valid.ok()) {
-            return finish(valid);
-          }
-          response->set_key(plan->compile.cache_key());
-          // The compile request lives until the compile is answered.
-          auto compile = std::make_shared<v1::CompileRequest>(std::move(plan->compile));
-          StartCompile(caller, *compile, response->mutable_compile(),
-                       [compile, finish](const absl::Status& status) { finish(status); });
-        });
+    StartPrewarm(caller, *request, response, finish);
   });
+}
+
+void KilnService::StartPrewarm(const Caller& caller, v1::PrewarmRequest request,
+                               v1::PrewarmResponse* response,
+                               std::function<void(const absl::Status&)> finish) {
+  coordinator_.PlanPrewarm(
+      std::move(request), [this, caller, response, finish](absl::StatusOr<PrewarmPlan> plan) {
+        if (!plan.ok()) return finish(plan.status());
+        if (!plan->skipped.empty()) {
+          response->set_skipped(plan->skipped);
+          return finish(absl::OkStatus());
+        }
+        // What the recording's toolchain made of it is checked as any compile is.
+        if (absl::Status valid = ValidateCompile(plan->compile); !valid.ok()) {
+          return finish(valid);
+        }
+        response->set_key(plan->compile.cache_key());
+        // The compile request lives until the compile is answered.
+        auto compile = std::make_shared<v1::CompileRequest>(std::move(plan->compile));
+        StartCompile(caller, *compile, response->mutable_compile(),
+                     [compile, finish](const absl::Status& status) { finish(status); });
+      });
 }
 
 grpc::ServerUnaryReactor* KilnService::BuildLauncher(grpc::CallbackServerContext* context,

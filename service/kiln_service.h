@@ -103,6 +103,12 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* ListToolchains(grpc::CallbackServerContext* context,
                                            const v1::ListToolchainsRequest* request,
                                            v1::ListToolchainsResponse* response) override;
+  grpc::ServerReadReactor<v1::ImportBundleChunk>* ImportBundle(
+      grpc::CallbackServerContext* context, v1::ImportBundleResponse* response) override;
+
+  // The file of PEM public keys whose signed bundles import as they are
+  // (trusted_bundle_keys); read at each import.
+  void set_trusted_bundle_keys(std::string file) { trusted_bundle_keys_ = std::move(file); }
 
   // What GetStats answers, and the same as a Prometheus text page (metrics_listen).
   absl::Status FillStats(v1::GetStatsResponse& response) const;
@@ -116,8 +122,14 @@ class KilnService final : public v1::Kiln::CallbackService {
   void StartCompile(const Caller& caller, const v1::CompileRequest& request,
                     v1::CompileResponse* response,
                     std::function<void(const absl::Status&)> finish);
+  // Plans and compiles a recorded kernel for `caller` (Prewarm; an untrusted
+  // bundle's kernels) into `response`, which must outlive `finish`.
+  void StartPrewarm(const Caller& caller, v1::PrewarmRequest request,
+                    v1::PrewarmResponse* response,
+                    std::function<void(const absl::Status&)> finish);
   enum class Where { kInline, kBlockingPool };
   class LookupOrClaimCall;  // lookup_or_claim_call.cc
+  class ImportBundleCall;   // import_bundle_call.cc
 
   // The caller's trust domain (see TcpAccess); UNAUTHENTICATED, naming what
   // to send, for a wrong token or a client that must but does not identify.
@@ -162,6 +174,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   const std::string data_dir_;
   const std::string executable_;
   const TcpAccess tcp_access_;
+  std::string trusted_bundle_keys_;
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
   CallActivity activity_;

@@ -188,6 +188,7 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
     server_options.compiles_per_tenant =
         config.tenant_compiles > 0 ? config.tenant_compiles : std::max(1, workers / 2);
   }
+  server_options.trusted_bundle_keys = config.trusted_bundle_keys;
   server_options.max_request_size = config.max_request_size;
   server_options.data_dir = config.data_dir.string();
   server_options.served_files_dir = store->served_files_dir().string();

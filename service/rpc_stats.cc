@@ -5,7 +5,7 @@ namespace {
 
 constexpr std::array<absl::string_view, static_cast<size_t>(Rpc::kCount)> kRpcNames = {
     "Lookup", "LookupOrClaim", "Put", "RecordHits", "Compile", "BuildLauncher", "GetStats", "ListToolchains", "Evict", "Verify", "ListEntries", "ListMisses", "Prewarm",
-    "CompileInductorKernel", "PutMany"};
+    "CompileInductorKernel", "PutMany", "ImportBundle"};
 
 double Millis(absl::Duration duration) { return absl::ToDoubleMilliseconds(duration); }
 

@@ -30,6 +30,7 @@ enum class Rpc {
   kPrewarm,
   kCompileInductorKernel,
   kPutMany,
+  kImportBundle,
   kCount
 };
 

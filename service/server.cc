@@ -16,6 +16,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
+#include "service/bundle_import.h"
 #include "grpcpp/server_builder.h"
 #include "service/malformed_requests.h"
 #include "spdlog/spdlog.h"
@@ -206,6 +207,13 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
   }
   server->service_ = std::make_unique<KilnService>(
       store, toolchains, coordinator, options.data_dir, options.claim_limits, tcp_access);
+  server->service_->set_trusted_bundle_keys(options.trusted_bundle_keys);
+  if (!options.data_dir.empty()) {
+    // Bundles a kilnd that stopped was receiving (their imports stored nothing that stays).
+    std::error_code error;
+    std::filesystem::remove_all(std::filesystem::path(options.data_dir) / std::string(kImportsDirName),
+                                error);
+  }
   // Must precede building the server; serves grpc.health.v1 with no extra code.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

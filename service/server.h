@@ -30,6 +30,8 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;
   std::string client_tokens;
+  // File of PEM public keys whose signed bundles import as they are (trusted_bundle_keys).
+  std::string trusted_bundle_keys;
   // With tcp_address: a connection with no call in progress for this long is
   // closed (every listener's: gRPC's setting is the server's), and at most
   // `tcp_max_connections` are open on tcp_address at once (connection_cap.h).

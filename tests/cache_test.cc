@@ -422,6 +422,73 @@ TEST_F(ArtifactStoreTest, PutManyStoresEachEntryOrRefusesItAloneBesideSinglePuts
   EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "late").status()));
 }
 
+TEST_F(ArtifactStoreTest, AnImportKeepsWhatIsStoredAndTakesBackAllItStoredWhenAbandoned) {
+  auto store = OpenStore(Options());
+  ASSERT_TRUE(store->Put("triton", "same", {{"k.cubin", "same bytes", ""}}).ok());
+  ASSERT_TRUE(store->Put("triton", "other", {{"k.cubin", "stored bytes", ""}}).ok());
+  std::vector<ArtifactStore::EntryInput> entries = {
+      {"triton", "same", {{"k.cubin", "same bytes", ""}}},
+      {"triton", "other", {{"k.cubin", "imported bytes", ""}}},
+      {"triton", "new", {{"k.cubin", "new bytes", ""}}},
+  };
+  const ArtifactStore::ImportMode import{.id = 7, .replace = false};
+  std::vector<ArtifactStore::ImportedAs> how;
+  std::vector<absl::Status> results = store->PutMany(entries, &import, &how);
+  ASSERT_EQ(results.size(), 3u);
+  for (const absl::Status& result : results) EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(how, (std::vector<ArtifactStore::ImportedAs>{ArtifactStore::ImportedAs::kUnchanged,
+                                                          ArtifactStore::ImportedAs::kConflict,
+                                                          ArtifactStore::ImportedAs::kStored}));
+  EXPECT_EQ(*store->Lookup("triton", "other")->blobs[0].data, "stored bytes");
+  ASSERT_TRUE(store->Lookup("triton", "new").ok());
+
+  // Abandoned: what it stored goes, what was stored before stays.
+  absl::StatusOr<uint64_t> removed = store->AbandonImport(7);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1u);
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "new").status()));
+  EXPECT_EQ(*store->Lookup("triton", "same")->blobs[0].data, "same bytes");
+  EXPECT_EQ(*store->Lookup("triton", "other")->blobs[0].data, "stored bytes");
+  EXPECT_EQ(store->Stats()->entries, 2u);
+
+  // Asked to replace: the entry with other bytes is replaced; finished, it all stays.
+  const ArtifactStore::ImportMode replacing{.id = 8, .replace = true};
+  results = store->PutMany(entries, &replacing, &how);
+  EXPECT_EQ(how[1], ArtifactStore::ImportedAs::kReplaced);
+  ASSERT_TRUE(store->FinishImport(8).ok());
+  EXPECT_EQ(*store->Lookup("triton", "other")->blobs[0].data, "imported bytes");
+  EXPECT_EQ(store->Stats()->entries, 3u);
+  EXPECT_EQ(QueryText("SELECT count(*) FROM imported_entries"), "0");
+}
+
+TEST_F(ArtifactStoreTest, AnImportThatAStopCutShortIsTakenBackAtTheNextOpen) {
+  {
+    auto store = OpenStore(Options());
+    ASSERT_TRUE(store->Put("triton", "before", {{"k.cubin", "before", ""}}).ok());
+    std::vector<ArtifactStore::EntryInput> entries;
+    for (int i = 0; i < 1500; ++i) {  // more than a batch of taking back
+      entries.push_back({"triton", absl::StrCat("imported", i), {{"k.cubin", TestBytes(2000, i), ""}}});
+    }
+    const ArtifactStore::ImportMode import{.id = 9, .replace = false};
+    std::vector<ArtifactStore::ImportedAs> how;
+    for (const absl::Status& result : store->PutMany(std::move(entries), &import, &how)) {
+      ASSERT_TRUE(result.ok()) << result;
+    }
+    store->RequestStop();  // before the import finished
+    absl::StatusOr<uint64_t> removed = store->AbandonImport(9);
+    ASSERT_TRUE(removed.ok());
+    EXPECT_EQ(*removed, 0u);  // a stop: the next open takes them back
+  }
+  auto store = OpenStore(Options());
+  for (int waited = 0; store->Stats()->entries > 1 && waited < 600; ++waited) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(store->Stats()->entries, 1u);
+  EXPECT_TRUE(store->Lookup("triton", "before").ok());
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "imported0").status()));
+  EXPECT_EQ(QueryText("SELECT count(*) FROM imported_entries"), "0");
+}
+
 TEST_F(ArtifactStoreTest, TheWalIsCheckpointedBesideTheCommitsAndEndsEmpty) {
   auto store = OpenStore(Options());
   // 64 MiB of inline blobs, a commit each, which no commit checkpoints itself

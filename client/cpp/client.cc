@@ -537,6 +537,51 @@ absl::StatusOr<v1::ListEntriesResponse> Client::ListEntries(const v1::ListEntrie
                                         &v1::Kiln::Stub::ListEntries);
 }
 
+absl::StatusOr<v1::ImportBundleResponse> Client::ImportBundle(
+    const std::filesystem::path& file, bool replace, const std::function<void(uint64_t)>& sent) {
+  if (!endpoint_problem_.empty()) {
+    return absl::UnavailableError(absl::StrCat("import: ", endpoint_problem_));
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("import: cannot read ", file.string()));
+  grpc::ClientContext context;
+  if (!token_.empty()) context.AddMetadata("x-kiln-token", token_);
+  v1::ImportBundleResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::ImportBundleChunk>> writer =
+      stub_->ImportBundle(&context, &response);
+  // A chunk far below kilnd's request limit, large enough that a call's
+  // overhead is nothing beside a disk's write.
+  constexpr size_t kChunkBytes = 1 << 20;
+  v1::ImportBundleChunk chunk;
+  chunk.set_replace(replace);
+  std::string& buffer = *chunk.mutable_data();
+  uint64_t total = 0;
+  while (in) {
+    buffer.resize(kChunkBytes);
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    buffer.resize(static_cast<size_t>(in.gcount()));
+    if (buffer.empty()) break;
+    if (!writer->Write(chunk)) break;  // kilnd ended the call: Finish says why
+    total += buffer.size();
+    if (sent) sent(total);
+  }
+  if (in.bad()) {
+    context.TryCancel();
+    writer->Finish().ok();
+    return absl::DataLossError(absl::StrCat("import: reading ", file.string(), " failed"));
+  }
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) {
+    std::string message = absl::StrCat("import: ", status.error_message());
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      absl::StrAppend(&message, " (is kilnd running at ", endpoint_, "?)");
+    }
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), message);
+  }
+  return response;
+}
+
 absl::StatusOr<v1::PrewarmResponse> Client::Prewarm(const v1::PrewarmRequest& request) {
   return Unary<v1::PrewarmResponse>("prewarm", options_.compile_timeout, request,
                                     &v1::Kiln::Stub::Prewarm);

@@ -67,7 +67,11 @@ constexpr const char* kUsageText =
     "                                   or those stored lately) to a bundle file; never\n"
     "                                   the client's memos, which hold for this machine only;\n"
     "                                   --sign: an Ed25519 private key (PEM) signs it\n"
-    "  import FILE                      store a bundle's entries, every digest checked first\n"
+    "  import FILE [--replace]          kilnd checks all of a bundle, then stores what it may:\n"
+    "                                   signed by a key of its trusted_bundle_keys, its entries\n"
+    "                                   (never native code); otherwise only Triton kernels,\n"
+    "                                   which kilnd compiles; all or nothing. --replace: a\n"
+    "                                   trusted bundle replaces entries that differ\n"
     "  prewarm FILE --target cuda:89 [--target ...]\n"
     "                                   compile a bundle's kernels for other GPUs, stored\n"
     "                                   where clients of those GPUs look them up\n"
@@ -446,12 +450,6 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
   return kOk;
 }
 
-// What one PutMany call of an import carries at most: few enough bytes that
-// a call stays far below kilnd's request limit, enough entries that the
-// call's and the commit's costs are shared.
-constexpr size_t kImportEntriesPerCall = 256;
-constexpr size_t kImportBytesPerCall = 8 << 20;
-
 // Reads the bundle at `file` a record at a time, every digest checked,
 // giving each entry to `use` (which may stop the read with an error).
 absl::StatusOr<kiln::BundleReader> ForEachBundleEntry(
@@ -467,64 +465,55 @@ absl::StatusOr<kiln::BundleReader> ForEachBundleEntry(
 }
 
 int Import(kiln::Client& client, const std::vector<std::string>& args) {
-  if (args.size() != 1) return Usage("import needs one FILE");
-  // Read twice: once to check all of it (nothing is stored from a damaged
-  // bundle), then to store it, a batch at a time; memory holds one batch.
-  size_t total = 0;
-  absl::StatusOr<kiln::BundleReader> checked =
-      ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&&) {
-        ++total;
-        return absl::OkStatus();
-      });
-  if (!checked.ok()) return Fail(checked.status(), "nothing was imported");
-  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
-  size_t imported = 0;
-  std::vector<kiln::v1::BundleEntry> batch;
-  size_t batch_bytes = 0;
-  const auto send = [&]() -> absl::Status {
-    std::vector<kiln::Client::EntryToPut> puts;
-    for (kiln::v1::BundleEntry& entry : batch) {
-      kiln::Client::EntryToPut& put = puts.emplace_back();
-      put.ns = entry.namespace_();
-      put.key = entry.key();
-      for (kiln::v1::Blob& blob : *entry.mutable_blobs()) {
-        put.named_blobs.emplace_back(blob.name(), std::move(*blob.mutable_data()));
-      }
+  std::string file;
+  bool replace = false;
+  for (const std::string& arg : args) {
+    if (arg == "--replace") {
+      replace = true;
+    } else if (file.empty() && !absl::StartsWith(arg, "--")) {
+      file = arg;
+    } else {
+      return Usage(absl::StrFormat("import: unexpected '%s'", arg));
     }
-    absl::StatusOr<std::vector<absl::Status>> results = client.PutMany(puts);
-    for (size_t i = 0; results.ok() && i < results->size(); ++i) {
-      if (!(*results)[i].ok()) {
-        return absl::Status((*results)[i].code(), absl::StrCat(puts[i].ns, "/", puts[i].key, ": ",
-                                                               (*results)[i].message()));
-      }
-      ++imported;
-    }
-    if (!results.ok()) return results.status();
-    batch.clear();
-    batch_bytes = 0;
-    progress.Update(absl::StrFormat("importing: %d/%d entries", imported, total));
-    return absl::OkStatus();
-  };
-  absl::StatusOr<kiln::BundleReader> stored =
-      ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&& entry) -> absl::Status {
-        batch_bytes += entry.ByteSizeLong();
-        batch.push_back(std::move(entry));
-        if (batch.size() < kImportEntriesPerCall && batch_bytes < kImportBytesPerCall) {
-          return absl::OkStatus();
-        }
-        return send();
-      });
-  absl::Status status = stored.status();
-  if (status.ok() && !batch.empty()) status = send();
-  if (!status.ok()) {
-    progress.Clear();
-    return Fail(status, absl::StrFormat("import of %s stopped after %d of %d entries (those are "
-                                        "stored; importing the file again stores the rest)",
-                                        args[0], imported, total));
   }
-  progress.Print(absl::StrFormat(
-      "imported %d entries from %s%s", imported, args[0],
-      checked->signature().has_value() ? ", signed by key " + checked->signature()->key_id : ""));
+  if (file.empty()) return Usage("import needs FILE");
+  std::error_code error;
+  const uint64_t size = fs::file_size(file, error);
+  if (error) return Usage(absl::StrFormat("import: cannot read %s: %s", file, error.message()));
+  // kilnd receives the file, checks all of it, then stores what its trust
+  // lets in, all or nothing.
+  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
+  absl::StatusOr<kiln::v1::ImportBundleResponse> imported =
+      client.ImportBundle(file, replace, [&](uint64_t sent) {
+        progress.Update(absl::StrFormat("sending %s: %s of %s", file, kiln::FormatByteSize(sent),
+                                        kiln::FormatByteSize(size)));
+      });
+  progress.Clear();
+  if (!imported.ok()) return Fail(imported.status());
+  const kiln::v1::ImportBundleResponse& report = *imported;
+  std::string signer = "unsigned";
+  if (!report.signed_by().empty()) {
+    signer = absl::StrCat("signed by key ", report.signed_by(),
+                          report.trusted() ? ", which kilnd trusts"
+                                           : ", which kilnd does not trust (trusted_bundle_keys)");
+  }
+  std::cout << absl::StrFormat("imported %s: %d entries, %s\n", file, report.entries(), signer);
+  std::cout << absl::StrFormat("  stored %d, already stored %d, stored with other bytes %d%s, "
+                               "kernels compiled by kilnd %d\n",
+                               report.stored(), report.unchanged(), report.conflicts(),
+                               report.conflicts() == 0 ? ""
+                               : report.replaced() > 0
+                                   ? absl::StrFormat(" (replaced: %d)", report.replaced())
+                                   : " (kept; --replace replaces them from a trusted bundle)",
+                               report.compiled());
+  for (const kiln::v1::RefusedEntries& refused : report.refused()) {
+    std::cout << absl::StrFormat("  refused %d: %s (first: %s)\n", refused.count(), refused.reason(),
+                                 refused.example());
+  }
+  if (report.compile_failures_count() > 0) {
+    std::cout << absl::StrFormat("  not compiled %d:\n", report.compile_failures_count());
+    for (const std::string& failure : report.compile_failures()) std::cout << "    " << failure << "\n";
+  }
   return kOk;
 }
 

@@ -8,6 +8,7 @@ import re
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import hermetic
 import kernel_suite
@@ -28,12 +29,13 @@ def compile_calls(kilnd):
 def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compiling(tmp_path, stock_suite):  # noqa: F811
     base = hermetic.stock_env()
     bundle = tmp_path / "suite.kilnbundle"
+    private, public, key_id = publisher_key(tmp_path)
     source = Kilnd(tmp_path / "source", f"--toolchain={sys.executable}")
     try:
         run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{source.socket}",
                        TRITON_CACHE_DIR=str(tmp_path / "c1"), KILN_FILES_DIR=str(tmp_path / "f1")), "suite")
         assert source.stats().compiles == 30
-        exported = kiln(source, "export", bundle)
+        exported = kiln(source, "export", bundle, "--sign", private)
         assert exported.returncode == 0, exported.stderr
         only_inductor = kiln(source, "export", tmp_path / "none.kilnbundle", "--namespace", "inductor")
         assert only_inductor.returncode == 0 and "exported 0 entries" in only_inductor.stdout
@@ -44,41 +46,70 @@ def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compi
     count = int(exported.stdout.split()[1])  # "exported N entries (...) to FILE"
     assert count >= 30, exported.stdout
 
-    target = Kilnd(tmp_path / "target", f"--toolchain={sys.executable}")
+    target = Kilnd(tmp_path / "target", f"--toolchain={sys.executable}", trusting(public))
     try:
         imported = kiln(target, "import", bundle)
-        assert imported.returncode == 0 and f"imported {count} entries" in imported.stdout, imported
+        assert imported.returncode == 0, imported.stderr
+        assert f"{count} entries, signed by key {key_id}, which kilnd trusts" in imported.stdout, imported.stdout
+        assert import_counts(imported.stdout)["stored"] == count
         result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{target.socket}",
                                            TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
                                       "suite"))
         assert result["kernels"] == stock_suite
         stats = target.stats()
         assert stats.compiles == 0 and compile_calls(target) == 0 and stats.hits >= 30
+        again = kiln(target, "import", bundle)  # nothing new: each entry is there with the same bytes
+        assert again.returncode == 0 and import_counts(again.stdout)["already stored"] == count, again.stdout
     finally:
         target.stop()
 
+    # A kilnd that does not trust the key takes the kernels only, and compiles
+    # each from its recorded TTIR: a client then hits them all, stock's bytes.
+    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={sys.executable}")
+    try:
+        imported = kiln(stranger, "import", bundle)
+        assert imported.returncode == 0, imported.stderr
+        assert f"signed by key {key_id}, which kilnd does not trust" in imported.stdout, imported.stdout
+        counts = import_counts(imported.stdout)
+        assert counts["stored"] == 0 and counts["kernels compiled by kilnd"] == 30, imported.stdout
+        assert stranger.stats().compiles == 30
+        result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
+                                           TRITON_CACHE_DIR=str(tmp_path / "c3"), KILN_FILES_DIR=str(tmp_path / "f3")),
+                                      "suite"))
+        assert result["kernels"] == stock_suite
+        assert stranger.stats().compiles == 30 and compile_calls(stranger) == 0
+    finally:
+        stranger.stop()
+
 
 def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path):
+    private, public, _ = publisher_key(tmp_path)
     source = Kilnd(tmp_path / "source")
     try:
         for i in range(3):
             blob = tmp_path / f"b{i}.cubin"
             blob.write_bytes(bytes([i]) * 1000)
             assert kiln(source, "put", "triton", f"key{i}", f"k.cubin={blob}").returncode == 0
-        assert kiln(source, "export", tmp_path / "good.kilnbundle").returncode == 0
+        assert kiln(source, "export", tmp_path / "good.kilnbundle", "--sign", private).returncode == 0
     finally:
         source.stop()
     good = (tmp_path / "good.kilnbundle").read_bytes()
-    target = Kilnd(tmp_path / "target")
+    target = Kilnd(tmp_path / "target", trusting(public))
     try:
-        for position in (len(good) // 2, len(good) - 1):  # inside an entry; in the checksum
+        for position in (len(good) // 2, len(good) - 110):  # inside an entry; in the checksum
             damaged = bytearray(good)
             damaged[position] ^= 0x01
             (tmp_path / "bad.kilnbundle").write_bytes(bytes(damaged))
             refused = kiln(target, "import", tmp_path / "bad.kilnbundle")
-            assert refused.returncode == 2 and "damaged" in refused.stderr and "nothing was imported" in refused.stderr
+            assert refused.returncode == 2 and "damaged" in refused.stderr, refused.stderr
+            assert "nothing was imported" in refused.stderr
         (tmp_path / "short.kilnbundle").write_bytes(good[:-10])
         assert kiln(target, "import", tmp_path / "short.kilnbundle").returncode == 2
+        forged = bytearray(good)
+        forged[-1] ^= 0x01  # the signature itself
+        (tmp_path / "forged.kilnbundle").write_bytes(bytes(forged))
+        refused = kiln(target, "import", tmp_path / "forged.kilnbundle")
+        assert refused.returncode == 2 and "does not verify" in refused.stderr, refused.stderr
         (tmp_path / "other.txt").write_text("hello")
         other = kiln(target, "import", tmp_path / "other.txt")
         assert other.returncode == 2 and "not a Kiln bundle" in other.stderr
@@ -92,6 +123,27 @@ def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path)
 
 def openssl(*args):
     subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+
+def publisher_key(folder, name="publisher"):
+    """A new Ed25519 key made by openssl: (private key PEM, public key PEM, key id)."""
+    private, public, der = (folder / f"{name}.pem", folder / f"{name}.pub.pem", folder / f"{name}.der")
+    openssl("genpkey", "-algorithm", "ed25519", "-out", private)
+    openssl("pkey", "-in", private, "-pubout", "-out", public)
+    openssl("pkey", "-in", private, "-pubout", "-outform", "DER", "-out", der)
+    return private, public, hashlib.sha256(der.read_bytes()[-32:]).hexdigest()  # the raw key ends the DER
+
+
+def trusting(public_keys_file):
+    """kilnd's flag that trusts the keys of `public_keys_file`."""
+    return f"--trusted-bundle-keys={public_keys_file}"
+
+
+def import_counts(output):
+    """The counts `kiln import` reports: {"stored": n, "already stored": n, ...}."""
+    line = next(line for line in output.splitlines() if line.strip().startswith("stored "))
+    return {name.strip(): int(count) for count, name in
+            ((m.group(2), m.group(1)) for m in re.finditer(r"([a-z][a-z ]*?) (\d+)", line))}
 
 
 def test_a_bundle_signed_at_export_names_its_key_and_imports(tmp_path):
@@ -117,20 +169,37 @@ def test_a_bundle_signed_at_export_names_its_key_and_imports(tmp_path):
     signed = (tmp_path / "signed.kilnbundle").read_bytes()
     assert signed.startswith(b"KILNBUNDLE 2\n") and signed[-100:-96] == b"SIG "
     assert signed[-96:-64].hex() == key_id
-    target = Kilnd(tmp_path / "target")
+    # Not trusted: an entry that is no kernel kilnd can compile stays out, and the import says why.
+    stranger = Kilnd(tmp_path / "stranger")
+    try:
+        imported = kiln(stranger, "import", tmp_path / "signed.kilnbundle")
+        assert imported.returncode == 0, imported.stderr
+        assert f"signed.kilnbundle: 1 entries, signed by key {key_id}, which kilnd does not trust" in imported.stdout
+        assert "refused 1: not signed by a key of trusted_bundle_keys" in imported.stdout, imported.stdout
+        assert stranger.stats().entries == 0 and kiln(stranger, "get", "triton", "signed").returncode == 1
+    finally:
+        stranger.stop()
+    public = tmp_path / "publisher.pub.pem"
+    openssl("pkey", "-in", key, "-pubout", "-out", public)
+    # trusted_bundle_keys holds another key first: kilnd finds the bundle's by its id.
+    _, other_public, _ = publisher_key(tmp_path, "other")
+    (tmp_path / "trusted.pem").write_text(other_public.read_text() + public.read_text())
+    target = Kilnd(tmp_path / "target", trusting(tmp_path / "trusted.pem"))
     try:
         imported = kiln(target, "import", tmp_path / "signed.kilnbundle")
         assert imported.returncode == 0, imported.stderr
-        assert f"imported 1 entries from {tmp_path / 'signed.kilnbundle'}, signed by key {key_id}" in imported.stdout
+        assert f"1 entries, signed by key {key_id}, which kilnd trusts" in imported.stdout, imported.stdout
+        assert import_counts(imported.stdout)["stored"] == 1
         got = kiln(target, "get", "triton", "signed", "-o", tmp_path / "out")
         assert got.returncode == 0 and (tmp_path / "out" / "k.cubin").read_bytes() == blob.read_bytes()
     finally:
         target.stop()
 
 
-def write_bundle(path, entries):
-    """A version 1 bundle of `entries` ((namespace, key, {name: bytes})), written
-    as client/cpp/bundle.h lays it out, a record at a time."""
+def write_bundle(path, entries, signer=None):
+    """A bundle of `entries` ((namespace, key, {name: bytes})), written as
+    client/cpp/bundle.h lays it out, a record at a time: version 1, or version 2
+    signed by the private key file `signer` (openssl signs)."""
     from kiln.service import api
 
     digest = hashlib.sha256()
@@ -139,24 +208,34 @@ def write_bundle(path, entries):
             digest.update(data)
             out.write(data)
 
-        write(b"KILNBUNDLE 1\n")
+        write(b"KILNBUNDLE 2\n" if signer else b"KILNBUNDLE 1\n")
         for namespace, key, blobs in entries:
             record = api.BundleEntry(namespace=namespace, key=key, blobs=[
                 api.blob(name, data) for name, data in blobs.items()]).SerializeToString()
             write(struct.pack("<I", len(record)) + record)
         out.write(b"END " + digest.digest())
+        if signer:
+            message = Path(f"{path}.signed-message")
+            message.write_bytes(b"kiln bundle signature\n" + digest.digest())
+            der = Path(f"{path}.der")
+            openssl("pkey", "-in", signer, "-pubout", "-outform", "DER", "-out", der)
+            signature = subprocess.run(["openssl", "pkeyutl", "-sign", "-inkey", str(signer), "-rawin",
+                                        "-in", str(message)], check=True, capture_output=True, timeout=60).stdout
+            out.write(b"SIG " + hashlib.sha256(der.read_bytes()[-32:]).digest() + signature)
 
 
 def test_importing_a_large_bundle_holds_a_batch_in_memory_not_the_bundle(tmp_path):
     bundle = tmp_path / "large.kilnbundle"
     chunk = os.urandom(1 << 20)
-    write_bundle(bundle, (("triton", f"large{i}", {"k.cubin": bytes([i]) + chunk[1:]}) for i in range(160)))
-    target = Kilnd(tmp_path / "target")
+    private, public, _ = publisher_key(tmp_path)
+    write_bundle(bundle, (("triton", f"large{i}", {"k.cubin": bytes([i]) + chunk[1:]}) for i in range(160)),
+                 signer=private)
+    target = Kilnd(tmp_path / "target", trusting(public))
     try:
         # GNU time reports the import's peak resident memory (KiB) on stderr's last line.
         imported = subprocess.run(["/usr/bin/time", "-f", "%M", str(KILN), "--endpoint", f"unix:{target.socket}",
                                    "import", str(bundle)], capture_output=True, text=True, timeout=600)
-        assert imported.returncode == 0 and "imported 160 entries" in imported.stdout, imported.stderr
+        assert imported.returncode == 0 and import_counts(imported.stdout)["stored"] == 160, imported
         assert target.stats().entries == 160
         got = kiln(target, "get", "triton", "large159", "-o", tmp_path / "out")
         assert got.returncode == 0 and (tmp_path / "out" / "k.cubin").read_bytes() == bytes([159]) + chunk[1:]
@@ -269,3 +348,69 @@ def test_python_prewarm_reads_the_bundle_itself_and_refuses_a_damaged_one(tmp_pa
                              stopped.stderr), stopped.stderr
     finally:
         bare.stop()
+
+
+def test_a_crafted_bundle_changes_nothing_a_client_is_served_and_says_what_it_refused(tmp_path):
+    """A launcher module (named as one, or an x86-64 ELF named as anything), an
+    inductor entry, a memo, and an entry that replaces a stored one: unsigned,
+    none of it goes in; signed by a trusted key, only the inductor entry does,
+    and the stored entry is replaced only when the import asks."""
+    private, public, _ = publisher_key(tmp_path)
+    x86_64_elf = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HH", 3, 62) + bytes(44)
+    crafted = [("triton-files", "ab" * 32 + "/__triton_launcher.cpython-311-x86_64-linux-gnu.so",
+                {"__triton_launcher.cpython-311-x86_64-linux-gnu.so": b"#!/bin/sh\necho owned\n"}),
+               ("triton", "disguised", {"k.json": x86_64_elf}),
+               ("inductor", "graph", {"graph.py": b"import os\nos.system('echo owned')\n"}),
+               ("kiln-memos", "memo", {"memo.json": b"{}"}),
+               ("triton", "existing", {"k.cubin": b"the attacker's cubin"})]
+    write_bundle(tmp_path / "unsigned.kilnbundle", crafted)
+    write_bundle(tmp_path / "signed.kilnbundle", crafted, signer=private)
+    target = Kilnd(tmp_path / "target", trusting(public))
+    try:
+        (tmp_path / "k.cubin").write_bytes(b"the real cubin")
+        assert kiln(target, "put", "triton", "existing", f"k.cubin={tmp_path / 'k.cubin'}").returncode == 0
+
+        def served_cubin():
+            got = kiln(target, "get", "triton", "existing", "-o", tmp_path / "out")
+            assert got.returncode == 0, got.stderr
+            return (tmp_path / "out" / "k.cubin").read_bytes()
+
+        imported = kiln(target, "import", tmp_path / "unsigned.kilnbundle")
+        assert imported.returncode == 0, imported.stderr
+        assert "5 entries, unsigned" in imported.stdout
+        assert "refused 2: native code" in imported.stdout, imported.stdout
+        assert "refused 1: a memo of the machine that made it (kiln-memos)" in imported.stdout
+        assert "refused 2: not signed by a key of trusted_bundle_keys" in imported.stdout
+        assert import_counts(imported.stdout)["stored"] == 0
+        assert target.stats().entries == 1 and served_cubin() == b"the real cubin"
+
+        imported = kiln(target, "import", tmp_path / "signed.kilnbundle")
+        assert imported.returncode == 0, imported.stderr
+        assert "refused 2: native code" in imported.stdout and "refused 1: a memo" in imported.stdout
+        counts = import_counts(imported.stdout)
+        assert (counts["stored"], counts["stored with other bytes"]) == (1, 1), imported.stdout
+        assert "kept; --replace replaces them" in imported.stdout
+        assert served_cubin() == b"the real cubin"
+        for namespace, key in (("triton-files", crafted[0][1]), ("triton", "disguised"), ("kiln-memos", "memo")):
+            assert kiln(target, "get", namespace, key).returncode == 1
+        assert kiln(target, "get", "inductor", "graph").returncode == 0
+
+        replaced = kiln(target, "import", tmp_path / "signed.kilnbundle", "--replace")
+        assert replaced.returncode == 0 and "(replaced: 1)" in replaced.stdout, replaced.stdout
+        assert served_cubin() == b"the attacker's cubin"  # its trusted publisher meant it
+    finally:
+        target.stop()
+
+
+def test_a_bad_entry_after_good_ones_leaves_nothing_stored(tmp_path):
+    private, public, _ = publisher_key(tmp_path)
+    good = [("triton", f"good{i}", {"k.cubin": os.urandom(3000)}) for i in range(3)]
+    write_bundle(tmp_path / "bad.kilnbundle", [*good, ("triton", "bad", {"../escape": b"x"})], signer=private)
+    target = Kilnd(tmp_path / "target", trusting(public))
+    try:
+        refused = kiln(target, "import", tmp_path / "bad.kilnbundle")
+        assert refused.returncode == 2, refused
+        assert "entry 4 (triton/bad)" in refused.stderr and "nothing was imported" in refused.stderr, refused.stderr
+        assert target.stats().entries == 0
+    finally:
+        target.stop()

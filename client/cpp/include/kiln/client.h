@@ -165,6 +165,12 @@ class Client {
   absl::StatusOr<v1::ListEntriesResponse> ListEntries(const v1::ListEntriesRequest& request);
   // Compiles a recorded kernel for another target (see kiln.v1.PrewarmRequest).
   absl::StatusOr<v1::PrewarmResponse> Prewarm(const v1::PrewarmRequest& request);
+  // Sends the bundle file `file` to kilnd to import (local user only; see
+  // kiln.v1.Kiln.ImportBundle), a chunk at a time, calling `sent` with the
+  // bytes sent so far. No deadline: kilnd may compile the bundle's kernels.
+  absl::StatusOr<v1::ImportBundleResponse> ImportBundle(
+      const std::filesystem::path& file, bool replace,
+      const std::function<void(uint64_t)>& sent = nullptr);
 
  private:
   // Takes `resolved` as this client's endpoint and opens a channel to it

@@ -1,0 +1,110 @@
+// Imports: a bundle's entries are journaled as they are stored
+// (imported_entries), so that an import that fails, or that a stop or a crash
+// cuts short, takes back what it stored, and its entries are stored all or
+// none. An entry stored already is never replaced by one with other bytes
+// unless the import asks for it.
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/artifact_store.h"
+#include "cache/artifact_store_internal.h"
+#include "cache/sqlite.h"
+#include "common/fmt_absl.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::cache {
+namespace {
+
+// Entries an abandoning transaction takes back at most, as eviction's batch.
+constexpr int kAbandonBatch = 512;
+
+}  // namespace
+
+absl::StatusOr<ArtifactStore::ImportedAs> ArtifactStore::ImportedAsLocked(
+    absl::string_view ns, absl::string_view key, const std::vector<PreparedBlob>& blobs,
+    bool replace) {
+  sqlite::Statement& stored = writer_->entry_digests;
+  stored.BindText(1, ns).BindText(2, key);
+  std::vector<std::pair<std::string, std::string>> stored_blobs;
+  absl::StatusOr<bool> row;
+  while ((row = stored.Step()).ok() && *row) {
+    stored_blobs.emplace_back(std::string(stored.ColumnText(0)), std::string(stored.ColumnBlob(1)));
+  }
+  stored.Reset();
+  RETURN_IF_ERROR(row.status());
+  if (stored_blobs.empty()) return ImportedAs::kStored;
+  std::vector<std::pair<std::string, std::string>> imported_blobs;
+  for (const PreparedBlob& blob : blobs) imported_blobs.emplace_back(blob.name, blob.digest);
+  std::sort(stored_blobs.begin(), stored_blobs.end());
+  std::sort(imported_blobs.begin(), imported_blobs.end());
+  if (stored_blobs == imported_blobs) return ImportedAs::kUnchanged;
+  return replace ? ImportedAs::kReplaced : ImportedAs::kConflict;
+}
+
+absl::Status ArtifactStore::FinishImport(int64_t import_id) {
+  std::lock_guard lock(writer_mutex_);
+  return writer_->finish_import.Bind(1, import_id).Run();
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
+  uint64_t removed = 0;
+  while (!stop_requested_.load()) {
+    std::lock_guard lock(writer_mutex_);
+    Writer& w = *writer_;
+    ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
+    std::vector<std::pair<std::string, std::string>> names;
+    w.imported_entries.Bind(1, import_id).Bind(2, kAbandonBatch);
+    absl::StatusOr<bool> row;
+    while ((row = w.imported_entries.Step()).ok() && *row) {
+      names.emplace_back(std::string(w.imported_entries.ColumnText(0)),
+                         std::string(w.imported_entries.ColumnText(1)));
+    }
+    w.imported_entries.Reset();
+    RETURN_IF_ERROR(row.status());
+    if (names.empty()) break;
+    FreedBlobs freed;
+    for (const auto& [ns, key] : names) {
+      w.find_entry.BindText(1, ns).BindText(2, key);
+      absl::StatusOr<bool> found = w.find_entry.Step();
+      const int64_t entry_id = found.ok() && *found ? w.find_entry.ColumnInt(0) : 0;
+      w.find_entry.Reset();
+      RETURN_IF_ERROR(found.status());
+      if (entry_id != 0) RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));  // else gone already
+      RETURN_IF_ERROR(w.forget_imported.Bind(1, import_id).BindText(2, ns).BindText(3, key).Run());
+    }
+    RETURN_IF_ERROR(txn.Commit());
+    ReleaseFreedBlobs(freed);
+    removed += freed.entries.size();
+  }
+  return removed;
+}
+
+void ArtifactStore::AbandonUnfinishedImports() {
+  std::vector<int64_t> imports;
+  {
+    std::lock_guard lock(writer_mutex_);
+    sqlite::Statement& unfinished = writer_->unfinished_imports;
+    absl::StatusOr<bool> row;
+    while ((row = unfinished.Step()).ok() && *row) imports.push_back(unfinished.ColumnInt(0));
+    unfinished.Reset();
+    if (!row.ok()) {
+      spdlog::error("cache: cannot read the journal of imports: {}", row.status().message());
+      return;
+    }
+  }
+  for (int64_t import_id : imports) {
+    absl::StatusOr<uint64_t> removed = AbandonImport(import_id);
+    if (!removed.ok()) {
+      spdlog::error("cache: cannot take back an unfinished import's entries: {}",
+                    removed.status().message());
+      return;
+    }
+    spdlog::info("cache: an import that did not finish stored {} entries; they went", *removed);
+  }
+}
+
+}  // namespace kiln::cache
