@@ -104,7 +104,8 @@ def stop_mid_compile(args, work, env):
 
 
 def stop_mid_import(args, work, env, bundle):
-    kilnd = Kilnd(args.build_dir, work / "kilnd")
+    bundle, public_key = bundle
+    kilnd = Kilnd(args.build_dir, work / "kilnd", f"--trusted-bundle-keys={public_key}")
     importing = subprocess.Popen([str(args.build_dir / "client" / "cpp" / "kiln"), "--endpoint",
                                   f"unix:{kilnd.socket}", "import", str(bundle)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -132,10 +133,15 @@ def make_bundle(args, work):
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, range(args.entries)))
     bundle = work / "bench.kilnbundle"
+    # Signed by a key the importing kilnd trusts: its entries are stored as they are.
+    key, public_key = work / "publisher.pem", work / "publisher.pub.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True, capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(public_key)], check=True,
+                   capture_output=True)
     subprocess.run([str(args.build_dir / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{kilnd.socket}",
-                    "export", str(bundle)], check=True, capture_output=True)
+                    "export", str(bundle), "--sign", str(key)], check=True, capture_output=True)
     kilnd.sigterm()
-    return bundle
+    return bundle, public_key
 
 
 def main():
