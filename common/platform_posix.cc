@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -230,6 +231,16 @@ absl::Status CreateFileSymlink(const fs::path& target, const fs::path& link) {
   if (symlink(target.c_str(), link.c_str()) != 0) {
     return absl::InternalError(absl::StrFormat("cannot link %s to %s: %s", link.string(),
                                                target.string(), ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetSocketIoTimeout(intptr_t socket, absl::Duration timeout) {
+  const timeval limit = absl::ToTimeval(timeout);
+  for (int option : {SO_RCVTIMEO, SO_SNDTIMEO}) {
+    if (setsockopt(static_cast<int>(socket), SOL_SOCKET, option, &limit, sizeof(limit)) != 0) {
+      return absl::InternalError(absl::StrCat("setsockopt: ", std::strerror(errno)));
+    }
   }
   return absl::OkStatus();
 }

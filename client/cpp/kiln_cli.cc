@@ -4,6 +4,7 @@
 //   0 success, 1 cache miss (get), 2 bad usage or input, 3 kilnd unreachable,
 //   4 any other error reported by kilnd, 5 a kernel failed to compile.
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -29,6 +31,7 @@
 #include "common/ed25519.h"
 #include "common/platform.h"
 #include "bundle.h"
+#include "oci_registry.h"
 #include "kiln/autostart.h"
 #include "kiln/client.h"
 #include "progress_line.h"
@@ -72,6 +75,11 @@ constexpr const char* kUsageText =
     "                                   (never native code); otherwise only Triton kernels,\n"
     "                                   which kilnd compiles; all or nothing. --replace: a\n"
     "                                   trusted bundle replaces entries that differ\n"
+    "  push FILE REGISTRY/REPO:TAG      publish a bundle to an OCI registry (docker's login,\n"
+    "                                   or $KILN_REGISTRY_TOKEN; CAs: SSL_CERT_FILE)\n"
+    "  pull REGISTRY/REPO[:TAG|@sha256:HEX] [-o FILE] [--replace]\n"
+    "                                   fetch a bundle, its digests checked, and import it\n"
+    "                                   (or only write it to FILE)\n"
     "  prewarm FILE --target cuda:89 [--target ...]\n"
     "                                   compile a bundle's kernels for other GPUs, stored\n"
     "                                   where clients of those GPUs look them up\n"
@@ -464,6 +472,33 @@ absl::StatusOr<kiln::BundleReader> ForEachBundleEntry(
   }
 }
 
+// What kilnd made of a bundle (`kiln import`, `kiln pull`).
+void PrintImportReport(const std::string& file, const kiln::v1::ImportBundleResponse& report) {
+  std::string signer = "unsigned";
+  if (!report.signed_by().empty()) {
+    signer = absl::StrCat("signed by key ", report.signed_by(),
+                          report.trusted() ? ", which kilnd trusts"
+                                           : ", which kilnd does not trust (trusted_bundle_keys)");
+  }
+  std::cout << absl::StrFormat("imported %s: %d entries, %s\n", file, report.entries(), signer);
+  std::cout << absl::StrFormat("  stored %d, already stored %d, stored with other bytes %d%s, "
+                               "kernels compiled by kilnd %d\n",
+                               report.stored(), report.unchanged(), report.conflicts(),
+                               report.conflicts() == 0 ? ""
+                               : report.replaced() > 0
+                                   ? absl::StrFormat(" (replaced: %d)", report.replaced())
+                                   : " (kept; --replace replaces them from a trusted bundle)",
+                               report.compiled());
+  for (const kiln::v1::RefusedEntries& refused : report.refused()) {
+    std::cout << absl::StrFormat("  refused %d: %s (first: %s)\n", refused.count(), refused.reason(),
+                                 refused.example());
+  }
+  if (report.compile_failures_count() > 0) {
+    std::cout << absl::StrFormat("  not compiled %d:\n", report.compile_failures_count());
+    for (const std::string& failure : report.compile_failures()) std::cout << "    " << failure << "\n";
+  }
+}
+
 int Import(kiln::Client& client, const std::vector<std::string>& args) {
   std::string file;
   bool replace = false;
@@ -490,30 +525,70 @@ int Import(kiln::Client& client, const std::vector<std::string>& args) {
       });
   progress.Clear();
   if (!imported.ok()) return Fail(imported.status());
-  const kiln::v1::ImportBundleResponse& report = *imported;
-  std::string signer = "unsigned";
-  if (!report.signed_by().empty()) {
-    signer = absl::StrCat("signed by key ", report.signed_by(),
-                          report.trusted() ? ", which kilnd trusts"
-                                           : ", which kilnd does not trust (trusted_bundle_keys)");
+  PrintImportReport(file, *imported);
+  return kOk;
+}
+
+// Pushes a bundle file to an OCI registry, checked whole first.
+int Push(kiln::Client& /*client*/, const std::vector<std::string>& args) {
+  if (args.size() != 2) return Usage("push needs FILE and REGISTRY/REPOSITORY:TAG");
+  absl::StatusOr<kiln::OciReference> reference = kiln::ParseOciReference(args[1]);
+  if (!reference.ok()) return Usage(reference.status().message());
+  uint64_t entries = 0;
+  absl::StatusOr<kiln::BundleReader> checked = ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&&) {
+    ++entries;
+    return absl::OkStatus();
+  });
+  if (!checked.ok()) return Fail(checked.status(), "nothing was pushed");
+  const std::string signer = checked->signature().has_value() ? checked->signature()->key_id : "";
+  absl::StatusOr<kiln::PushedBundle> pushed = kiln::PushBundle(args[0], entries, signer, *reference);
+  if (!pushed.ok()) return Fail(pushed.status());
+  std::cout << absl::StrFormat("pushed %s (%d entries, %s, %s) to %s@%s\n", args[0], entries,
+                               signer.empty() ? "unsigned" : "signed by key " + signer,
+                               kiln::FormatByteSize(pushed->bytes), reference->ToString(),
+                               pushed->manifest_digest);
+  return kOk;
+}
+
+// Fetches a bundle from an OCI registry: into a file (-o), or imported by kilnd.
+int Pull(kiln::Client& client, const std::vector<std::string>& args) {
+  std::string ref;
+  std::string out;
+  bool replace = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-o" && i + 1 < args.size()) {
+      out = args[++i];
+    } else if (args[i] == "--replace") {
+      replace = true;
+    } else if (ref.empty() && !absl::StartsWith(args[i], "-")) {
+      ref = args[i];
+    } else {
+      return Usage(absl::StrFormat("pull: unexpected '%s'", args[i]));
+    }
   }
-  std::cout << absl::StrFormat("imported %s: %d entries, %s\n", file, report.entries(), signer);
-  std::cout << absl::StrFormat("  stored %d, already stored %d, stored with other bytes %d%s, "
-                               "kernels compiled by kilnd %d\n",
-                               report.stored(), report.unchanged(), report.conflicts(),
-                               report.conflicts() == 0 ? ""
-                               : report.replaced() > 0
-                                   ? absl::StrFormat(" (replaced: %d)", report.replaced())
-                                   : " (kept; --replace replaces them from a trusted bundle)",
-                               report.compiled());
-  for (const kiln::v1::RefusedEntries& refused : report.refused()) {
-    std::cout << absl::StrFormat("  refused %d: %s (first: %s)\n", refused.count(), refused.reason(),
-                                 refused.example());
+  if (ref.empty()) return Usage("pull needs REGISTRY/REPOSITORY:TAG (or @sha256:HEX)");
+  absl::StatusOr<kiln::OciReference> reference = kiln::ParseOciReference(ref);
+  if (!reference.ok()) return Usage(reference.status().message());
+  const bool import = out.empty();
+  std::random_device random;
+  const fs::path file = import ? fs::temp_directory_path() /
+                                     absl::StrFormat("kiln-pull-%08x.kilnbundle", random())
+                               : fs::path(out);
+  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
+  absl::StatusOr<std::string> digest = kiln::PullBundle(*reference, file, [&](uint64_t received) {
+    progress.Update(absl::StrFormat("fetching %s: %s", ref, kiln::FormatByteSize(received)));
+  });
+  progress.Clear();
+  if (!digest.ok()) return Fail(digest.status());
+  if (!import) {
+    std::cout << absl::StrFormat("fetched %s@%s to %s\n", reference->ToString(), *digest, out);
+    return kOk;
   }
-  if (report.compile_failures_count() > 0) {
-    std::cout << absl::StrFormat("  not compiled %d:\n", report.compile_failures_count());
-    for (const std::string& failure : report.compile_failures()) std::cout << "    " << failure << "\n";
-  }
+  absl::StatusOr<kiln::v1::ImportBundleResponse> imported = client.ImportBundle(file, replace);
+  std::error_code error;
+  fs::remove(file, error);
+  if (!imported.ok()) return Fail(imported.status());
+  PrintImportReport(absl::StrCat(reference->ToString(), "@", *digest), *imported);
   return kOk;
 }
 
@@ -730,7 +805,7 @@ int Verify(kiln::Client& client, const std::vector<std::string>& args) {
 // kilnd started to answer them would have nothing to say).
 bool StartsKilnd(const std::string& command) {
   static const auto* starting = new std::set<std::string>{
-      "compile", "toolchains", "put", "get", "export", "import", "prewarm"};
+      "compile", "toolchains", "put", "get", "export", "import", "prewarm", "pull"};
   return starting->contains(command);
 }
 
@@ -761,10 +836,13 @@ int main(int argc, char** argv) {
       {"compile", Compile}, {"toolchains", Toolchains}, {"stats", Stats}, {"gc", Gc},
       {"verify", Verify},   {"health", Health},         {"put", Put},     {"get", Get},
       {"export", Export},   {"import", Import},         {"misses", Misses},
-      {"prewarm", Prewarm}};
+      {"prewarm", Prewarm}, {"push", Push},         {"pull", Pull}};
   const auto found = commands.find(command);
   if (found == commands.end()) return Usage(absl::StrFormat("unknown command '%s'", command));
-  if (autostart && StartsKilnd(command)) {
+  // A pull into a file (-o) needs no kilnd.
+  const bool needs_kilnd = StartsKilnd(command) &&
+                           !(command == "pull" && std::find(args.begin(), args.end(), "-o") != args.end());
+  if (autostart && needs_kilnd) {
     absl::StatusOr<kiln::Autostart> started = kiln::StartUserKilndIfNotServing(options);
     if (!started.ok()) return Fail(started.status());
     if (*started == kiln::Autostart::kStarted) {

@@ -1,0 +1,408 @@
+#include "oci_registry.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/platform.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "https_client.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr absl::string_view kManifestMediaType = "application/vnd.oci.image.manifest.v1+json";
+
+std::string OciDigest(absl::string_view data) {
+  return absl::StrCat("sha256:", DigestHex(DigestBytes(Sha256(data))));
+}
+
+bool IsRepositoryName(absl::string_view name) {
+  if (name.empty() || name.front() == '/' || name.back() == '/') return false;
+  for (char c : name) {
+    if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '.' || c == '_' || c == '-' ||
+          c == '/')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<google::protobuf::Struct> ParseJson(absl::string_view text, absl::string_view what) {
+  google::protobuf::Struct parsed;
+  if (!google::protobuf::util::JsonStringToMessage(std::string(text), &parsed).ok()) {
+    return absl::DataLossError(absl::StrCat(what, " is not JSON"));
+  }
+  return parsed;
+}
+
+std::string Field(const google::protobuf::Struct& object, const std::string& name) {
+  auto found = object.fields().find(name);
+  return found == object.fields().end() ? "" : found->second.string_value();
+}
+
+// `docker login`'s credentials for `registry` ("user:password", base64), if any.
+std::optional<std::string> DockerCredentials(const std::string& registry) {
+  fs::path config;
+  if (const char* dir = std::getenv("DOCKER_CONFIG"); dir != nullptr && *dir != '\0') {
+    config = fs::path(dir) / "config.json";
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    config = fs::path(home) / ".docker" / "config.json";
+  } else if (const char* profile = std::getenv("USERPROFILE"); profile != nullptr) {
+    config = fs::path(profile) / ".docker" / "config.json";
+  }
+  absl::StatusOr<std::string> text = platform::ReadWholeFile(config);
+  if (!text.ok()) return std::nullopt;
+  absl::StatusOr<google::protobuf::Struct> parsed = ParseJson(*text, config.string());
+  if (!parsed.ok()) return std::nullopt;
+  auto auths = parsed->fields().find("auths");
+  if (auths == parsed->fields().end()) return std::nullopt;
+  for (const auto& [name, entry] : auths->second.struct_value().fields()) {
+    absl::string_view host = name;
+    absl::ConsumePrefix(&host, "https://");
+    host = host.substr(0, host.find('/'));
+    if (host != registry) continue;
+    const std::string auth = Field(entry.struct_value(), "auth");
+    if (!auth.empty()) return auth;
+  }
+  return std::nullopt;
+}
+
+// "Bearer realm=\"...\",service=\"...\"" as its scheme and parameters.
+std::pair<std::string, std::map<std::string, std::string>> ParseChallenge(absl::string_view header) {
+  const size_t space = header.find(' ');
+  std::pair<std::string, std::map<std::string, std::string>> challenge;
+  challenge.first = absl::AsciiStrToLower(header.substr(0, space));
+  if (space == absl::string_view::npos) return challenge;
+  for (absl::string_view part : absl::StrSplit(header.substr(space + 1), ',')) {
+    const size_t equals = part.find('=');
+    if (equals == absl::string_view::npos) continue;
+    absl::string_view value = absl::StripAsciiWhitespace(part.substr(equals + 1));
+    absl::ConsumePrefix(&value, "\"");
+    absl::ConsumeSuffix(&value, "\"");
+    challenge.second[absl::AsciiStrToLower(absl::StripAsciiWhitespace(part.substr(0, equals)))] =
+        std::string(value);
+  }
+  return challenge;
+}
+
+std::string UrlEncode(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += c;
+    } else {
+      absl::StrAppendFormat(&out, "%%%02X", static_cast<unsigned char>(c));
+    }
+  }
+  return out;
+}
+
+// Requests to one repository of one registry, answering its authentication
+// challenge once and keeping what it gave.
+class RegistrySession {
+ public:
+  explicit RegistrySession(const OciReference& reference) : reference_(reference) {
+    if (const char* token = std::getenv("KILN_REGISTRY_TOKEN"); token != nullptr && *token != '\0') {
+      authorization_ = absl::StrCat("Bearer ", token);
+    }
+  }
+
+  std::string Url(absl::string_view path) const {
+    return absl::StrCat("https://", reference_.registry, "/v2/", reference_.repository, path);
+  }
+
+  absl::StatusOr<HttpsResponse> Send(HttpsRequest request) {
+    HttpsRequest first = request;
+    if (!authorization_.empty()) first.headers.emplace_back("Authorization", authorization_);
+    ASSIGN_OR_RETURN(HttpsResponse response, SendHttps(first));
+    if (response.status != 401) return response;
+    RETURN_IF_ERROR(Authenticate(response.Header("www-authenticate")));
+    request.headers.emplace_back("Authorization", authorization_);
+    ASSIGN_OR_RETURN(response, SendHttps(request));
+    if (response.status == 401) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "%s refused the credentials for %s: log in again (docker login %s), or set "
+          "KILN_REGISTRY_TOKEN",
+          reference_.registry, reference_.repository, reference_.registry));
+    }
+    return response;
+  }
+
+ private:
+  absl::Status Authenticate(const std::string& challenge_header) {
+    const auto [scheme, parameters] = ParseChallenge(challenge_header);
+    const std::optional<std::string> credentials = DockerCredentials(reference_.registry);
+    const std::string login = absl::StrFormat(
+        "%s asks for a login: `docker login %s` (kiln reads the credentials it keeps in "
+        "$DOCKER_CONFIG/config.json or ~/.docker/config.json, not a credential helper), or "
+        "set KILN_REGISTRY_TOKEN to a bearer token",
+        reference_.registry, reference_.registry);
+    if (scheme == "basic") {
+      if (!credentials.has_value()) return absl::UnauthenticatedError(login);
+      authorization_ = absl::StrCat("Basic ", *credentials);
+      return absl::OkStatus();
+    }
+    if (scheme != "bearer" || !parameters.contains("realm")) {
+      return absl::UnauthenticatedError(absl::StrFormat(
+          "%s asks for authentication kiln does not speak (%s)", reference_.registry,
+          challenge_header));
+    }
+    std::string url = parameters.at("realm");
+    std::vector<std::string> query;
+    for (const char* name : {"service", "scope"}) {
+      if (auto found = parameters.find(name); found != parameters.end()) {
+        query.push_back(absl::StrCat(name, "=", UrlEncode(found->second)));
+      }
+    }
+    if (!query.empty()) absl::StrAppend(&url, "?", absl::StrJoin(query, "&"));
+    HttpsRequest token_request;
+    token_request.url = url;
+    if (credentials.has_value()) {
+      token_request.headers.emplace_back("Authorization", absl::StrCat("Basic ", *credentials));
+    }
+    ASSIGN_OR_RETURN(HttpsResponse answer, SendHttps(token_request));
+    if (answer.status == 401 || answer.status == 403) return absl::UnauthenticatedError(login);
+    if (answer.status != 200) {
+      return absl::UnavailableError(
+          absl::StrFormat("%s's token service answered %d", reference_.registry, answer.status));
+    }
+    ASSIGN_OR_RETURN(google::protobuf::Struct token, ParseJson(answer.body, "the token answer"));
+    std::string value = Field(token, "token");
+    if (value.empty()) value = Field(token, "access_token");
+    if (value.empty()) return absl::DataLossError("the token answer holds no token");
+    authorization_ = absl::StrCat("Bearer ", value);
+    return absl::OkStatus();
+  }
+
+  const OciReference& reference_;
+  std::string authorization_;
+};
+
+absl::Status Unexpected(const HttpsResponse& response, absl::string_view what) {
+  return absl::UnavailableError(absl::StrFormat("%s: the registry answered %d %s", what,
+                                                response.status, response.body.substr(0, 300)));
+}
+
+// The URL a Location header names, relative to the registry or absolute.
+std::string Resolve(const OciReference& reference, const std::string& location) {
+  if (absl::StartsWith(location, "https://") || absl::StartsWith(location, "http://")) {
+    return location;
+  }
+  return absl::StrCat("https://", reference.registry, location);
+}
+
+absl::Status PushBlob(RegistrySession& session, const OciReference& reference,
+                      const std::string& digest, const std::string& data,
+                      const fs::path& file) {
+  HttpsRequest exists;
+  exists.method = "HEAD";
+  exists.url = session.Url(absl::StrCat("/blobs/", digest));
+  ASSIGN_OR_RETURN(HttpsResponse found, session.Send(exists));
+  if (found.status == 200) return absl::OkStatus();
+  HttpsRequest start;
+  start.method = "POST";
+  start.url = session.Url("/blobs/uploads/");
+  ASSIGN_OR_RETURN(HttpsResponse started, session.Send(start));
+  if (started.status != 202 || started.Header("location").empty()) {
+    return Unexpected(started, "starting an upload");
+  }
+  std::string url = Resolve(reference, started.Header("location"));
+  absl::StrAppend(&url, absl::StrContains(url, '?') ? "&" : "?", "digest=", UrlEncode(digest));
+  HttpsRequest upload;
+  upload.method = "PUT";
+  upload.url = url;
+  upload.headers.emplace_back("Content-Type", "application/octet-stream");
+  if (file.empty()) {
+    upload.body = data;
+  } else {
+    upload.body_file = file;
+  }
+  ASSIGN_OR_RETURN(HttpsResponse uploaded, session.Send(upload));
+  if (uploaded.status != 201) return Unexpected(uploaded, "uploading a blob");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FileDigest(const fs::path& file, uint64_t& size) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", file.string()));
+  Sha256Stream digest;
+  std::string chunk(1 << 20, '\0');
+  size = 0;
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const auto read = static_cast<size_t>(in.gcount());
+    digest.Update(absl::string_view(chunk.data(), read));
+    size += read;
+  }
+  return absl::StrCat("sha256:", DigestHex(DigestBytes(digest.Finish())));
+}
+
+}  // namespace
+
+std::string OciReference::ToString() const {
+  std::string text = absl::StrCat(registry, "/", repository);
+  if (!tag.empty()) absl::StrAppend(&text, ":", tag);
+  if (!digest.empty()) absl::StrAppend(&text, "@", digest);
+  return text;
+}
+
+absl::StatusOr<OciReference> ParseOciReference(absl::string_view text) {
+  OciReference reference;
+  const std::string usage = absl::StrFormat(
+      "'%s' is not a registry reference; write REGISTRY/REPOSITORY:TAG or "
+      "REGISTRY/REPOSITORY@sha256:HEX (e.g. ghcr.io/team/kernels:v1)",
+      text);
+  absl::string_view rest = text;
+  if (const size_t at = rest.find('@'); at != absl::string_view::npos) {
+    reference.digest = std::string(rest.substr(at + 1));
+    rest = rest.substr(0, at);
+    if (!absl::StartsWith(reference.digest, "sha256:") || reference.digest.size() != 7 + 64) {
+      return absl::InvalidArgumentError(usage);
+    }
+  }
+  const size_t slash = rest.find('/');
+  if (slash == absl::string_view::npos) return absl::InvalidArgumentError(usage);
+  reference.registry = std::string(rest.substr(0, slash));
+  rest = rest.substr(slash + 1);
+  if (const size_t colon = rest.rfind(':');
+      colon != absl::string_view::npos && rest.find('/', colon) == absl::string_view::npos) {
+    reference.tag = std::string(rest.substr(colon + 1));
+    rest = rest.substr(0, colon);
+  }
+  reference.repository = std::string(rest);
+  if (reference.registry.empty() || !IsRepositoryName(reference.repository)) {
+    return absl::InvalidArgumentError(usage);
+  }
+  if (reference.tag.empty() && reference.digest.empty()) reference.tag = "latest";
+  return reference;
+}
+
+absl::StatusOr<PushedBundle> PushBundle(const fs::path& file, uint64_t entries,
+                                        const std::string& signed_by,
+                                        const OciReference& reference) {
+  if (reference.tag.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(reference.ToString(), ": push to a tag (REGISTRY/REPOSITORY:TAG)"));
+  }
+  RegistrySession session(reference);
+  PushedBundle pushed;
+  ASSIGN_OR_RETURN(const std::string layer_digest, FileDigest(file, pushed.bytes));
+  const std::string config = absl::StrFormat(R"({"entries":%d,"signed_by":"%s"})", entries, signed_by);
+  const std::string config_digest = OciDigest(config);
+  RETURN_IF_ERROR(PushBlob(session, reference, config_digest, config, {}));
+  RETURN_IF_ERROR(PushBlob(session, reference, layer_digest, "", file));
+  const std::string manifest = absl::StrFormat(
+      R"({"schemaVersion":2,"mediaType":"%s","artifactType":"%s",)"
+      R"("config":{"mediaType":"%s","digest":"%s","size":%d},)"
+      R"("layers":[{"mediaType":"%s","digest":"%s","size":%d,)"
+      R"("annotations":{"org.opencontainers.image.title":"%s"}}]})",
+      kManifestMediaType, kBundleMediaType, kBundleConfigMediaType, config_digest, config.size(),
+      kBundleMediaType, layer_digest, pushed.bytes, file.filename().string());
+  HttpsRequest put;
+  put.method = "PUT";
+  put.url = session.Url(absl::StrCat("/manifests/", reference.tag));
+  put.headers.emplace_back("Content-Type", std::string(kManifestMediaType));
+  put.body = manifest;
+  ASSIGN_OR_RETURN(HttpsResponse stored, session.Send(put));
+  if (stored.status != 201) return Unexpected(stored, "storing the manifest");
+  pushed.manifest_digest = OciDigest(manifest);
+  return pushed;
+}
+
+absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::path& file,
+                                       const std::function<void(uint64_t)>& received) {
+  RegistrySession session(reference);
+  HttpsRequest get;
+  get.url = session.Url(
+      absl::StrCat("/manifests/", reference.digest.empty() ? reference.tag : reference.digest));
+  get.headers.emplace_back("Accept", std::string(kManifestMediaType));
+  ASSIGN_OR_RETURN(HttpsResponse answer, session.Send(get));
+  if (answer.status == 404) {
+    return absl::NotFoundError(absl::StrCat(reference.ToString(), ": the registry has no such bundle"));
+  }
+  if (answer.status != 200) return Unexpected(answer, "fetching the manifest");
+  const std::string manifest_digest = OciDigest(answer.body);
+  if (!reference.digest.empty() && manifest_digest != reference.digest) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: the registry's manifest has digest %s; nothing was fetched", reference.ToString(),
+        manifest_digest));
+  }
+  ASSIGN_OR_RETURN(google::protobuf::Struct manifest, ParseJson(answer.body, "the manifest"));
+  const auto& fields = manifest.fields();
+  const auto config = fields.find("config");
+  const auto layers = fields.find("layers");
+  if (config == fields.end() ||
+      Field(config->second.struct_value(), "mediaType") != kBundleConfigMediaType ||
+      layers == fields.end() || layers->second.list_value().values_size() != 1 ||
+      Field(layers->second.list_value().values(0).struct_value(), "mediaType") != kBundleMediaType) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is not a Kiln bundle (its manifest has no single layer of %s); push one with "
+        "`kiln push`",
+        reference.ToString(), kBundleMediaType));
+  }
+  const google::protobuf::Struct& layer = layers->second.list_value().values(0).struct_value();
+  const std::string layer_digest = Field(layer, "digest");
+  const auto size_field = layer.fields().find("size");
+  const auto expected_size = size_field == layer.fields().end()
+                                 ? uint64_t{0}
+                                 : static_cast<uint64_t>(size_field->second.number_value());
+
+  const fs::path partial = fs::path(file.string() + ".partial");
+  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write ", partial.string()));
+  Sha256Stream digest;
+  uint64_t size = 0;
+  HttpsRequest blob;
+  blob.url = session.Url(absl::StrCat("/blobs/", layer_digest));
+  blob.on_body = [&](absl::string_view data) -> absl::Status {
+    digest.Update(data);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    size += data.size();
+    if (size > expected_size) {
+      return absl::DataLossError("the layer is larger than its manifest says");
+    }
+    if (received) received(size);
+    return out ? absl::OkStatus() : absl::ResourceExhaustedError("writing the bundle failed");
+  };
+  absl::StatusOr<HttpsResponse> fetched = session.Send(blob);
+  // Registries that keep blobs elsewhere redirect to them; the credentials stay behind.
+  for (int redirects = 0; fetched.ok() && fetched->status / 100 == 3 && redirects < 5; ++redirects) {
+    HttpsRequest elsewhere = blob;
+    elsewhere.url = Resolve(reference, fetched->Header("location"));
+    fetched = SendHttps(elsewhere);
+  }
+  out.close();
+  const std::string actual = absl::StrCat("sha256:", DigestHex(DigestBytes(digest.Finish())));
+  absl::Status status = fetched.status();
+  if (status.ok() && fetched->status != 200) status = Unexpected(*fetched, "fetching the bundle");
+  if (status.ok() && (actual != layer_digest || size != expected_size)) {
+    status = absl::DataLossError(absl::StrFormat(
+        "%s: the bundle's bytes have digest %s (%d bytes), its manifest says %s (%d bytes): "
+        "tampered with or damaged in the registry; nothing was kept",
+        reference.ToString(), actual, size, layer_digest, expected_size));
+  }
+  std::error_code error;
+  if (!status.ok()) {
+    fs::remove(partial, error);
+    return status;
+  }
+  RETURN_IF_ERROR(platform::MoveFileOver(partial, file).status());
+  return manifest_digest;
+}
+
+}  // namespace kiln
