@@ -8,10 +8,10 @@ import re
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import hermetic
 import kernel_suite
+from bundle_files import openssl, publisher_key, write_bundle
 from conftest import BUILD, Kilnd, probe_json, run_on_terminal, run_probe
 
 KILN = BUILD / "client" / "cpp" / "kiln"
@@ -121,19 +121,6 @@ def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path)
         target.stop()
 
 
-def openssl(*args):
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
-
-
-def publisher_key(folder, name="publisher"):
-    """A new Ed25519 key made by openssl: (private key PEM, public key PEM, key id)."""
-    private, public, der = (folder / f"{name}.pem", folder / f"{name}.pub.pem", folder / f"{name}.der")
-    openssl("genpkey", "-algorithm", "ed25519", "-out", private)
-    openssl("pkey", "-in", private, "-pubout", "-out", public)
-    openssl("pkey", "-in", private, "-pubout", "-outform", "DER", "-out", der)
-    return private, public, hashlib.sha256(der.read_bytes()[-32:]).hexdigest()  # the raw key ends the DER
-
-
 def trusting(public_keys_file):
     """kilnd's flag that trusts the keys of `public_keys_file`."""
     return f"--trusted-bundle-keys={public_keys_file}"
@@ -194,34 +181,6 @@ def test_a_bundle_signed_at_export_names_its_key_and_imports(tmp_path):
         assert got.returncode == 0 and (tmp_path / "out" / "k.cubin").read_bytes() == blob.read_bytes()
     finally:
         target.stop()
-
-
-def write_bundle(path, entries, signer=None):
-    """A bundle of `entries` ((namespace, key, {name: bytes})), written as
-    client/cpp/bundle.h lays it out, a record at a time: version 1, or version 2
-    signed by the private key file `signer` (openssl signs)."""
-    from kiln.service import api
-
-    digest = hashlib.sha256()
-    with open(path, "wb") as out:
-        def write(data):
-            digest.update(data)
-            out.write(data)
-
-        write(b"KILNBUNDLE 2\n" if signer else b"KILNBUNDLE 1\n")
-        for namespace, key, blobs in entries:
-            record = api.BundleEntry(namespace=namespace, key=key, blobs=[
-                api.blob(name, data) for name, data in blobs.items()]).SerializeToString()
-            write(struct.pack("<I", len(record)) + record)
-        out.write(b"END " + digest.digest())
-        if signer:
-            message = Path(f"{path}.signed-message")
-            message.write_bytes(b"kiln bundle signature\n" + digest.digest())
-            der = Path(f"{path}.der")
-            openssl("pkey", "-in", signer, "-pubout", "-outform", "DER", "-out", der)
-            signature = subprocess.run(["openssl", "pkeyutl", "-sign", "-inkey", str(signer), "-rawin",
-                                        "-in", str(message)], check=True, capture_output=True, timeout=60).stdout
-            out.write(b"SIG " + hashlib.sha256(der.read_bytes()[-32:]).digest() + signature)
 
 
 def test_importing_a_large_bundle_holds_a_batch_in_memory_not_the_bundle(tmp_path):

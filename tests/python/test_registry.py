@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import Kilnd
-from test_bundle import KILN, import_counts, publisher_key, trusting, write_bundle
+from bundle_files import publisher_key, write_bundle
+from test_bundle import KILN, import_counts, trusting
 from test_remote_tls import new_ca, new_key_and_request, sign
 from test_shared_cache import free_port
 

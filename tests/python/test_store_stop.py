@@ -19,7 +19,8 @@ from kiln.service import api as _api
 import hermetic
 import process_table
 from conftest import BUILD, Kilnd
-from test_bundle import publisher_key, trusting
+from bundle_files import publisher_key
+from test_bundle import trusting
 
 LONG_COMPILE = Path(__file__).parent / "long_compile_program.py"
 KILN = BUILD / "client" / "cpp" / "kiln"

@@ -15,6 +15,7 @@ from kiln.service import api as _api
 from kiln.service import paths as _paths
 from kiln.service import connection as _service
 
+from bundle_files import publisher_key, write_bundle
 from conftest import linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver, windows_path
 
 
@@ -26,8 +27,17 @@ def wine(tmp_path_factory):
     subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
 
 
+def trusted_bundle_keys(wine):
+    """The file kilnd.exe's config names as trusted_bundle_keys (read at each import)."""
+    return local_app_data(wine) / "kiln" / "trusted-bundle-keys.pem"
+
+
 @pytest.fixture(scope="module")
 def kilnd(wine, binaries):
+    # Every other setting is its default.
+    config = local_app_data(wine) / "kiln" / "kilnd.conf"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(f"trusted_bundle_keys = {windows_path(trusted_bundle_keys(wine))}\r\n")
     process = subprocess.Popen(["wine", str(binaries[0])], env=wine, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     endpoint_file = local_app_data(wine) / "kiln" / "run" / "kilnd.endpoint"
     deadline = time.monotonic() + 60
@@ -154,3 +164,33 @@ def test_kiln_exe_starts_the_kilnd_exe_beside_it_when_none_serves(tmp_path_facto
         assert code == 0 and "kernel.cubin" in out and "started one" not in err, err
     finally:
         subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
+
+
+def test_a_bundle_signed_on_linux_imports_from_a_trusted_key_and_brings_nothing_otherwise(wine, kilnd, kiln,
+                                                                                          tmp_path):
+    """A bundle made and signed on Linux (openssl, the Linux layout of the
+    format) imported by kiln.exe into kilnd.exe: its entries when kilnd.exe
+    trusts the key, none while it does not (read at each import, no restart)."""
+    private, public, key_id = publisher_key(tmp_path)
+    cubin = os.urandom(5000)
+    bundle = tmp_path / "linux.kilnbundle"
+    write_bundle(bundle, [("wine-bundle", "from-linux", {"k.cubin": cubin}),
+                          ("triton-files", "ab" * 32 + "/__triton_launcher.pyd", {"__triton_launcher.pyd": b"MZ"})],
+                 signer=private)
+    trusted_bundle_keys(wine).write_text("")
+    refused = kiln("import", windows_path(bundle), check=False)
+    assert refused.returncode != 0 and "holds no PEM public key" in refused.stderr, refused
+
+    _, other_public, _ = publisher_key(tmp_path, "other")
+    trusted_bundle_keys(wine).write_text(other_public.read_text())
+    untrusted = kiln("import", windows_path(bundle))
+    assert f"signed by key {key_id}, which kilnd does not trust" in untrusted.stdout, untrusted.stdout
+    assert kiln("get", "wine-bundle", "from-linux", check=False).returncode == 1
+
+    trusted_bundle_keys(wine).write_text(other_public.read_text() + public.read_text())
+    imported = kiln("import", windows_path(bundle))
+    assert f"signed by key {key_id}, which kilnd trusts" in imported.stdout, imported.stdout
+    assert "stored 1," in imported.stdout and "refused 1: native code" in imported.stdout, imported.stdout
+    out = tmp_path / "out"
+    kiln("get", "wine-bundle", "from-linux", "-o", windows_path(out))
+    assert (out / "k.cubin").read_bytes() == cubin
