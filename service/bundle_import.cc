@@ -42,15 +42,24 @@ constexpr int kCompileFailuresListed = 20;
 
 constexpr uint16_t kElfMachineCuda = 190;  // EM_CUDA: a cubin
 
+uint32_t LittleEndianAt(absl::string_view data, size_t offset, size_t bytes) {
+  uint32_t value = 0;
+  for (size_t i = 0; i < bytes; ++i) value |= static_cast<uint32_t>(static_cast<uint8_t>(data[offset + i])) << (8 * i);
+  return value;
+}
+
 // Whether `data` is a program or library for a CPU: an ELF file of any
-// machine but CUDA's, PE (Windows), or Mach-O. A cubin is ELF too, for EM_CUDA.
+// machine but CUDA's, PE (Windows: "MZ" and the "PE\0\0" its header points
+// to; "MZ" alone begins one in 65,536 random blobs), or Mach-O. A cubin is
+// ELF too, for EM_CUDA.
 bool IsNativeCode(absl::string_view data) {
   if (absl::StartsWith(data, "\x7f" "ELF") && data.size() >= 20) {
-    const auto machine = static_cast<uint16_t>(static_cast<uint8_t>(data[18]) |
-                                               static_cast<uint8_t>(data[19]) << 8);
-    return machine != kElfMachineCuda;
+    return LittleEndianAt(data, 18, 2) != kElfMachineCuda;
   }
-  if (absl::StartsWith(data, "MZ")) return true;
+  if (absl::StartsWith(data, "MZ") && data.size() >= 0x40) {
+    const uint32_t pe_header = LittleEndianAt(data, 0x3c, 4);
+    return pe_header <= data.size() - 4 && data.substr(pe_header, 4) == absl::string_view("PE\0\0", 4);
+  }
   for (absl::string_view magic : {"\xfe\xed\xfa\xce", "\xce\xfa\xed\xfe", "\xfe\xed\xfa\xcf",
                                   "\xcf\xfa\xed\xfe", "\xca\xfe\xba\xbe"}) {
     if (absl::StartsWith(data, magic)) return true;

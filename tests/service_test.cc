@@ -2,6 +2,7 @@
 // 127.0.0.1:0, through the generated gRPC stubs.
 
 #include "service/server.h"
+#include "service/bundle_import.h"
 
 #include <filesystem>
 #include <fstream>
@@ -116,6 +117,53 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<CompileCoordinator> coordinator_;
   std::unique_ptr<KilnServer> server_;
 };
+
+v1::BundleEntry BundleEntryOf(const std::string& ns, const std::string& key,
+                              const std::string& name, const std::string& data) {
+  v1::BundleEntry entry;
+  entry.set_namespace_(ns);
+  entry.set_key(key);
+  v1::Blob* blob = entry.add_blobs();
+  blob->set_name(name);
+  blob->set_data(data);
+  return entry;
+}
+
+TEST(BundleAdmissionTest, NativeCodeIsRefusedByNameOrContentButACubinAndDataThatOnlyLookLikeItAreNot) {
+  std::string x86_64_elf = std::string("\x7f" "ELF\x02\x01\x01", 7) + std::string(9, '\0');
+  x86_64_elf += std::string("\x03\x00\x3e\x00", 4) + std::string(44, '\0');  // ET_DYN, EM_X86_64
+  std::string cubin = x86_64_elf;
+  cubin[18] = static_cast<char>(190);  // EM_CUDA
+  cubin[19] = 0;
+  std::string pe(0x80, '\0');
+  pe[0] = 'M';
+  pe[1] = 'Z';
+  pe[0x3c] = 0x40;
+  pe.replace(0x40, 4, std::string("PE\0\0", 4));
+  std::string mz_by_chance = pe;
+  mz_by_chance.replace(0x40, 4, "data");
+  const auto admitted = [](const v1::BundleEntry& entry) {
+    return AdmitBundleEntry(entry, /*trusted=*/true).kind;
+  };
+  EXPECT_EQ(admitted(BundleEntryOf("triton", "k", "k.json", x86_64_elf)), BundleEntryAdmission::kRefused);
+  EXPECT_EQ(admitted(BundleEntryOf("triton", "k", "k.bin", pe)), BundleEntryAdmission::kRefused);
+  EXPECT_EQ(admitted(BundleEntryOf("triton-files", "ab/__triton_launcher.cpython-311-x86_64-linux-gnu.so",
+                                   "__triton_launcher.cpython-311-x86_64-linux-gnu.so", "text")),
+            BundleEntryAdmission::kRefused);
+  EXPECT_EQ(admitted(BundleEntryOf("triton", "k", "cuda_utils.pyd", "text")), BundleEntryAdmission::kRefused);
+  EXPECT_EQ(admitted(BundleEntryOf("triton", "k", "k.cubin", cubin)), BundleEntryAdmission::kAsIs);
+  EXPECT_EQ(admitted(BundleEntryOf("triton", "k", "k.bin", mz_by_chance)), BundleEntryAdmission::kAsIs);
+  EXPECT_EQ(admitted(BundleEntryOf("kiln-memos", "k", "m.json", "{}")), BundleEntryAdmission::kRefused);
+  EXPECT_EQ(admitted(BundleEntryOf("shared.launcher", "k", "m", "x")), BundleEntryAdmission::kRefused);
+  // Untrusted: a Triton kernel with its recorded TTIR and key inputs is compiled; nothing else comes.
+  v1::BundleEntry kernel = BundleEntryOf("triton", "k", "add_kernel.source", "module {}");
+  *kernel.add_blobs() = BundleEntryOf("", "", "kiln.key-inputs.json", "{}").blobs(0);
+  EXPECT_EQ(AdmitBundleEntry(kernel, false).kind, BundleEntryAdmission::kCompile);
+  EXPECT_EQ(AdmitBundleEntry(BundleEntryOf("triton", "k", "k.cubin", cubin), false).kind,
+            BundleEntryAdmission::kRefused);
+  EXPECT_EQ(AdmitBundleEntry(BundleEntryOf("inductor", "g", "graph.py", "x"), false).kind,
+            BundleEntryAdmission::kRefused);
+}
 
 TEST_F(ServiceTest, PutThenLookupOverTheUnixSocket) {
   auto stub = UnixStub();
