@@ -15,6 +15,7 @@ from kiln.service import api as _api
 from kiln.service import paths as _paths
 from kiln.service import connection as _service
 
+import registry_server
 from bundle_files import publisher_key, write_bundle
 from conftest import linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver, windows_path
 
@@ -194,3 +195,29 @@ def test_a_bundle_signed_on_linux_imports_from_a_trusted_key_and_brings_nothing_
     out = tmp_path / "out"
     kiln("get", "wine-bundle", "from-linux", "-o", windows_path(out))
     assert (out / "k.cubin").read_bytes() == cubin
+
+
+def test_kiln_exe_pushes_a_bundle_to_a_registry_and_pulls_it_into_kilnd_exe(wine, kilnd, binaries, tmp_path):
+    """kiln.exe speaks the registry's API itself (OpenSSL, Winsock): a signed
+    bundle pushed over TLS with docker's login, pulled by digest into kilnd.exe."""
+    registry = registry_server.start(tmp_path / "registry")
+    try:
+        private, public, key_id = publisher_key(tmp_path)
+        cubin = os.urandom(7000)
+        bundle = tmp_path / "pushed.kilnbundle"
+        write_bundle(bundle, [("wine-registry", "pulled", {"k.cubin": cubin})], signer=private)
+        trusted_bundle_keys(wine).write_text(public.read_text())
+        kiln = runner(dict(wine, SSL_CERT_FILE=windows_path(registry.ca),
+                           DOCKER_CONFIG=windows_path(registry_server.docker_config(tmp_path / "docker",
+                                                                                    registry.address))),
+                      binaries[1])
+        pushed = kiln("push", windows_path(bundle), f"{registry.address}/wine/kernels:v1")
+        assert f"signed by key {key_id}" in pushed.stdout, pushed.stdout
+        digest = pushed.stdout.strip().rsplit("@", 1)[1]
+        pulled = kiln("pull", f"{registry.address}/wine/kernels@{digest}")
+        assert "which kilnd trusts" in pulled.stdout and "stored 1," in pulled.stdout, pulled.stdout
+        out = tmp_path / "out"
+        kiln("get", "wine-registry", "pulled", "-o", windows_path(out))
+        assert (out / "k.cubin").read_bytes() == cubin
+    finally:
+        registry.stop()
