@@ -64,23 +64,26 @@ def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compi
     finally:
         target.stop()
 
-    # A kilnd that does not trust the key takes the kernels only, and compiles
-    # each from its recorded TTIR: a client then hits them all, stock's bytes.
-    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={sys.executable}")
-    try:
-        imported = kiln(stranger, "import", bundle)
-        assert imported.returncode == 0, imported.stderr
-        assert f"signed by key {key_id}, which kilnd does not trust" in imported.stdout, imported.stdout
-        counts = import_counts(imported.stdout)
-        assert counts["stored"] == 0 and counts["kernels compiled by kilnd"] == 30, imported.stdout
-        assert stranger.stats().compiles == 30
-        result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
-                                           TRITON_CACHE_DIR=str(tmp_path / "c3"), KILN_FILES_DIR=str(tmp_path / "f3")),
-                                      "suite"))
-        assert result["kernels"] == stock_suite
-        assert stranger.stats().compiles == 30 and compile_calls(stranger) == 0
-    finally:
-        stranger.stop()
+    # A kilnd that does not trust the key, or a bundle with no signature, brings
+    # the kernels only, each compiled by kilnd from its recorded TTIR: a client
+    # then hits them all, stock's bytes.
+    for name, unsigned_or_untrusted in (("untrusted", bundle), ("unsigned", tmp_path / "recent.kilnbundle")):
+        stranger = Kilnd(tmp_path / name, f"--toolchain={sys.executable}")
+        try:
+            imported = kiln(stranger, "import", unsigned_or_untrusted)
+            assert imported.returncode == 0, imported.stderr
+            said = f"signed by key {key_id}, which kilnd does not trust" if name == "untrusted" else "entries, unsigned"
+            assert said in imported.stdout, imported.stdout
+            counts = import_counts(imported.stdout)
+            assert counts["stored"] == 0 and counts["kernels compiled by kilnd"] == 30, imported.stdout
+            assert stranger.stats().compiles == 30
+            result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
+                                               TRITON_CACHE_DIR=str(tmp_path / f"c-{name}"),
+                                               KILN_FILES_DIR=str(tmp_path / f"f-{name}")), "suite"))
+            assert result["kernels"] == stock_suite
+            assert stranger.stats().compiles == 30 and compile_calls(stranger) == 0
+        finally:
+            stranger.stop()
 
 
 def test_a_bundle_with_one_flipped_byte_is_refused_and_imports_nothing(tmp_path):
