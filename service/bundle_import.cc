@@ -22,12 +22,13 @@
 namespace kiln::service {
 namespace {
 
+using cache::kKeyInputsBlob;  // what the Python client keeps with each kernel
+
 // Namespaces no bundle writes: the Python client's memos hold for the machine
 // that made them; "shared.*" are kilnd's own (the launchers it builds).
 constexpr absl::string_view kMachineLocalNamespace = "kiln-memos";
 constexpr absl::string_view kKilndOwnPrefix = "shared.";
 constexpr absl::string_view kTritonNamespace = "triton";
-constexpr absl::string_view kKeyInputsBlob = "kiln.key-inputs.json";
 constexpr absl::string_view kSourceSuffix = ".source";
 
 // What one call of the store takes of a trusted bundle: its costs shared by
@@ -122,18 +123,6 @@ class Refusals {
   std::map<std::string, size_t> index_;
   std::vector<v1::RefusedEntries> response_refused_;
 };
-
-// Reads every entry of `bundle`, each given to `use`; the reader at the end
-// (its digest and signature read).
-absl::StatusOr<BundleReader> ForEachEntry(const std::filesystem::path& bundle,
-                                          const std::function<absl::Status(v1::BundleEntry&&)>& use) {
-  ASSIGN_OR_RETURN(BundleReader reader, BundleReader::Open(bundle));
-  while (true) {
-    ASSIGN_OR_RETURN(std::optional<v1::BundleEntry> entry, reader.Next());
-    if (!entry.has_value()) return reader;
-    RETURN_IF_ERROR(use(*std::move(entry)));
-  }
-}
 
 absl::Status NothingImported(const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(status.message(), "; nothing was imported"));
@@ -357,7 +346,7 @@ absl::StatusOr<v1::ImportBundleResponse> ImportBundleFile(const BundleImportCont
                                                           const std::filesystem::path& bundle) {
   v1::ImportBundleResponse response;
   // Everything is checked before anything is stored.
-  absl::StatusOr<BundleReader> checked = ForEachEntry(bundle, [&](v1::BundleEntry&& entry) {
+  absl::StatusOr<BundleReader> checked = ForEachBundleEntry(bundle, [&](v1::BundleEntry&& entry) {
     response.set_entries(response.entries() + 1);
     const std::string name = NameOf(entry);
     if (absl::Status valid = ValidatePut(AsPut(std::move(entry))); !valid.ok()) {
@@ -387,7 +376,7 @@ absl::StatusOr<v1::ImportBundleResponse> ImportBundleFile(const BundleImportCont
   TrustedStore store(context, response);
   std::optional<KernelCompiles> compiles;
   if (!trusted) compiles.emplace(context, response);
-  absl::StatusOr<BundleReader> read = ForEachEntry(bundle, [&](v1::BundleEntry&& entry) {
+  absl::StatusOr<BundleReader> read = ForEachBundleEntry(bundle, [&](v1::BundleEntry&& entry) {
     const BundleEntryAdmission admission = AdmitBundleEntry(entry, trusted);
     switch (admission.kind) {
       case BundleEntryAdmission::kRefused:

@@ -190,4 +190,16 @@ absl::StatusOr<std::optional<v1::BundleEntry>> BundleReader::Next() {
   return std::nullopt;
 }
 
+absl::StatusOr<BundleReader> ForEachBundleEntry(
+    const std::filesystem::path& path, absl::FunctionRef<absl::Status(v1::BundleEntry&&)> use) {
+  absl::StatusOr<BundleReader> reader = BundleReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  while (true) {
+    absl::StatusOr<std::optional<v1::BundleEntry>> entry = reader->Next();
+    if (!entry.ok()) return entry.status();
+    if (!entry->has_value()) return reader;
+    if (absl::Status used = use(**std::move(entry)); !used.ok()) return used;
+  }
+}
+
 }  // namespace kiln

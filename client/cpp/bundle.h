@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/ed25519.h"
 #include "common/sha256.h"
@@ -102,6 +103,12 @@ class BundleReader {
   std::string digest_bytes_;
   std::optional<BundleSignature> signature_;
 };
+
+// Reads the bundle at `path` a record at a time, every digest checked,
+// giving each entry to `use` (whose error stops the read). Returns the reader
+// once the end is read: the bundle's digest and signature.
+absl::StatusOr<BundleReader> ForEachBundleEntry(
+    const std::filesystem::path& path, absl::FunctionRef<absl::Status(v1::BundleEntry&&)> use);
 
 }  // namespace kiln
 

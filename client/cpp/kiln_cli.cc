@@ -458,20 +458,6 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
   return kOk;
 }
 
-// Reads the bundle at `file` a record at a time, every digest checked,
-// giving each entry to `use` (which may stop the read with an error).
-absl::StatusOr<kiln::BundleReader> ForEachBundleEntry(
-    const std::string& file, absl::FunctionRef<absl::Status(kiln::v1::BundleEntry&&)> use) {
-  absl::StatusOr<kiln::BundleReader> reader = kiln::BundleReader::Open(file);
-  if (!reader.ok()) return reader.status();
-  while (true) {
-    absl::StatusOr<std::optional<kiln::v1::BundleEntry>> entry = reader->Next();
-    if (!entry.ok()) return entry.status();
-    if (!entry->has_value()) return reader;
-    if (absl::Status used = use(**std::move(entry)); !used.ok()) return used;
-  }
-}
-
 // What kilnd made of a bundle (`kiln import`, `kiln pull`).
 void PrintImportReport(const std::string& file, const kiln::v1::ImportBundleResponse& report) {
   std::string signer = "unsigned";
@@ -535,7 +521,7 @@ int Push(kiln::Client& /*client*/, const std::vector<std::string>& args) {
   absl::StatusOr<kiln::OciReference> reference = kiln::ParseOciReference(args[1]);
   if (!reference.ok()) return Usage(reference.status().message());
   uint64_t entries = 0;
-  absl::StatusOr<kiln::BundleReader> checked = ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&&) {
+  absl::StatusOr<kiln::BundleReader> checked = kiln::ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&&) {
     ++entries;
     return absl::OkStatus();
   });
@@ -603,7 +589,7 @@ struct RecordedKernel {
 absl::StatusOr<std::vector<RecordedKernel>> RecordedKernels(const std::string& file) {
   std::vector<RecordedKernel> kernels;
   absl::StatusOr<kiln::BundleReader> read =
-      ForEachBundleEntry(file, [&](kiln::v1::BundleEntry&& entry) {
+      kiln::ForEachBundleEntry(file, [&](kiln::v1::BundleEntry&& entry) {
     RecordedKernel kernel;
     kernel.request.set_namespace_(entry.namespace_());
     for (const kiln::v1::Blob& blob : entry.blobs()) {
