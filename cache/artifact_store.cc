@@ -137,7 +137,7 @@ absl::Status ArtifactStore::Initialize() {
   RETURN_IF_ERROR(writer->db->Exec("PRAGMA foreign_keys = OFF"));
   ASSIGN_OR_RETURN(checkpointer_,
                    WalCheckpointer::Start(options_.data_dir / "kiln.db", options_.busy_timeout,
-                                          store_internal::kWalCheckpointPages, *writer->db,
+                                          store_internal::WalCheckpointPages(options_.max_size_bytes), *writer->db,
                                           writer_mutex_));
   const int64_t found_version = index.found_version;
   sqlite::Database& db = *writer->db;
@@ -155,7 +155,11 @@ absl::Status ArtifactStore::Initialize() {
        "SELECT id, index_disk_bytes, link_extension, index_namespace FROM entries "
        "WHERE namespace = ?1 AND key = ?2"},
       {&Writer::delete_entry, "DELETE FROM entries WHERE id = ?1"},
-      {&Writer::entry_blob_ids, "DELETE FROM entry_blobs WHERE entry_id = ?1 RETURNING blob_id"},
+      // Not one DELETE ... RETURNING: SQLite gathers a RETURNING's rows in a
+      // temporary b-tree, opened and freed per statement, and with it the
+      // heap grew and was trimmed back each time: 18% of eviction's time.
+      {&Writer::entry_blob_ids, "SELECT blob_id FROM entry_blobs WHERE entry_id = ?1"},
+      {&Writer::delete_entry_blobs, "DELETE FROM entry_blobs WHERE entry_id = ?1"},
       // The columns of an EntryToEvict (store_eviction.cc), as the two below.
       {&Writer::entry_name,
        "SELECT id, namespace, key, index_disk_bytes, link_extension, index_namespace FROM entries "
@@ -803,6 +807,7 @@ absl::Status ArtifactStore::DeleteEntryLocked(int64_t entry_id,
     freed_candidates.push_back(w.entry_blob_ids.ColumnInt(0));
   }
   w.entry_blob_ids.Reset();
+  RETURN_IF_ERROR(w.delete_entry_blobs.Bind(1, entry_id).Run());
   return w.delete_entry.Bind(1, entry_id).Run();
 }
 

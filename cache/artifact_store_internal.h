@@ -104,7 +104,8 @@ struct ArtifactStore::Writer {
   sqlite::Statement end_put;
   sqlite::Statement find_entry;
   sqlite::Statement delete_entry;
-  sqlite::Statement entry_blob_ids;  // deletes them, returning their blobs
+  sqlite::Statement entry_blob_ids;
+  sqlite::Statement delete_entry_blobs;
   sqlite::Statement entry_name;
   sqlite::Statement find_blob;
   sqlite::Statement insert_blob;

@@ -2,6 +2,8 @@
 
 #include "cache/store_schema.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -117,6 +119,12 @@ constexpr int kWalSizeLimit = 1 << 20;
 constexpr int kWriterCacheKiB = 64 << 10;
 
 }  // namespace
+
+int WalCheckpointPages(uint64_t max_size_bytes) {
+  constexpr uint64_t kPageBytes = 4096;  // SQLite's default page size, the index's
+  return static_cast<int>(std::clamp<uint64_t>(max_size_bytes / 32 / kPageBytes,
+                                               kMinWalCheckpointPages, kMaxWalCheckpointPages));
+}
 
 absl::StatusOr<OpenedIndex> OpenIndex(const std::filesystem::path& path,
                                       absl::Duration busy_timeout,

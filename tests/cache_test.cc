@@ -490,7 +490,10 @@ TEST_F(ArtifactStoreTest, AnImportThatAStopCutShortIsTakenBackAtTheNextOpen) {
 }
 
 TEST_F(ArtifactStoreTest, TheWalIsCheckpointedBesideTheCommitsAndEndsEmpty) {
-  auto store = OpenStore(Options());
+  StoreOptions options = Options();
+  // A cap whose checkpoints come every 1,024 pages (4 MiB) of WAL.
+  options.max_size_bytes = 128 << 20;
+  auto store = OpenStore(options);
   // 64 MiB of inline blobs, a commit each, which no commit checkpoints itself
   // (the checkpointer's thread does). How far the WAL grows meanwhile depends
   // on how fast commits come while a checkpoint syncs (a loaded machine's
