@@ -64,6 +64,16 @@ void WorkerPool::Stop() {
   changed_.notify_all();
 }
 
+void WorkerPool::Warm() {
+  std::lock_guard lock(mutex_);
+  if (live_ == 0 && !stopping_) StartWorkerLocked();
+}
+
+bool WorkerPool::HasStartedWorker() {
+  std::lock_guard lock(mutex_);
+  return live_ > starting_;
+}
+
 void WorkerPool::Adopt(std::unique_ptr<WorkerProcess> worker) {
   {
     std::lock_guard lock(mutex_);
@@ -367,15 +377,39 @@ PoolStats WorkerPool::Stats() {
   return stats;
 }
 
-ToolchainRegistry::ToolchainRegistry(PoolOptions options) : options_(std::move(options)) {}
+ToolchainRegistry::ToolchainRegistry(PoolOptions options, fs::path probe_memo_file)
+    : options_(std::move(options)), memo_(std::move(probe_memo_file)) {}
 
-absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& python_executable) {
+WorkerPool& ToolchainRegistry::PoolOfLocked(const ToolchainInfo& info, bool& is_new) {
+  key_by_python_[info.python_executable] = info.triton_key;
+  auto [pool, inserted] = pools_.try_emplace(info.triton_key);
+  is_new = inserted;
+  if (inserted) {
+    pool->second = std::make_unique<WorkerPool>(info, options_);
+    if (workers_stopped_) pool->second->Stop();
+  }
+  return *pool->second;
+}
+
+absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& given_python,
+                                                          absl::string_view expected_triton_key) {
+  // One interpreter, one name: a client's sys.executable may be
+  // /venv/bin/../bin/python, and kilnd's configuration normalizes its own.
+  const fs::path python_executable = given_python.lexically_normal();
   std::error_code error;
   if (!python_executable.is_absolute() || !fs::is_regular_file(python_executable, error)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "toolchain interpreter '%s' is not an absolute path to an existing file; give the full "
         "path of the Python that has triton installed (e.g. /path/to/venv/bin/python)",
         python_executable.string()));
+  }
+  if (std::optional<ToolchainInfo> known = memo_.Recall(python_executable);
+      known && (expected_triton_key.empty() || known->triton_key == expected_triton_key)) {
+    std::lock_guard lock(mutex_);
+    bool is_new = false;
+    WorkerPool& pool = PoolOfLocked(*known, is_new);
+    pool.Warm();
+    return pool.info();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker,
                    WorkerProcess::Start(python_executable, options_.worker_script));
@@ -393,15 +427,12 @@ absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& python
                      header.python_version(),
                      std::vector<std::string>(header.backends().begin(), header.backends().end()),
                      header.triton_dir()};
+  memo_.Remember(info);
   std::lock_guard lock(mutex_);
-  key_by_python_[info.python_executable] = info.triton_key;
-  auto [pool, inserted] = pools_.try_emplace(info.triton_key);
-  if (inserted) {
-    pool->second = std::make_unique<WorkerPool>(info, options_);
-    pool->second->Adopt(std::move(worker));
-    if (workers_stopped_) pool->second->Stop();
-  }
-  return pool->second->info();
+  bool is_new = false;
+  WorkerPool& pool = PoolOfLocked(info, is_new);
+  if (is_new) pool.Adopt(std::move(worker));  // the probe's worker is the pool's first
+  return pool.info();
 }
 
 absl::StatusOr<WorkerPool*> ToolchainRegistry::Find(absl::string_view triton_key) {
@@ -421,7 +452,7 @@ absl::StatusOr<WorkerPool*> ToolchainRegistry::Find(absl::string_view triton_key
 bool ToolchainRegistry::IsRegisteredAs(const std::string& python_executable,
                                        absl::string_view triton_key) {
   std::lock_guard lock(mutex_);
-  const auto known = key_by_python_.find(python_executable);
+  const auto known = key_by_python_.find(fs::path(python_executable).lexically_normal().string());
   return known != key_by_python_.end() && known->second == triton_key;
 }
 

@@ -23,18 +23,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "compiler/build_environment.h"
+#include "compiler/toolchain_info.h"
+#include "compiler/toolchain_memo.h"
 #include "compiler/worker_process.h"
 
 namespace kiln::compiler {
-
-struct ToolchainInfo {
-  std::string triton_key;  // triton.runtime.cache.triton_key()
-  std::string triton_version;
-  std::string python_executable;
-  std::string python_version;
-  std::vector<std::string> backends;
-  std::string triton_dir;  // where the triton package is (triton-windows bundles TinyCC there)
-};
 
 struct PoolOptions {
   std::filesystem::path worker_script;
@@ -175,6 +168,12 @@ class WorkerPool {
 
   // Adds an already started worker (registration's identifying worker) as idle.
   void Adopt(std::unique_ptr<WorkerProcess> worker);
+  // Starts a worker now unless one is live or starting: the first job then
+  // waits for what is left of its start, not all of it.
+  void Warm();
+  // Whether a worker has started and lives (busy or not): a job would not
+  // wait for an interpreter's start.
+  bool HasStartedWorker();
 
   // For kilnd's stop, which must take seconds whatever is compiling: kills the
   // workers running jobs, whose callers get UNAVAILABLE (never a
@@ -247,13 +246,19 @@ class WorkerPool {
 
 class ToolchainRegistry {
  public:
-  explicit ToolchainRegistry(PoolOptions options);
+  // Probes are remembered in `probe_memo_file` (ToolchainMemo) when given.
+  explicit ToolchainRegistry(PoolOptions options, std::filesystem::path probe_memo_file = {});
 
   // Runs `python_executable` once to identify its Triton and registers it.
   // Registering the same toolchain twice is a no-op. FAILED_PRECONDITION when
   // the path is not an absolute, existing file or its Python cannot import
   // triton (with the interpreter's error).
-  absl::StatusOr<ToolchainInfo> Register(const std::filesystem::path& python_executable);
+  // A probe remembered from an earlier start stands for the run, unless
+  // `expected_triton_key` (a client's) says the interpreter's triton changed
+  // since: its pool starts a worker at once, so that the first compile finds
+  // one ready or starting.
+  absl::StatusOr<ToolchainInfo> Register(const std::filesystem::path& python_executable,
+                                         absl::string_view expected_triton_key = "");
 
   // The pool of the toolchain with this triton key; FAILED_PRECONDITION lists
   // the registered ones and how to register another.
@@ -269,7 +274,11 @@ class ToolchainRegistry {
   void StopWorkers();
 
  private:
+  // The pool of `info`, made when it is new (`is_new`); with mutex_ held.
+  WorkerPool& PoolOfLocked(const ToolchainInfo& info, bool& is_new);
+
   const PoolOptions options_;
+  ToolchainMemo memo_;
   std::mutex mutex_;
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerPool>> pools_;  // by triton key
   absl::flat_hash_map<std::string, std::string> key_by_python_;

@@ -117,12 +117,14 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
         "compile worker script ", pool_options.worker_script.string(),
         " is missing; reinstall kilnd or set worker_script"));
   }
-  kiln::compiler::ToolchainRegistry toolchains(pool_options);
+  kiln::compiler::ToolchainRegistry toolchains(pool_options,
+                                               config.data_dir / "toolchain-probes");
   std::vector<fs::path> triton_dirs;
   for (const std::string& python : config.toolchains) {
     absl::StatusOr<kiln::compiler::ToolchainInfo> info = toolchains.Register(python);
     if (info.ok()) {
-      spdlog::info("toolchain: triton {} at {}", info->triton_version, python);
+      spdlog::info("toolchain: triton {} at {}{}", info->triton_version, python,
+                   info->remembered ? " (as probed at an earlier start)" : "");
       triton_dirs.emplace_back(info->triton_dir);
     } else {
       spdlog::error("toolchain {} not registered: {}", python, info.status().message());

@@ -20,7 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Answers hello, ping and compile. A worker started while <dir>/slow exists
+// Answers hello, ping and compile; each hello adds a line to <dir>/hellos, and
+// names <dir>/triton as its triton when that exists. A worker started while <dir>/slow exists
 // does not answer before <dir>/go does: it stands for one still importing
 // triton; one started while <dir>/broken exists exits at once. A compile takes
 // 0.3 s and returns the worker's pid, or kills the worker while <dir>/crash exists;
@@ -51,9 +52,12 @@ while True:
     for _ in header.get("parts", []):
         read_exact(struct.unpack("<I", read_exact(4))[0])
     if header["op"] == "hello":
+        with open(os.path.join(here, "hellos"), "a") as hellos:
+            hellos.write("hello\n")
+        triton = os.path.join(here, "triton")
         write({"ok": True, "triton_key": "stand-in", "triton_version": "0",
                "python_executable": sys.executable, "python_version": "3", "backends": ["nvidia"],
-               "triton_dir": here}, {})
+               "triton_dir": triton if os.path.isdir(triton) else here}, {})
     elif header["op"] == "compile":
         if os.path.exists(os.path.join(here, "crash")):
             print("dying words", file=sys.stderr, flush=True)
@@ -138,6 +142,73 @@ TEST_F(WorkerPoolTest, ACrashReportShowsWhatTheCrashedJobWroteAndNoEarlierJobs) 
   const std::string& report = std::get<CompileFailure>(*crashed).message;
   EXPECT_NE(report.find("dying words"), std::string::npos) << report;
   EXPECT_EQ(report.find("output of an earlier job"), std::string::npos) << report;
+}
+
+// Probes remembered across kilnd's starts: each registry below stands for
+// one start of kilnd, sharing the data dir's memo file.
+class ToolchainMemoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(python)) GTEST_SKIP() << "needs /usr/bin/python3";
+    std::ofstream(dir.path() / "worker.py") << kStandInWorker;
+    fs::create_directories(dir.path() / "triton" / "_C");
+    std::ofstream(dir.path() / "triton" / "__init__.py") << "__version__ = '0'\n";
+    std::ofstream(dir.path() / "triton" / "_C" / "libtriton.so") << "compiled";
+    options.worker_script = dir.path() / "worker.py";
+    options.max_workers = 2;
+  }
+
+  std::unique_ptr<ToolchainRegistry> Start() {
+    return std::make_unique<ToolchainRegistry>(options, dir.path() / "toolchain-probes");
+  }
+
+  int Hellos() {
+    std::ifstream file(dir.path() / "hellos");
+    int count = 0;
+    for (std::string line; std::getline(file, line);) ++count;
+    return count;
+  }
+
+  const fs::path python = "/usr/bin/python3";
+  testing::TestDir dir;
+  PoolOptions options;
+};
+
+TEST_F(ToolchainMemoTest, ANewStartRegistersARememberedToolchainWithoutProbingAndItsPoolCompiles) {
+  ASSERT_TRUE(Start()->Register(python).ok());
+  ASSERT_EQ(Hellos(), 1);
+
+  std::unique_ptr<ToolchainRegistry> restarted = Start();
+  absl::StatusOr<ToolchainInfo> info = restarted->Register(python);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->triton_key, "stand-in");
+  EXPECT_EQ(info->triton_dir, (dir.path() / "triton").string());
+  EXPECT_TRUE(info->remembered);
+  EXPECT_EQ(Hellos(), 1) << "the interpreter was probed again";
+  absl::StatusOr<WorkerPool*> pool = restarted->Find("stand-in");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_NE(PidOf((*pool)->Compile(CompileJob{})), "failed");
+}
+
+TEST_F(ToolchainMemoTest, ATritonReinstalledOrAClientsOtherKeyIsProbedAgain) {
+  ASSERT_TRUE(Start()->Register(python).ok());
+  // A client whose triton hashes to another key: its triton changed since.
+  ASSERT_TRUE(Start()->Register(python, "a-newer-triton").ok());
+  EXPECT_EQ(Hellos(), 2);
+  // A reinstall rewrites the compiled library.
+  std::ofstream(dir.path() / "triton" / "_C" / "libtriton.so") << "compiled again, larger";
+  ASSERT_TRUE(Start()->Register(python).ok());
+  EXPECT_EQ(Hellos(), 3);
+  ASSERT_TRUE(Start()->Register(python).ok());
+  EXPECT_EQ(Hellos(), 3) << "the new probe was not remembered";
+}
+
+TEST_F(ToolchainMemoTest, AMemoThatIsNotOnesOwnIsProbedOverAndReplaced) {
+  std::ofstream(dir.path() / "toolchain-probes") << "kiln toolchain probes 1\n/usr/bin/python3\tgarbage\n\0\xff";
+  ASSERT_TRUE(Start()->Register(python).ok());
+  EXPECT_EQ(Hellos(), 1);
+  ASSERT_TRUE(Start()->Register(python).ok());
+  EXPECT_EQ(Hellos(), 1);
 }
 
 }  // namespace

@@ -205,7 +205,7 @@ def test_unknown_toolchain_lists_the_registered_ones(kilnd):
     with pytest.raises(grpc.RpcError) as error:
         kilnd.stub.Compile(compile_request(frontend, triton_key="0.0.0-unknown"))
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"triton {triton.__version__} at {sys.executable}" in error.value.details()
+    assert f"triton {triton.__version__} at {os.path.normpath(sys.executable)}" in error.value.details()
     toolchains = kilnd.stub.ListToolchains(kiln_pb2.ListToolchainsRequest()).toolchains
     assert triton.__version__ in [t.triton_version for t in toolchains]
 
