@@ -252,7 +252,7 @@ absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(
   // client could otherwise make kilnd execute any program on this machine.
   if (!local_python.empty() && caller.same_local_user &&
       !toolchains_.IsRegisteredAs(local_python, triton_key)) {
-    absl::StatusOr<compiler::ToolchainInfo> info = toolchains_.Register(local_python);
+    absl::StatusOr<compiler::ToolchainInfo> info = toolchains_.Register(local_python, triton_key);
     if (info.ok()) {
       spdlog::info("registered toolchain triton {} at {}", info->triton_version, local_python);
     } else {
@@ -416,6 +416,13 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     if (hit.ok()) compile_cache_hits_.fetch_add(1);
     done(hit.ok() ? absl::StatusOr<CompileOutcome>(CompileOutcome{**std::move(hit), true, "", {}})
                   : absl::StatusOr<CompileOutcome>(hit.status()));
+    return recorded();
+  }
+
+  if (request.no_wait_for_worker_start() && !(*pool)->HasStartedWorker()) {
+    CompileOutcome compile_here;
+    compile_here.no_worker_ready = true;
+    done(std::move(compile_here));
     return recorded();
   }
 

@@ -52,6 +52,8 @@ struct CompileOutcome {
   bool cache_hit = false;
   std::string ptxas_log;
   std::map<std::string, double> stage_seconds;
+  // Nothing compiled: the caller asked not to wait for a worker's start.
+  bool no_worker_ready = false;
 };
 
 // A torch.compile kernel a worker compiled from its generated module: the

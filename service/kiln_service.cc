@@ -413,7 +413,9 @@ void KilnService::StartCompile(const Caller& caller, const v1::CompileRequest& r
           response->set_ptxas_log(outcome->ptxas_log);
           response->mutable_stage_seconds()->insert(outcome->stage_seconds.begin(),
                                                     outcome->stage_seconds.end());
-          if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
+          if (outcome->no_worker_ready) {
+            response->set_no_worker_ready(true);
+          } else if (auto* entry = std::get_if<cache::CacheEntry>(&outcome->result)) {
             FillEntry(std::move(*entry), *response->mutable_entry());
           } else {
             FillError(std::get<compiler::CompileFailure>(outcome->result),

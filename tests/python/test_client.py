@@ -3,11 +3,17 @@ activated the way users do: KILN=1 through the .pth file, or kiln.enable()."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import grpc
 import pytest
+import triton
+from kiln.service import api
+from kiln.triton.versions import triton_key
 
 import hermetic
 from conftest import BUILD, PROBE, Kilnd, kilnd_processes_with, probe_json, run_probe, tcp_kilnd
@@ -465,6 +471,89 @@ def test_client_starts_the_users_kilnd_once_when_none_is_running(base_env, tmp_p
     finally:
         for pid in kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
             os.kill(pid, 15)
+
+
+def test_loading_tritons_jit_starts_the_users_kilnd_with_this_pythons_toolchain_before_any_compile(
+        base_env, tmp_path):
+    runtime, cache = tmp_path / "run", tmp_path / "cache"
+    runtime.mkdir(mode=0o700)
+    env = dict(base_env, KILN="1", KILN_KILND=str(BUILD / "service" / "kilnd"), XDG_RUNTIME_DIR=str(runtime),
+               XDG_CACHE_HOME=str(cache))
+    socket_path, log = runtime / "kiln" / "kilnd.sock", cache / "kiln" / "logs" / "kilnd.log"
+    # The process compiles nothing, and waits for the socket (the thread dies with it).
+    waits = ("import os, sys, time, triton\n"
+             f"deadline = time.monotonic() + 60\n"
+             f"while not os.path.exists({str(socket_path)!r}) and time.monotonic() < deadline:\n"
+             "    time.sleep(0.05)\n"
+             "print('grpc' in sys.modules)\n")
+
+    def grpc_imported():
+        result = subprocess.run([sys.executable, "-c", waits], env=env, capture_output=True, text=True,
+                                check=True, timeout=120)
+        assert socket_path.exists(), result.stderr[-3000:]
+        return result.stdout.strip() == "True"
+
+    def start_and_list_toolchains():
+        # While kilnd starts, the process imports what its first compile will need.
+        assert grpc_imported()
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            return api.KilnStub(channel).ListToolchains(api.ListToolchainsRequest(), timeout=30).toolchains
+
+    try:
+        listed = start_and_list_toolchains()
+        assert [t.python_executable for t in listed] == [os.path.normpath(sys.executable)]
+        assert len(kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))) == 1
+        python = os.path.normpath(sys.executable)
+        assert f"toolchain: triton {triton.__version__} at {python}\n" in log.read_text()
+        # Where kilnd runs already, a process pays a socket connect: no gRPC, no second kilnd.
+        assert not grpc_imported()
+        assert len(kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))) == 1
+        # The next kilnd (this one idles out, or is stopped) takes the probe from its memo.
+        for pid in kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        listed = start_and_list_toolchains()
+        assert [t.triton_key for t in listed] == [triton_key()]
+        assert (f"toolchain: triton {triton.__version__} at {python} (as probed at an earlier start)"
+                in log.read_text())
+    finally:
+        for pid in kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
+            os.kill(pid, signal.SIGTERM)
+    # Turned off: nothing starts before a compile needs kilnd.
+    env["KILN_EARLY_START"] = "0"
+    subprocess.run([sys.executable, "-c", "import triton, time; time.sleep(2)"], env=env, check=True, timeout=60)
+    assert not kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))
+
+
+def test_a_compile_while_kilnds_worker_still_starts_runs_here_as_stocks_and_kilnd_stores_it(
+        base_env, tmp_path, stock_suite):
+    # The toolchain's interpreter, through a script that stalls its workers'
+    # start while <tmp>/slow exists: a worker that takes its time importing triton.
+    slow, python = tmp_path / "slow", tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nwhile [ -e {slow} ]; do sleep 0.05; done\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    Kilnd(tmp_path / "k", f"--toolchain={python}").stop()  # probed, and remembered
+    slow.touch()
+    kilnd = Kilnd(tmp_path / "k", f"--toolchain={python}")  # from the memo: its worker starts, and stalls
+    try:
+        assert "(as probed at an earlier start)" in (tmp_path / "k" / "kilnd.out").read_text()
+        env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+        # Bounded: a compile that waited for the worker would wait until `slow` goes.
+        first = probe_json(subprocess.run([sys.executable, str(PROBE), "first"], env=env, capture_output=True,
+                                          text=True, check=True, timeout=120))
+        assert first["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+        stats = kilnd.stats()
+        assert stats.compiles == 0, "the program waited for the worker's start"
+        # What the program compiled, kilnd stored: another process hits it, and no worker compiles it.
+        again = probe_json(run_probe(dict(env, KILN_FILES_DIR=str(tmp_path / "other-files"),
+                                          TRITON_CACHE_DIR=str(tmp_path / "other-cache")), "first"))
+        assert again["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+        assert kilnd.stats().compiles == 0
+    finally:
+        slow.unlink(missing_ok=True)
+        assert kilnd.stop() == 0
 
 
 def test_a_kilnd_that_cannot_be_started_is_a_clear_error_and_never_the_programs(base_env, tmp_path):

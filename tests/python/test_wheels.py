@@ -71,7 +71,7 @@ def test_a_fresh_venv_with_triton_and_the_manylinux_wheel_starts_its_kilnd_which
                                timeout=900)
     assert installed.returncode == 0, installed.stderr[-3000:]
     wheel_kilnd = Path(subprocess.run([str(python), "-c",
-                                      "from kiln.service import connection; print(connection.WHEEL_KILND)"],
+                                      "from kiln.service import autostart; print(autostart.WHEEL_KILND)"],
                                       capture_output=True, text=True, check=True).stdout.strip())
     assert wheel_kilnd.is_file() and wheel_kilnd.is_relative_to(venv)
 

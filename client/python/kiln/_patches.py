@@ -20,6 +20,8 @@ TRITON = (
     ("triton.knobs", "kiln.triton.build_hook:install"),
     # Kiln's stages, in place wherever Triton compiles (Triton 3.6).
     ("triton.knobs", "kiln.triton.stages_hook:install"),
+    # The user's kilnd started while the program still starts.
+    ("triton.runtime.jit", "kiln.service.early_start:install"),
     # An autotuned kernel's configs compiled at once.
     ("triton.runtime.autotuner", "kiln.triton.autotune_ahead:install"),
 )

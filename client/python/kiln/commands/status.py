@@ -19,6 +19,7 @@ def status():
     import triton
 
     from kiln.service import api as _api
+    from kiln.service import autostart as _autostart
     from kiln.service import connection as _service
     from kiln.service import paths as _paths
     from kiln.triton import versions as _triton_versions
@@ -27,7 +28,7 @@ def status():
     endpoint = _paths.default_endpoint()
     token_note = f" (token from {endpoint.endpoint_file})" if endpoint.token else ""
     print(f"endpoint:  {endpoint.describe()}{token_note}")
-    startable = _service.kilnd_to_start()
+    startable = _autostart.kilnd_to_start()
     if not endpoint.is_user_default:
         print("autostart: none (the endpoint is not this user's default)")
     elif startable:

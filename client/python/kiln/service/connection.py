@@ -3,17 +3,14 @@
 import json
 import logging
 import os
-import shutil
 import socket
-import subprocess
-import sys
 import threading
-import time
 import warnings
 
 import grpc
 
 from kiln.service import api as _api
+from kiln.service import autostart as _autostart_kilnd
 from kiln.service import fleet as _fleet
 from kiln.service import paths as _paths
 from kiln.service.errors import KilnUnavailable
@@ -22,7 +19,6 @@ log = logging.getLogger("kiln")
 
 # kilnd answers a local connection in milliseconds; a missing one fails at once.
 _CONNECT_TIMEOUT = 2.0
-_AUTOSTART_DEADLINE = 20.0
 # The client closes a connection with no call for this long itself, quietly,
 # before kilnd's own idle limit (tcp_idle_seconds, 300 s by default, closing
 # after half of it at the earliest) does: gRPC logs every connection a server
@@ -162,27 +158,6 @@ class Connection:
             channel.close()
 
 
-# The kilnd of a platform wheel of kiln-triton, beside its worker (kiln/bin/).
-WHEEL_KILND = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin",
-                           "kilnd.exe" if sys.platform == "win32" else "kilnd")
-# A kilnd the client starts stops after this long with no call (kilnd's
-# exit_when_idle_seconds); KILN_IDLE_EXIT_SECONDS sets it, 0 for never.
-_IDLE_EXIT_SECONDS = "1800"
-
-
-def kilnd_to_start():
-    """(path, where it came from) of the kilnd the client starts when none
-    answers: KILN_KILND, else the one of this wheel, else kilnd on PATH; None
-    when there is none."""
-    configured = os.environ.get("KILN_KILND")
-    if configured:
-        return configured, "KILN_KILND"
-    if os.path.isfile(WHEEL_KILND):
-        return WHEEL_KILND, "the kiln-triton wheel"
-    on_path = shutil.which("kilnd")
-    return (on_path, "PATH") if on_path else None
-
-
 def kilnd_origin(executable):
     """' (where it came from)' for the binary of a running kilnd, when it is
     one the client knows; '' otherwise."""
@@ -193,35 +168,9 @@ def kilnd_origin(executable):
             return False
     if same(os.environ.get("KILN_KILND")):
         return " (KILN_KILND)"
-    if same(WHEEL_KILND):
+    if same(_autostart_kilnd.WHEEL_KILND):
         return " (this kiln-triton wheel's)"
     return ""
-
-
-def _lock(path):
-    """An exclusive lock on `path` for as long as the returned file stays open."""
-    handle = open(path, "a+b")
-    if sys.platform == "win32":
-        import msvcrt
-
-        # Every process locks byte 0. LK_LOCK gives up after 10 s, less than
-        # another process may spend starting kilnd: poll without blocking instead.
-        handle.seek(0)
-        deadline = time.monotonic() + _AUTOSTART_DEADLINE + 5
-        while True:
-            try:
-                msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    handle.close()
-                    raise KilnUnavailable(f"another process holds {path} and has not started kilnd")
-                time.sleep(0.1)
-    else:
-        import fcntl
-
-        fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
 
 
 def _ready_connection(endpoint, timeout):
@@ -239,52 +188,21 @@ def _ready_connection(endpoint, timeout):
     return None
 
 
-def _spawn_detached(kilnd):
-    # The service outlives this process and serves others: it gets none of
-    # this client's Kiln or Triton cache settings.
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("KILN") and name != "TRITON_CACHE_MANAGER"}
-    if sys.platform == "win32":
-        detach = {"creationflags": subprocess.DETACHED_PROCESS | subprocess.CREATE_NEW_PROCESS_GROUP
-                  | subprocess.CREATE_NO_WINDOW}
-    else:
-        detach = {"start_new_session": True}
-    idle = os.environ.get("KILN_IDLE_EXIT_SECONDS", _IDLE_EXIT_SECONDS)
-    if not idle.isdigit():
-        raise KilnUnavailable(f"KILN_IDLE_EXIT_SECONDS={idle!r} is not a whole number of seconds; "
-                              "set it to the seconds a kilnd the client starts may stay idle, or 0 for never")
-    subprocess.Popen([kilnd, f"--exit-when-idle-seconds={idle}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     close_fds=True, env=env, **detach)
-
-
 def _autostart():
-    """Starts the user's kilnd unless another process is doing it: connect,
-    else lock, connect again, spawn, and poll until a deadline (ccache's
-    storage-helper protocol). The endpoint is resolved afresh each poll: on
-    Windows the new kilnd writes a new port and token."""
-    startable = kilnd_to_start()
-    if startable is None:
-        return None
-    kilnd, source = startable
-    directory = _paths.runtime_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with _lock(directory / "autostart.lock"):
-        connection = _ready_connection(_paths.default_endpoint(), 0.2)
+    """Starts the user's kilnd unless another process is doing it
+    (autostart.start_user_kilnd); a Connection to it once it answers. The
+    endpoint is resolved afresh each poll: on Windows the new kilnd writes a
+    new port and token."""
+    ready = []
+
+    def answers():
+        connection = _ready_connection(_paths.default_endpoint(), 0.5)
         if connection is not None:
-            return connection
-        log.info("starting %s", kilnd)
-        try:
-            _spawn_detached(kilnd)
-        except OSError as error:  # no such file, not executable, ...: Kiln's failure, never the program's
-            raise KilnUnavailable(f"could not start kilnd {kilnd} (from {source}): {error}; set KILN_KILND to "
-                                  "kilnd's path, or start kilnd yourself") from error
-        deadline = time.monotonic() + _AUTOSTART_DEADLINE
-        while time.monotonic() < deadline:
-            connection = _ready_connection(_paths.default_endpoint(), 0.5)
-            if connection is not None:
-                return connection
-            time.sleep(0.1)
-    return None
+            ready.append(connection)
+        return connection is not None
+
+    _autostart_kilnd.start_user_kilnd(answers)
+    return ready[-1] if ready else None
 
 
 _lock_connection = threading.Lock()
@@ -314,7 +232,7 @@ def connect(endpoint=None, autostart=True):
         hint = (" (or the TLS handshake failed: KILN_CA_FILE must name the CA that signed kilnd's "
                 "certificate, and KILN_CLIENT_CERT a certificate signed by the CA kilnd trusts)")
     else:
-        hint = "" if kilnd_to_start() else (" (no kilnd to start: none on PATH, and this kiln-triton is the "
+        hint = "" if _autostart_kilnd.kilnd_to_start() else (" (no kilnd to start: none on PATH, and this kiln-triton is the "
                                            "pure-Python wheel; set KILN_KILND, or install a platform wheel)")
     raise KilnUnavailable(f"kilnd is not reachable at {endpoint.describe()}{hint}")
 

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln.service import connection as _service
+from kiln.service import autostart as _autostart
 from kiln.service.machine_service import ServiceError, add_settings
 
 ACCOUNT = "kiln"
@@ -37,7 +37,7 @@ DATA_DIR = Path("/var/cache/kiln")
 SOCKET = Path("/run/kiln/kilnd.sock")
 # auditwheel put the libraries kilnd needs beside the package, and points
 # kilnd at them relative to itself: /opt/kiln keeps the wheel's layout.
-_WHEEL_ROOT = Path(_service.WHEEL_KILND).parents[2]
+_WHEEL_ROOT = Path(_autostart.WHEEL_KILND).parents[2]
 _COPIED = ("kiln/bin/kilnd", "kiln/bin/kiln", "kiln/bin/kiln_worker.py")
 _LIBRARIES = "kiln_triton.libs"
 _UNIT_TEMPLATE = "kiln/bin/kilnd.system.service"
@@ -95,7 +95,7 @@ def _check_toolchain_runs_as_account():
 
 
 def _copy_files():
-    if not Path(_service.WHEEL_KILND).is_file():
+    if not Path(_autostart.WHEEL_KILND).is_file():
         raise ServiceError("this kiln-triton has no kilnd (it is the pure-Python wheel): install the manylinux "
                            "wheel, or build kilnd from source and use deploy/linux/kilnd.system.service")
     for name in _COPIED:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln.service import connection as _service
+from kiln.service import autostart as _autostart
 from kiln.service import windows_acl as _windows_acl
 from kiln.service.machine_service import ServiceError, add_settings
 
@@ -37,8 +37,8 @@ def config_path():
 
 
 def _wheel_bin():
-    folder = Path(_service.WHEEL_KILND).parent
-    if not Path(_service.WHEEL_KILND).is_file():
+    folder = Path(_autostart.WHEEL_KILND).parent
+    if not Path(_autostart.WHEEL_KILND).is_file():
         raise ServiceError("this kiln-triton has no kilnd.exe (it is the pure-Python wheel): install the win_amd64 "
                            "wheel, or the release zip with its install-kiln.ps1")
     return folder

@@ -338,6 +338,10 @@ def _stages_may_leave(metadata):
                 or any(getattr(knobs.compilation, knob, None) for knob in _KNOBS_KEEPING_STAGES_HERE))
 
 
+# _compile's answer when kilnd has no worker up yet and this process compiles the kernel itself.
+_NO_WORKER_READY = object()
+
+
 class _RemoteCompile:
     """One kernel's stages: TTIR, TTGIR and LLIR run here; the first later stage
     sends the LLIR to kilnd and each returns kilnd's artifact. A compile ahead
@@ -388,6 +392,11 @@ class _RemoteCompile:
                 _go_stock(error)
                 self.stock = True
                 return self.original[ext](module, metadata)
+            if kernel_error is _NO_WORKER_READY:
+                # This kernel compiles here, as stock's would, and reaches
+                # kilnd with put_group; kilnd's worker serves the next ones.
+                self.stock = True
+                return self.original[ext](module, metadata)
             if kernel_error is not None:
                 _raise_compile_error(kernel_error)  # the kernel's own failure, as stock raises it
         return self.artifacts[ext]
@@ -422,7 +431,8 @@ class _RemoteCompile:
 
     def _compile(self, input_ext, module, metadata):
         """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
-        if it failed, else None with self.artifacts and `metadata` filled in."""
+        if it failed, _NO_WORKER_READY when kilnd compiled nothing, else None
+        with self.artifacts and `metadata` filled in."""
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
         from kiln.triton.versions import triton_key
@@ -436,10 +446,16 @@ class _RemoteCompile:
             options_json=options_json, env=env, namespace="triton", cache_key=metadata["hash"],
             local_python_executable=sys.executable, metadata_json=json.dumps(metadata, default=vars),
             client_artifacts=self._client_artifacts(triton_key(), target, options_json, env),
-            tool_paths=tool_paths(), requester=requester())
+            tool_paths=tool_paths(), requester=requester(),
+            # A program's own compile does not wait for kilnd's worker to start
+            # (kilnd just started): compiled here, it costs what stock's does.
+            # A compile ahead waits: nothing waits for it yet.
+            no_wait_for_worker_start=not _compile_threads.in_compile_thread())
         response = _stub().Compile(request)
         if self.group is not None:
             self.group.end_claim()  # kilnd ended it with the compile; this closes our side
+        if response.no_worker_ready:
+            return _NO_WORKER_READY
         _compile_threads.note_remote_seconds(sum(response.stage_seconds.values()))
         if response.WhichOneof("result") == "error":
             return response.error

@@ -1,0 +1,77 @@
+"""Starts the user's kilnd while the program is still starting, so that its
+first compile finds kilnd, and a worker of this Python's Triton, ready rather
+than paying their start (a second and more under Wine). It begins when
+Triton's JIT loads under Kiln (a process about to define kernels), on a thread
+of its own, and only where the user's own kilnd does not answer. Where kilnd
+runs it takes a socket connect and imports no gRPC: a process whose kernels
+all come from its local index pays nothing more. Should it fail, the first
+compile's connect tries again and says why. KILN_EARLY_START=0 turns it off."""
+
+import logging
+import os
+import socket
+import threading
+
+from kiln.service import autostart as _autostart
+from kiln.service import paths as _paths
+
+log = logging.getLogger("kiln")
+
+_ANSWER_TIMEOUT = 0.2
+_begun = False
+_begun_lock = threading.Lock()
+
+
+def install(_module=None):
+    """The installer _after_import runs as triton.runtime.jit loads."""
+    begin()
+
+
+def begin():
+    """Starts the thread, once per process."""
+    global _begun
+    if os.environ.get("KILN_EARLY_START", "1") == "0":
+        return
+    with _begun_lock:
+        if _begun:
+            return
+        _begun = True
+    threading.Thread(target=_start_unless_kilnd_answers, name="kiln-early-start", daemon=True).start()
+
+
+def answers(endpoint):
+    """Whether something accepts connections at the endpoint: a socket
+    connect, which a listening kilnd accepts at once."""
+    target = endpoint.target
+    if not target:
+        return False
+    try:
+        if target.startswith("unix:"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+                unix.settimeout(_ANSWER_TIMEOUT)
+                unix.connect(target[len("unix:"):])
+        else:
+            host, _, port = target.rpartition(":")
+            socket.create_connection((host.strip("[]"), int(port)), _ANSWER_TIMEOUT).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _import_the_client_of_kilnd():
+    """gRPC and kilnd's API, which the first compile will need (kilnd was not
+    running: this process is likely the first to compile today). Imported
+    while kilnd starts and the program hashes Triton's files for its cache
+    key, which lets go of the GIL."""
+    from kiln.service import connection  # noqa: F401
+
+
+def _start_unless_kilnd_answers():
+    try:
+        endpoint = _paths.default_endpoint()
+        if not endpoint.is_user_default or answers(endpoint):
+            return  # KILN_ENDPOINT or the machine's service (not the client's to start), or up already
+        # The endpoint is read afresh each time: on Windows a new kilnd writes a new port.
+        _autostart.start_user_kilnd(lambda: answers(_paths.default_endpoint()), _import_the_client_of_kilnd)
+    except Exception as error:  # noqa: BLE001  (the first compile's connect tries again, and says why)
+        log.debug("kilnd not started early: %s", error)
