@@ -246,6 +246,10 @@ absl::Status ArtifactStore::Initialize() {
   use_clock_ = static_cast<int64_t>(totals.use_clock);
   leftover_bytes_ = totals.leftover_bytes;
   writer_ = std::move(writer);
+  {
+    std::lock_guard lock(writer_mutex_);
+    RETURN_IF_ERROR(FindUnfinishedImportsLocked());
+  }
   RETURN_IF_ERROR(served_files_.Initialize(options_.served_file_readers));
   served_files_.AddRecordedBytes(totals.served_bytes);
   EnsureSpaceReserve();

@@ -83,18 +83,19 @@ absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
   return removed;
 }
 
+absl::Status ArtifactStore::FindUnfinishedImportsLocked() {
+  sqlite::Statement& unfinished = writer_->unfinished_imports;
+  absl::StatusOr<bool> row;
+  while ((row = unfinished.Step()).ok() && *row) unfinished_imports_.push_back(unfinished.ColumnInt(0));
+  unfinished.Reset();
+  return row.status();
+}
+
 void ArtifactStore::AbandonUnfinishedImports() {
   std::vector<int64_t> imports;
   {
     std::lock_guard lock(writer_mutex_);
-    sqlite::Statement& unfinished = writer_->unfinished_imports;
-    absl::StatusOr<bool> row;
-    while ((row = unfinished.Step()).ok() && *row) imports.push_back(unfinished.ColumnInt(0));
-    unfinished.Reset();
-    if (!row.ok()) {
-      spdlog::error("cache: cannot read the journal of imports: {}", row.status().message());
-      return;
-    }
+    imports.swap(unfinished_imports_);
   }
   for (int64_t import_id : imports) {
     absl::StatusOr<uint64_t> removed = AbandonImport(import_id);
