@@ -2,7 +2,7 @@
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
 usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
-                       autotune-warmup|autotune-warmup-failing|autotune-benchmarks|
+                       autotune-warmup|autotune-warmup-failing|autotune-benchmarks|autotune-timed|
                        unloadable-launcher put|build LIBCUDA_DIR|
                        deferred-texts|text-gone|hit-gone evicted|deleted|
                        frontend-error|device-dependent|
@@ -32,14 +32,20 @@ import process_table  # noqa: E402
 
 frontend_runs = 0
 frontend_threads = set()  # names of the threads the frontend ran in
+frontend_windows = []  # (began, ended, thread name) of each frontend run
 _make_ir = triton_compiler.ASTSource.make_ir
 
 
 def _counting_make_ir(self, *args, **kwargs):
     global frontend_runs
     frontend_runs += 1
-    frontend_threads.add(threading.current_thread().name.rsplit("_", 1)[0])
-    return _make_ir(self, *args, **kwargs)
+    thread = threading.current_thread().name.rsplit("_", 1)[0]
+    frontend_threads.add(thread)
+    began = time.monotonic()
+    try:
+        return _make_ir(self, *args, **kwargs)
+    finally:
+        frontend_windows.append((began, time.monotonic(), thread))
 
 
 triton_compiler.ASTSource.make_ir = _counting_make_ir
@@ -547,6 +553,37 @@ def autotune_benchmarks():
             "compiled": sorted(compiled)}
 
 
+def autotune_timed():
+    """An autotuned kernel of 8 configs warmed by its first call for sm90,
+    each benchmark a stand-in that takes 0.15 s (as the GPU's timing would):
+    how many frontend runs of Kiln's compile threads overlapped a benchmark,
+    of how many, and how many benchmarks ran."""
+    from triton.runtime.driver import driver
+
+    import autotuned_kernels
+
+    driver.set_active(autotuned_kernels.CompileOnlyDriver())
+    windows = []
+
+    def benchmark(kernel_call, quantiles):
+        began = time.monotonic()
+        time.sleep(0.15)
+        windows.append((began, time.monotonic()))
+        return [1.0] * len(quantiles)
+
+    sizes = ((32, 32), (32, 64), (64, 32), (64, 64), (16, 32), (32, 16), (16, 64), (64, 16))
+    kernel = autotuned_kernels.autotuned_matmul(sizes, do_bench=benchmark)
+    tensor = autotuned_kernels.StandInTensor()
+    try:
+        kernel[(1, )](tensor, tensor, tensor, 64)
+    except Exception:  # noqa: BLE001  (the launch: no GPU here)
+        pass
+    threaded = [(began, ended) for began, ended, thread in frontend_windows if thread == "kiln-compile"]
+    overlapping = [window for window in threaded
+                   if any(began < window[1] and window[0] < ended for began, ended in windows)]
+    return {"benchmarks": len(windows), "frontends_in_threads": len(threaded), "overlapping": len(overlapping)}
+
+
 def main():
     if "--kill-kilnd-at" in sys.argv:
         at = sys.argv.index("--kill-kilnd-at")
@@ -582,7 +619,7 @@ def main():
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3]),
               "autotune-warmup": autotune_warmup,
               "autotune-warmup-failing": lambda: autotune_warmup(failing=True),
-              "autotune-benchmarks": autotune_benchmarks}[mode]()
+              "autotune-benchmarks": autotune_benchmarks, "autotune-timed": autotune_timed}[mode]()
     result["frontend_runs"] = frontend_runs
     import os
 

@@ -72,6 +72,15 @@ def test_benchmarks_of_configs_compiled_ahead_choose_as_stock(base_env, fresh_ki
     assert compiled["ended"] == stock["ended"]
 
 
+def test_no_compile_ahead_runs_its_frontend_while_a_config_is_benchmarked(base_env, fresh_kilnd):
+    kilnd = fresh_kilnd(f"--toolchain={sys.executable}")
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}", KILN_COMPILE_THREADS="4")
+    timed = probe_json(run_probe(env, "autotune-timed"))
+    assert timed["benchmarks"] == 8
+    assert timed["frontends_in_threads"] == 8, "the configs were not compiled ahead"
+    assert timed["overlapping"] == 0, timed
+
+
 def test_autotune_results_triton_cached_compile_only_the_chosen_config(base_env, tmp_path, fresh_kilnd):
     """TRITON_CACHE_AUTOTUNING=1: a later process finds the timings in the
     cache and benchmarks nothing, compiling only the config chosen, as stock;

@@ -22,6 +22,10 @@ TRITON = (
     ("triton.knobs", "kiln.triton.stages_hook:install"),
     # The user's kilnd started while the program still starts.
     ("triton.runtime.jit", "kiln.service.early_start:install"),
+    # Decisions made by timing, timed with no compile of Kiln's running Python beside
+    # them (inductor's benchmarkers too: Kiln's threads compile for both).
+    ("triton.testing", "kiln.local.timed_regions:install_triton_testing"),
+    ("torch._inductor.runtime.benchmarking", "kiln.local.timed_regions:install_inductor_benchmarking"),
     # An autotuned kernel's configs compiled at once.
     ("triton.runtime.autotuner", "kiln.triton.autotune_ahead:install"),
 )

@@ -10,6 +10,7 @@ read too); the default is half the cores, 2 to 8: kilnd's workers need the
 rest, and on an H100 machine of 16 cores 4 and 8 threads beat 16 to an
 autotuned kernel's first result."""
 
+import contextlib
 import os
 import threading
 import time
@@ -42,6 +43,15 @@ _tickets_given = 0
 _turn_now = 0
 _turn_since = 0.0
 _turns_ended = set()
+
+# Timed regions (kiln/local/timed_regions: the autotuner's and inductor's
+# benchmarks, do_bench): while one runs, no compile thread runs Python (it
+# would take the GIL from the launches being timed, and tip a decision made
+# by timing). A thread waits at its turn, and again once kilnd has answered;
+# a region begins once the threads' Python parts under way have ended, or a
+# turn's limit has passed.
+_timed = 0            # regions running, guarded by _turns
+_running_python = 0   # compile threads in their Python parts, guarded by _turns
 
 
 def thread_count():
@@ -81,7 +91,7 @@ def note_remote_seconds(seconds):
 
 
 def _wait_for_turn():
-    global _tickets_given, _turn_since
+    global _tickets_given, _turn_since, _running_python
     with _turns:
         ticket = _tickets_given
         _tickets_given += 1
@@ -92,7 +102,62 @@ def _wait_for_turn():
             if left <= 0:
                 break
             _turns.wait(left)
+        while _timed:
+            _turns.wait()
+        _running_python += 1
     _this_thread.turn = ticket
+    _this_thread.running_python = True
+
+
+def _stop_running_python():
+    """With _turns held."""
+    global _running_python
+    if getattr(_this_thread, "running_python", False):
+        _this_thread.running_python = False
+        _running_python -= 1
+        _turns.notify_all()
+
+
+def pause_python():
+    """A compile thread about to wait on kilnd, which needs no GIL: a timed
+    region need not wait for it."""
+    with _turns:
+        _stop_running_python()
+
+
+def resume_python():
+    """A compile thread about to run Python again (a stage here, or kilnd
+    answered): waits while a timed region runs. Does nothing outside a
+    compile thread."""
+    global _running_python
+    if not in_compile_thread() or getattr(_this_thread, "running_python", False):
+        return
+    with _turns:
+        while _timed:
+            _turns.wait()
+        _running_python += 1
+        _this_thread.running_python = True
+
+
+@contextlib.contextmanager
+def timed():
+    """A region whose timing decides something: no compile thread runs
+    Python in it. In a compile thread (a benchmark of its own), nothing."""
+    global _timed
+    if in_compile_thread():
+        yield
+        return
+    with _turns:
+        _timed += 1
+        deadline = time.perf_counter() + _TURN_LIMIT
+        while _running_python and (left := deadline - time.perf_counter()) > 0:
+            _turns.wait(left)
+    try:
+        yield
+    finally:
+        with _turns:
+            _timed -= 1
+            _turns.notify_all()
 
 
 def python_part_done():
@@ -104,6 +169,7 @@ def python_part_done():
         return
     _this_thread.turn = None
     with _turns:
+        _stop_running_python()
         _turns_ended.add(ticket)
         while _turn_now in _turns_ended:
             _turns_ended.remove(_turn_now)
@@ -139,6 +205,7 @@ def _accounted(function, *args, after=None):
         return function(*args)
     finally:
         python_part_done()
+        pause_python()
         serial = time.thread_time() - cpu_begun + _this_thread.remote_seconds
         del _this_thread.remote_seconds
         ended = time.perf_counter()

@@ -376,6 +376,7 @@ class _RemoteCompile:
         if ext == _FIRST_STAGE_IN_KILND_AHEAD and not self.stock and self._frontend_goes(module, metadata):
             self.first_in_kilnd = ext
         if self.stock or self.order.index(ext) < self.order.index(self.first_in_kilnd):
+            _compile_threads.resume_python()  # not while a benchmark is timed
             made = self.original[ext](module, metadata)
             if ext == "ttir":
                 self.made_ttir = made
@@ -451,7 +452,9 @@ class _RemoteCompile:
             # (kilnd just started): compiled here, it costs what stock's does.
             # A compile ahead waits: nothing waits for it yet.
             no_wait_for_worker_start=not _compile_threads.in_compile_thread())
+        _compile_threads.pause_python()
         response = _stub().Compile(request)
+        _compile_threads.resume_python()
         if self.group is not None:
             self.group.end_claim()  # kilnd ended it with the compile; this closes our side
         if response.no_worker_ready:
