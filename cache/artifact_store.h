@@ -38,6 +38,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "cache/hit_journal.h"
 #include "cache/served_files.h"
@@ -375,9 +376,10 @@ class ArtifactStore {
   absl::Status FindUnfinishedImportsLocked();
   void AbandonUnfinishedImports();
   void RemovePublishedFiles(const QueuedPut& put);
-  // Deletes an entry; appends the ids of the blobs it used (candidates for
-  // orphan deletion before commit).
-  absl::Status DeleteEntryLocked(int64_t entry_id, std::vector<int64_t>& freed_candidates);
+  // Deletes entries; appends the ids of the blobs they used (candidates for
+  // orphan deletion before commit), each once.
+  absl::Status DeleteEntriesLocked(const std::vector<int64_t>& entry_ids,
+                                   std::vector<int64_t>& freed_candidates);
   // Replaces (ns, key) with a new, empty entry; returns its id and the blob
   // ids the old one used, to be checked for orphans before commit.
   absl::StatusOr<int64_t> ReplaceEntryLocked(absl::string_view ns, absl::string_view key,
@@ -398,14 +400,21 @@ class ArtifactStore {
   // Evicts up to one batch of least recently used entries, stopping once the
   // store fits `target_bytes`.
   absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);
-  // Deletes the entry and the blobs only it used, adding those to `freed`
-  // (ReleaseFreedBlobs once the transaction commits).
-  absl::Status EvictEntryLocked(int64_t entry_id, FreedBlobs& freed);
-  absl::Status EvictEntryLocked(const EntryToEvict& entry, FreedBlobs& freed);
-  // The EntryToEvict at `row` of a query selecting its columns (entry_name,
+  // Deletes the entries and the blobs only they used, adding those to `freed`
+  // (ReleaseFreedBlobs once the transaction commits). Ids of entries gone
+  // already are passed over.
+  absl::Status EvictEntriesLocked(const std::vector<int64_t>& entry_ids, FreedBlobs& freed);
+  absl::Status EvictEntriesLocked(absl::Span<const EntryToEvict> entries, FreedBlobs& freed);
+  // The EntryToEvict at `row` of a query selecting its columns (entries_to_evict,
   // least_recently_used...); every one `query` (bound) selects, in its order.
   static EntryToEvict EntryToEvictAt(const sqlite::Statement& row);
   static absl::StatusOr<std::vector<EntryToEvict>> EntriesToEvict(sqlite::Statement& query);
+  // How many of `candidates`, in their order, go to bring `held` bytes down
+  // to `target_bytes`: as many as it takes by what each stores (its index
+  // file and link too, when `count_index_files`; a blob another entry shares
+  // counts in full: the caller measures again after the batch), at least one.
+  static size_t EntriesToFree(absl::Span<const EntryToEvict> candidates, uint64_t held,
+                              uint64_t target_bytes, bool count_index_files);
   absl::Status FlushTouches();
   absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
   // Evicts `domain`'s least recently used entries, when it holds more than

@@ -43,6 +43,18 @@ inline constexpr uint64_t kMaxReserveBytes = 2 << 20;
 // Where the unrecorded served files of a version 1 store go to be deleted.
 inline constexpr char kRetiredDir[] = "retired";
 
+// Row ids as a JSON array: the ?1 of the writer's statements on a set of
+// entries or blobs (json_each).
+inline std::string IdsAsJson(const std::vector<int64_t>& ids) {
+  std::string json = "[";
+  for (int64_t id : ids) {
+    if (json.size() > 1) json += ',';
+    json += std::to_string(id);
+  }
+  json += ']';
+  return json;
+}
+
 }  // namespace store_internal
 
 // Blob and entry rows a transaction deleted; their files go only after it commits.
@@ -80,6 +92,9 @@ struct ArtifactStore::EntryToEvict {
   int64_t id = 0;
   FreedBlobs::Entry names;
   uint64_t index_disk_bytes = 0;  // its served index entry and link
+  // What its blobs store, shared ones included: what its going frees at most
+  // besides its served copies, to know how many entries a batch takes.
+  uint64_t stored_bytes = 0;
 };
 
 // Served files a lookup wrote, to record in one transaction once it has read.
@@ -103,22 +118,21 @@ struct ArtifactStore::Writer {
   sqlite::Statement undo_put;
   sqlite::Statement end_put;
   sqlite::Statement find_entry;
-  sqlite::Statement delete_entry;
-  sqlite::Statement entry_blob_ids;
-  sqlite::Statement delete_entry_blobs;
-  sqlite::Statement entry_name;
+  sqlite::Statement blob_ids_of_entries;
+  sqlite::Statement delete_blobs_of_entries;
+  sqlite::Statement delete_entries;
+  sqlite::Statement entries_to_evict;
   sqlite::Statement find_blob;
   sqlite::Statement insert_blob;
   sqlite::Statement insert_entry;
   sqlite::Statement insert_entry_blob;
-  sqlite::Statement orphan_blob;
-  sqlite::Statement delete_blob;
+  sqlite::Statement orphan_blobs;
+  sqlite::Statement delete_blobs;
   sqlite::Statement delete_served_copies;
   sqlite::Statement touch_entry;
   sqlite::Statement least_recently_used;
   sqlite::Statement least_recently_used_in_range;
   sqlite::Statement bytes_in_range;
-  sqlite::Statement entry_bytes;
   sqlite::Statement entries_with_blob;
   sqlite::Statement file_blob_exists;
   sqlite::Statement blob_exists;

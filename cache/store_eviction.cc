@@ -48,6 +48,7 @@ ArtifactStore::EntryToEvict ArtifactStore::EntryToEvictAt(const sqlite::Statemen
   entry.index_disk_bytes = static_cast<uint64_t>(row.ColumnInt(3));
   if (!row.ColumnIsNull(4)) entry.names.link_extension = std::string(row.ColumnText(4));
   if (!row.ColumnIsNull(5)) entry.names.index_namespace = std::string(row.ColumnText(5));
+  entry.stored_bytes = static_cast<uint64_t>(row.ColumnInt(6));
   return entry;
 }
 
@@ -61,22 +62,43 @@ absl::StatusOr<std::vector<ArtifactStore::EntryToEvict>> ArtifactStore::EntriesT
   return entries;
 }
 
-absl::Status ArtifactStore::EvictEntryLocked(int64_t entry_id, FreedBlobs& freed) {
+absl::Status ArtifactStore::EvictEntriesLocked(const std::vector<int64_t>& entry_ids,
+                                               FreedBlobs& freed) {
+  if (entry_ids.empty()) return absl::OkStatus();
   Writer& w = *writer_;
-  w.entry_name.Bind(1, entry_id);
-  ASSIGN_OR_RETURN(std::vector<EntryToEvict> found, EntriesToEvict(w.entry_name));
-  if (found.empty()) return absl::OkStatus();  // gone already
-  return EvictEntryLocked(found.front(), freed);
+  const std::string ids = store_internal::IdsAsJson(entry_ids);
+  w.entries_to_evict.BindText(1, ids);
+  ASSIGN_OR_RETURN(std::vector<EntryToEvict> found, EntriesToEvict(w.entries_to_evict));
+  return EvictEntriesLocked(found, freed);
 }
 
-absl::Status ArtifactStore::EvictEntryLocked(const EntryToEvict& entry, FreedBlobs& freed) {
-  freed.served_bytes += entry.index_disk_bytes;
-  freed.entries.push_back(entry.names);
+absl::Status ArtifactStore::EvictEntriesLocked(absl::Span<const EntryToEvict> entries,
+                                               FreedBlobs& freed) {
+  if (entries.empty()) return absl::OkStatus();
+  std::vector<int64_t> entry_ids;
+  entry_ids.reserve(entries.size());
+  for (const EntryToEvict& entry : entries) {
+    entry_ids.push_back(entry.id);
+    freed.served_bytes += entry.index_disk_bytes;
+    freed.entries.push_back(entry.names);
+  }
   std::vector<int64_t> blob_ids;
-  RETURN_IF_ERROR(DeleteEntryLocked(entry.id, blob_ids));
-  ASSIGN_OR_RETURN(FreedBlobs entry_freed, DeleteOrphanBlobsLocked(blob_ids));
-  freed.Add(std::move(entry_freed));
+  RETURN_IF_ERROR(DeleteEntriesLocked(entry_ids, blob_ids));
+  ASSIGN_OR_RETURN(FreedBlobs blobs_freed, DeleteOrphanBlobsLocked(blob_ids));
+  freed.Add(std::move(blobs_freed));
   return absl::OkStatus();
+}
+
+size_t ArtifactStore::EntriesToFree(absl::Span<const EntryToEvict> candidates, uint64_t held,
+                                    uint64_t target_bytes, bool count_index_files) {
+  uint64_t freeing = 0;
+  size_t taken = 0;
+  while (taken < candidates.size() && held - std::min(held, freeing) > target_bytes) {
+    freeing += candidates[taken].stored_bytes;
+    if (count_index_files) freeing += candidates[taken].index_disk_bytes;
+    ++taken;
+  }
+  return taken;
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) {
@@ -84,27 +106,19 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
   w.least_recently_used.Bind(1, kEvictionBatch);
   ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates, EntriesToEvict(w.least_recently_used));
+  candidates.resize(
+      EntriesToFree(candidates, EvictionBytesLocked(), target_bytes, /*count_index_files=*/true));
   FreedBlobs freed;
-  uint64_t evicted = 0;
-  const uint64_t on_disk = EvictionBytesLocked();
-  // Entry by entry, so eviction stops as soon as the store should fit the
-  // target: each blob frees what it stored and its served copy. The caller
-  // measures again after the batch.
-  for (const EntryToEvict& entry : candidates) {
-    const uint64_t freeing = freed.bytes + freed.served_bytes;
-    if (on_disk - std::min(on_disk, freeing) <= target_bytes) break;
-    RETURN_IF_ERROR(EvictEntryLocked(entry, freed));
-    ++evicted;
-  }
+  RETURN_IF_ERROR(EvictEntriesLocked(candidates, freed));
   RETURN_IF_ERROR(txn.Commit());
   ReleaseFreedBlobs(freed);
-  evicted_entries_ += evicted;
+  evicted_entries_ += candidates.size();
   // The pages of inline blobs go back to the file system. Not a failure of
   // the eviction when it cannot (a full disk): the next batch tries again.
   if (absl::Status status = w.db->Exec("PRAGMA incremental_vacuum"); !status.ok()) {
     spdlog::debug("cache: incremental_vacuum: {}", status.message());
   }
-  return evicted;
+  return candidates.size();
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::DomainBytes(absl::string_view domain) {
@@ -184,18 +198,11 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictDomainBatchLocked(absl::string_view
   w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
   ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates,
                    EntriesToEvict(w.least_recently_used_in_range));
+  candidates.resize(EntriesToFree(candidates, held, target_bytes, /*count_index_files=*/false));
   FreedBlobs freed;
-  uint64_t evicted = 0;
-  for (const EntryToEvict& entry : candidates) {
-    if (held <= target_bytes) break;
-    w.entry_bytes.Bind(1, entry.id);
-    ASSIGN_OR_RETURN(bool row, w.entry_bytes.Step());
-    const uint64_t entry_bytes = row ? static_cast<uint64_t>(w.entry_bytes.ColumnInt(0)) : 0;
-    w.entry_bytes.Reset();
-    RETURN_IF_ERROR(EvictEntryLocked(entry, freed));
-    held -= std::min(held, entry_bytes);
-    ++evicted;
-  }
+  RETURN_IF_ERROR(EvictEntriesLocked(candidates, freed));
+  for (const EntryToEvict& entry : candidates) held -= std::min(held, entry.stored_bytes);
+  const uint64_t evicted = candidates.size();
   RETURN_IF_ERROR(txn.Commit());
   ReleaseFreedBlobs(freed);
   evicted_entries_ += evicted;

@@ -66,16 +66,17 @@ absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
     w.imported_entries.Reset();
     RETURN_IF_ERROR(row.status());
     if (names.empty()) break;
-    FreedBlobs freed;
+    std::vector<int64_t> entry_ids;
     for (const auto& [ns, key] : names) {
       w.find_entry.BindText(1, ns).BindText(2, key);
       absl::StatusOr<bool> found = w.find_entry.Step();
-      const int64_t entry_id = found.ok() && *found ? w.find_entry.ColumnInt(0) : 0;
+      if (found.ok() && *found) entry_ids.push_back(w.find_entry.ColumnInt(0));  // else gone already
       w.find_entry.Reset();
       RETURN_IF_ERROR(found.status());
-      if (entry_id != 0) RETURN_IF_ERROR(EvictEntryLocked(entry_id, freed));  // else gone already
       RETURN_IF_ERROR(w.forget_imported.Bind(1, import_id).BindText(2, ns).BindText(3, key).Run());
     }
+    FreedBlobs freed;
+    RETURN_IF_ERROR(EvictEntriesLocked(entry_ids, freed));
     RETURN_IF_ERROR(txn.Commit());
     ReleaseFreedBlobs(freed);
     removed += freed.entries.size();
