@@ -6,7 +6,8 @@ and compiles one new kernel (its source differs run to run) for sm90, as a
 program's first @triton.jit call does. No GPU is needed. Kinds, taking turns:
   stock       stock Triton
   kiln-new    Kiln, no kilnd running, a new data dir: kilnd probes this
-              Python's Triton as it starts (a user's first day)
+              Python's Triton in the background as it starts, and the
+              kernel compiles in the process meanwhile (a user's first day)
   kiln-known  Kiln, no kilnd running (it idled out); what Kiln keeps on
               disk is an earlier day's (kilnd's data dir, which remembers
               the probe, and the client's memos), with another kernel

@@ -130,7 +130,7 @@ absl::Status ArtifactStore::Initialize() {
                              [this] { RetireUnrecordedServedFiles(); }));
   writer->db = std::move(index.db);
   // The writer deletes what the schema's foreign keys would cascade to itself
-  // (DeleteEntryLocked, DeleteOrphanBlobsLocked), knowing when there is
+  // (DeleteEntriesLocked, DeleteOrphanBlobsLocked), knowing when there is
   // nothing to delete: enforced, each evicted blob cost two more index probes
   // (its entry_blobs, which the orphan check had just looked at, and its
   // served copies, which few blobs have), a fifth of eviction's time.

@@ -391,11 +391,12 @@ WorkerPool& ToolchainRegistry::PoolOfLocked(const ToolchainInfo& info, bool& is_
   return *pool->second;
 }
 
-absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& given_python,
-                                                          absl::string_view expected_triton_key) {
+ToolchainRegistry::~ToolchainRegistry() { StopWorkers(); }
+
+absl::StatusOr<fs::path> ToolchainRegistry::InterpreterPath(const fs::path& given_python) {
   // One interpreter, one name: a client's sys.executable may be
   // /venv/bin/../bin/python, and kilnd's configuration normalizes its own.
-  const fs::path python_executable = given_python.lexically_normal();
+  fs::path python_executable = given_python.lexically_normal();
   std::error_code error;
   if (!python_executable.is_absolute() || !fs::is_regular_file(python_executable, error)) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -403,40 +404,129 @@ absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& given_
         "path of the Python that has triton installed (e.g. /path/to/venv/bin/python)",
         python_executable.string()));
   }
-  if (std::optional<ToolchainInfo> known = memo_.Recall(python_executable);
-      known && (expected_triton_key.empty() || known->triton_key == expected_triton_key)) {
-    std::lock_guard lock(mutex_);
-    bool is_new = false;
-    WorkerPool& pool = PoolOfLocked(*known, is_new);
-    pool.Warm();
-    return pool.info();
+  return python_executable;
+}
+
+std::optional<ToolchainInfo> ToolchainRegistry::RegisterRemembered(const fs::path& python_executable,
+                                                                   absl::string_view expected_triton_key) {
+  std::optional<ToolchainInfo> known = memo_.Recall(python_executable);
+  if (!known || (!expected_triton_key.empty() && known->triton_key != expected_triton_key)) {
+    return std::nullopt;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker,
-                   WorkerProcess::Start(python_executable, options_.worker_script));
-  worker::Request hello;
-  hello.set_op("hello");
-  absl::StatusOr<WorkerReply> reply = worker->Call(hello, {}, kHelloTimeout);
-  if (!reply.ok() || !reply->header.ok()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s cannot run Kiln's worker (is triton installed for it?): %s",
-        python_executable.string(),
-        reply.ok() ? reply->header.message() : std::string(reply.status().message())));
-  }
-  const worker::Reply& header = reply->header;
-  ToolchainInfo info{header.triton_key(), header.triton_version(), python_executable.string(),
-                     header.python_version(),
-                     std::vector<std::string>(header.backends().begin(), header.backends().end()),
-                     header.triton_dir()};
-  memo_.Remember(info);
   std::lock_guard lock(mutex_);
   bool is_new = false;
-  WorkerPool& pool = PoolOfLocked(info, is_new);
+  WorkerPool& pool = PoolOfLocked(*known, is_new);
+  pool.Warm();
+  return pool.info();
+}
+
+std::optional<ToolchainInfo> ToolchainRegistry::RegisteredLocked(const fs::path& python_executable,
+                                                                 absl::string_view expected_triton_key) {
+  const auto known = key_by_python_.find(python_executable.string());
+  if (known == key_by_python_.end()) return std::nullopt;
+  if (!expected_triton_key.empty() && known->second != expected_triton_key) return std::nullopt;
+  return pools_.at(known->second)->info();
+}
+
+absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& given_python,
+                                                          absl::string_view expected_triton_key) {
+  ASSIGN_OR_RETURN(const fs::path python_executable, InterpreterPath(given_python));
+  if (std::optional<ToolchainInfo> known = RegisterRemembered(python_executable, expected_triton_key)) {
+    return *known;
+  }
+  {
+    // A probe of this interpreter under way (one begun in the background)
+    // is waited for, not run twice.
+    std::unique_lock lock(mutex_);
+    probe_ended_.wait(lock, [&] { return !probes_.contains(python_executable.string()); });
+    if (std::optional<ToolchainInfo> probed = RegisteredLocked(python_executable, expected_triton_key)) {
+      return *probed;
+    }
+    probes_[python_executable.string()] = nullptr;
+  }
+  return Probe(python_executable);
+}
+
+bool ToolchainRegistry::RegisterInBackground(
+    const fs::path& given_python, absl::string_view expected_triton_key,
+    std::function<void(const absl::StatusOr<ToolchainInfo>&)> registered) {
+  absl::StatusOr<fs::path> python_executable = InterpreterPath(given_python);
+  if (!python_executable.ok()) {
+    registered(python_executable.status());
+    return true;
+  }
+  if (std::optional<ToolchainInfo> known = RegisterRemembered(*python_executable, expected_triton_key)) {
+    registered(*known);
+    return true;
+  }
+  std::optional<ToolchainInfo> probed;
+  {
+    std::lock_guard lock(mutex_);
+    if (probes_.contains(python_executable->string())) return false;
+    probed = RegisteredLocked(*python_executable, expected_triton_key);
+    if (!probed) {
+      probes_[python_executable->string()] = nullptr;
+      probe_threads_.emplace_back([this, python = *std::move(python_executable),
+                                   registered = std::move(registered)] { registered(Probe(python)); });
+      return false;
+    }
+  }
+  registered(*probed);
+  return true;
+}
+
+bool ToolchainRegistry::AnyProbeUnderWay() {
+  std::lock_guard lock(mutex_);
+  return !probes_.empty();
+}
+
+absl::StatusOr<ToolchainInfo> ToolchainRegistry::Probe(const fs::path& python_executable) {
+  const std::string name = python_executable.string();
+  std::unique_ptr<WorkerProcess> worker;
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> started =
+      WorkerProcess::Start(python_executable, options_.worker_script);
+  absl::StatusOr<ToolchainInfo> outcome = absl::UnknownError("not probed");
+  if (!started.ok()) {
+    outcome = started.status();
+  } else {
+    worker = *std::move(started);
+    {
+      std::lock_guard lock(mutex_);
+      if (workers_stopped_) worker->Abandon();  // a stop came first: no probe to wait for
+      probes_[name] = worker.get();
+    }
+    worker::Request hello;
+    hello.set_op("hello");
+    absl::StatusOr<WorkerReply> reply = worker->Call(hello, {}, kHelloTimeout);
+    if (!reply.ok() || !reply->header.ok()) {
+      outcome = absl::FailedPreconditionError(absl::StrFormat(
+          "%s cannot run Kiln's worker (is triton installed for it?): %s", name,
+          reply.ok() ? reply->header.message() : std::string(reply.status().message())));
+    } else {
+      const worker::Reply& header = reply->header;
+      outcome = ToolchainInfo{header.triton_key(), header.triton_version(), name,
+                              header.python_version(),
+                              std::vector<std::string>(header.backends().begin(), header.backends().end()),
+                              header.triton_dir()};
+      memo_.Remember(*outcome);
+    }
+  }
+  // Whatever the outcome, the probe ends: those waiting for it look again.
+  std::lock_guard lock(mutex_);
+  probes_.erase(name);
+  probe_ended_.notify_all();
+  if (!outcome.ok()) return outcome;
+  bool is_new = false;
+  WorkerPool& pool = PoolOfLocked(*outcome, is_new);
   if (is_new) pool.Adopt(std::move(worker));  // the probe's worker is the pool's first
   return pool.info();
 }
 
-absl::StatusOr<WorkerPool*> ToolchainRegistry::Find(absl::string_view triton_key) {
-  std::lock_guard lock(mutex_);
+absl::StatusOr<WorkerPool*> ToolchainRegistry::Find(absl::string_view triton_key,
+                                                    bool wait_for_probes) {
+  std::unique_lock lock(mutex_);
+  const auto found = [&] { return pools_.find(triton_key) != pools_.end(); };
+  if (wait_for_probes) probe_ended_.wait(lock, [&] { return found() || probes_.empty(); });
   if (auto pool = pools_.find(triton_key); pool != pools_.end()) return pool->second.get();
   std::vector<std::string> available;
   for (const auto& [key, pool] : pools_) {
@@ -456,17 +546,27 @@ bool ToolchainRegistry::IsRegisteredAs(const std::string& python_executable,
   return known != key_by_python_.end() && known->second == triton_key;
 }
 
-std::vector<ToolchainInfo> ToolchainRegistry::List() {
-  std::lock_guard lock(mutex_);
+std::vector<ToolchainInfo> ToolchainRegistry::List(bool wait_for_probes) {
+  std::unique_lock lock(mutex_);
+  if (wait_for_probes) probe_ended_.wait(lock, [&] { return probes_.empty(); });
   std::vector<ToolchainInfo> infos;
   for (const auto& [key, pool] : pools_) infos.push_back(pool->info());
   return infos;
 }
 
 void ToolchainRegistry::StopWorkers() {
-  std::lock_guard lock(mutex_);
-  workers_stopped_ = true;
-  for (const auto& [key, pool] : pools_) pool->Stop();
+  std::vector<std::thread> probe_threads;
+  {
+    std::lock_guard lock(mutex_);
+    workers_stopped_ = true;
+    for (const auto& [python, probe] : probes_) {
+      if (probe != nullptr) probe->Abandon();
+    }
+    for (const auto& [key, pool] : pools_) pool->Stop();
+    probe_threads.swap(probe_threads_);
+  }
+  // Abandoned, they end at once; their callbacks are done when this returns.
+  for (std::thread& probe : probe_threads) probe.join();
 }
 
 PoolStats ToolchainRegistry::TotalStats() {

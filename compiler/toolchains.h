@@ -8,10 +8,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <variant>
@@ -248,6 +250,8 @@ class ToolchainRegistry {
  public:
   // Probes are remembered in `probe_memo_file` (ToolchainMemo) when given.
   explicit ToolchainRegistry(PoolOptions options, std::filesystem::path probe_memo_file = {});
+  // StopWorkers.
+  ~ToolchainRegistry();
 
   // Runs `python_executable` once to identify its Triton and registers it.
   // Registering the same toolchain twice is a no-op. FAILED_PRECONDITION when
@@ -259,23 +263,47 @@ class ToolchainRegistry {
   // one ready or starting.
   absl::StatusOr<ToolchainInfo> Register(const std::filesystem::path& python_executable,
                                          absl::string_view expected_triton_key = "");
+  // Register without waiting for a probe: a remembered or registered
+  // toolchain (or a path that is none) is answered to `registered` at once
+  // (true); else the probe runs on a thread of its own, which calls
+  // `registered` when it ends (false), unless one of this interpreter is
+  // under way already (false, and `registered` is never called). Meanwhile
+  // a Register of it waits for that probe.
+  bool RegisterInBackground(const std::filesystem::path& python_executable,
+                            absl::string_view expected_triton_key,
+                            std::function<void(const absl::StatusOr<ToolchainInfo>&)> registered);
+  bool AnyProbeUnderWay();
 
   // The pool of the toolchain with this triton key; FAILED_PRECONDITION lists
-  // the registered ones and how to register another.
-  absl::StatusOr<WorkerPool*> Find(absl::string_view triton_key);
+  // the registered ones and how to register another. One not registered yet
+  // is looked for again once the probes under way end, `wait_for_probes`.
+  absl::StatusOr<WorkerPool*> Find(absl::string_view triton_key, bool wait_for_probes = true);
 
   // True when `python_executable` was registered and still has `triton_key`
   // as far as we know (used to skip re-identifying on every request).
   bool IsRegisteredAs(const std::string& python_executable, absl::string_view triton_key);
 
-  std::vector<ToolchainInfo> List();
+  // Those registered; with `wait_for_probes`, once the probes under way end.
+  std::vector<ToolchainInfo> List(bool wait_for_probes = false);
   PoolStats TotalStats();
-  // WorkerPool::Stop of every pool, and of any registered later.
+  // WorkerPool::Stop of every pool, and of any registered later; abandons the
+  // probes under way and waits for their threads (and `registered` callbacks).
   void StopWorkers();
 
  private:
   // The pool of `info`, made when it is new (`is_new`); with mutex_ held.
   WorkerPool& PoolOfLocked(const ToolchainInfo& info, bool& is_new);
+  // `given` normalized, or FAILED_PRECONDITION when it is no absolute path to a file.
+  static absl::StatusOr<std::filesystem::path> InterpreterPath(const std::filesystem::path& given);
+  // Registers the memo's toolchain of `python_executable`, if it has one and
+  // its key is `expected_triton_key` (when given).
+  std::optional<ToolchainInfo> RegisterRemembered(const std::filesystem::path& python_executable,
+                                                  absl::string_view expected_triton_key);
+  std::optional<ToolchainInfo> RegisteredLocked(const std::filesystem::path& python_executable,
+                                                absl::string_view expected_triton_key);
+  // Runs the interpreter's worker to identify its Triton, and registers it;
+  // its entry in probes_ is made by the caller and erased here.
+  absl::StatusOr<ToolchainInfo> Probe(const std::filesystem::path& python_executable);
 
   const PoolOptions options_;
   ToolchainMemo memo_;
@@ -283,6 +311,11 @@ class ToolchainRegistry {
   absl::flat_hash_map<std::string, std::unique_ptr<WorkerPool>> pools_;  // by triton key
   absl::flat_hash_map<std::string, std::string> key_by_python_;
   bool workers_stopped_ = false;  // guarded by mutex_
+  // Probes under way, by interpreter: their worker once started (StopWorkers
+  // abandons it). Guarded by mutex_, ended ones signalled by probe_ended_.
+  absl::flat_hash_map<std::string, WorkerProcess*> probes_;
+  std::condition_variable probe_ended_;
+  std::vector<std::thread> probe_threads_;  // guarded by mutex_
 };
 
 }  // namespace kiln::compiler

@@ -247,20 +247,30 @@ absl::StatusOr<PrewarmPlan> CompileCoordinator::PlanPrewarmOnThread(
 
 absl::StatusOr<compiler::WorkerPool*> CompileCoordinator::ResolveToolchain(
     const std::string& triton_key, const std::string& local_python, absl::string_view backend,
-    const Caller& caller) {
-  // An interpreter path is run only for the service's own user: a remote
-  // client could otherwise make kilnd execute any program on this machine.
-  if (!local_python.empty() && caller.same_local_user &&
-      !toolchains_.IsRegisteredAs(local_python, triton_key)) {
-    absl::StatusOr<compiler::ToolchainInfo> info = toolchains_.Register(local_python, triton_key);
+    const Caller& caller, bool no_wait_for_probe) {
+  const auto log_registration = [local_python](const absl::StatusOr<compiler::ToolchainInfo>& info) {
     if (info.ok()) {
       spdlog::info("registered toolchain triton {} at {}", info->triton_version, local_python);
     } else {
       spdlog::warn("client interpreter {} not registered: {}", local_python,
                    info.status().message());
     }
+  };
+  // An interpreter path is run only for the service's own user: a remote
+  // client could otherwise make kilnd execute any program on this machine.
+  if (!local_python.empty() && caller.same_local_user &&
+      !toolchains_.IsRegisteredAs(local_python, triton_key)) {
+    if (!no_wait_for_probe) {
+      log_registration(toolchains_.Register(local_python, triton_key));
+    } else if (!toolchains_.RegisterInBackground(local_python, triton_key, log_registration)) {
+      return nullptr;  // being probed
+    }
   }
-  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, toolchains_.Find(triton_key));
+  absl::StatusOr<compiler::WorkerPool*> found =
+      toolchains_.Find(triton_key, /*wait_for_probes=*/!no_wait_for_probe);
+  // One of kilnd's own toolchains may be the one, its probe under way.
+  if (!found.ok() && no_wait_for_probe && toolchains_.AnyProbeUnderWay()) return nullptr;
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, std::move(found));
   const auto& backends = pool->info().backends;
   if (backend != "cuda" || std::find(backends.begin(), backends.end(), "nvidia") == backends.end()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -390,12 +400,21 @@ void CompileCoordinator::RunOnce(const std::string& shared_key, Finish finish, b
 
 void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, const Caller& caller,
                                          Done done, const std::function<void()>& recorded) {
-  absl::StatusOr<compiler::WorkerPool*> pool = ResolveToolchain(
-      request.triton_key(), request.local_python_executable(), request.target().backend(), caller);
+  absl::StatusOr<compiler::WorkerPool*> pool =
+      ResolveToolchain(request.triton_key(), request.local_python_executable(),
+                       request.target().backend(), caller, request.no_wait_for_worker_start());
   if (!pool.ok()) {
     done(pool.status());
     return recorded();
   }
+  // The client compiles it itself, as stock Triton would, and stores it.
+  const auto no_worker_ready = [&] {
+    CompileOutcome compile_here;
+    compile_here.no_worker_ready = true;
+    done(std::move(compile_here));
+    recorded();
+  };
+  if (*pool == nullptr) return no_worker_ready();  // its toolchain is still being probed
   if (absl::Status tools =
           CheckToolPaths(request.tool_paths(), caller.same_local_user, (*pool)->info().triton_dir);
       !tools.ok()) {
@@ -419,12 +438,7 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     return recorded();
   }
 
-  if (request.no_wait_for_worker_start() && !(*pool)->HasStartedWorker()) {
-    CompileOutcome compile_here;
-    compile_here.no_worker_ready = true;
-    done(std::move(compile_here));
-    return recorded();
-  }
+  if (request.no_wait_for_worker_start() && !(*pool)->HasStartedWorker()) return no_worker_ready();
 
   // The caller that starts the job is answered from the worker's output before
   // anything is stored; callers that join it are answered once it is stored.
@@ -509,17 +523,29 @@ std::optional<cache::CacheEntry> CompileCoordinator::AwaitFleetCompile(
   return **std::move(fetched);
 }
 
+void CompileCoordinator::UseLauncherBuilder(std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
+                                            absl::Status launcher_unavailable) {
+  std::lock_guard lock(launcher_mutex_);
+  launcher_builder_ = std::move(launcher_builder);
+  launcher_unavailable_ = std::move(launcher_unavailable);
+}
+
 void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& request,
                                                const Caller& caller, Done done) {
-  if (launcher_builder_ == nullptr) return done(launcher_unavailable_);
+  std::shared_ptr<const compiler::LauncherBuilder> builder;
+  {
+    std::lock_guard lock(launcher_mutex_);
+    if (launcher_builder_ == nullptr) return done(launcher_unavailable_);
+    builder = launcher_builder_;
+  }
   absl::StatusOr<compiler::LauncherRequest> launcher =
-      caller.same_local_user ? ToLauncherRequest(request) : RemoteLauncherRequest(request);
+      caller.same_local_user ? ToLauncherRequest(request) : RemoteLauncherRequest(request, *builder);
   if (!launcher.ok()) return done(launcher.status());
-  BuildLauncher(*std::move(launcher), std::move(done));
+  BuildLauncher(*std::move(launcher), *builder, std::move(done));
 }
 
 absl::StatusOr<compiler::LauncherRequest> CompileCoordinator::RemoteLauncherRequest(
-    const v1::BuildLauncherRequest& request) {
+    const v1::BuildLauncherRequest& request, const compiler::LauncherBuilder& builder) {
   // A remote client's C is never compiled here (an #include of this machine's
   // files would hand them over): its Triton's generator runs here instead.
   if (request.triton_key().empty() ||
@@ -556,12 +582,13 @@ absl::StatusOr<compiler::LauncherRequest> CompileCoordinator::RemoteLauncherRequ
                                      std::move(generated.abi), std::move(generated.include_dirs),
                                      std::move(generated.library_dirs),
                                      std::move(generated.libraries)};
-  RETURN_IF_ERROR(LinkStubWithoutDriver(launcher_builder_->environment(), launcher));
+  RETURN_IF_ERROR(LinkStubWithoutDriver(builder.environment(), launcher));
   return launcher;
 }
 
-void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher, Done done) {
-  const std::string shared_key = launcher_builder_->CacheKey(launcher);
+void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher,
+                                       const compiler::LauncherBuilder& builder, Done done) {
+  const std::string shared_key = builder.CacheKey(launcher);
   absl::StatusOr<std::optional<cache::CacheEntry>> hit =
       LookupShared(kLauncherNamespace, shared_key, {}, Alias{});
   if (!hit.ok()) return done(hit.status());
@@ -578,7 +605,7 @@ void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher, Done 
   RunOnce(absl::StrCat("launcher:", shared_key), std::move(finish), &joined,
           [&]() -> absl::StatusOr<Produced> {
             launcher_builds_.fetch_add(1);
-            ASSIGN_OR_RETURN(auto built, launcher_builder_->Build(launcher));
+            ASSIGN_OR_RETURN(auto built, builder.Build(launcher));
             Produced produced;
             if (auto* failure = std::get_if<compiler::CompileFailure>(&built)) {
               produced.failure = *failure;

@@ -108,6 +108,10 @@ class CompileCoordinator {
   void Compile(v1::CompileRequest request, Caller caller, Done done,
                std::function<void()> recorded);
   void BuildLauncher(v1::BuildLauncherRequest request, Caller caller, Done done);
+  // Launchers are built by `launcher_builder` from now on; null: none are,
+  // failing with `launcher_unavailable`.
+  void UseLauncherBuilder(std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
+                          absl::Status launcher_unavailable);
   // Calls `done` once, on one of the coordinator's threads, with the compile a
   // prewarm of a recorded kernel takes (worked out by the toolchain that
   // recorded it). INVALID_ARGUMENT for a malformed recording,
@@ -184,14 +188,18 @@ class CompileCoordinator {
   // generator makes here (which must equal what it sent), with this machine's
   // Python and CUDA files. FAILED_PRECONDITION names what the farm lacks.
   absl::StatusOr<compiler::LauncherRequest> RemoteLauncherRequest(
-      const v1::BuildLauncherRequest& request);
-  void BuildLauncher(compiler::LauncherRequest launcher, Done done);
+      const v1::BuildLauncherRequest& request, const compiler::LauncherBuilder& builder);
+  void BuildLauncher(compiler::LauncherRequest launcher, const compiler::LauncherBuilder& builder,
+                     Done done);
   // The worker pool of the toolchain whose Triton has `triton_key`, registering
   // `local_python` (the client's interpreter) first for the service's own user.
+  // With `no_wait_for_probe`, nullptr while the toolchain is still being
+  // probed (its probe then runs in the background); else that probe is waited for.
   absl::StatusOr<compiler::WorkerPool*> ResolveToolchain(const std::string& triton_key,
                                                          const std::string& local_python,
                                                          absl::string_view backend,
-                                                         const Caller& caller);
+                                                         const Caller& caller,
+                                                         bool no_wait_for_probe = false);
   // Records `entry` under the caller's own key too, if it sent one.
   void RecordAlias(const cache::CacheEntry& entry, const Alias& alias);
   // The result of a compile of `shared_key` that another kilnd of the fleet
@@ -208,8 +216,11 @@ class CompileCoordinator {
   cache::SharedTier* const shared_tier_;
   const absl::Duration fleet_patience_;
   compiler::ToolchainRegistry& toolchains_;
-  const std::unique_ptr<compiler::LauncherBuilder> launcher_builder_;
-  const absl::Status launcher_unavailable_;
+  // What builds launchers, or why none does: replaced when a toolchain
+  // probed after the start brings a C compiler (UseLauncherBuilder).
+  std::mutex launcher_mutex_;
+  std::shared_ptr<const compiler::LauncherBuilder> launcher_builder_;  // guarded
+  absl::Status launcher_unavailable_;                                  // guarded
 
   std::mutex flights_mutex_;
   absl::flat_hash_map<std::string, std::unique_ptr<Flight>> flights_;  // guarded

@@ -686,8 +686,10 @@ grpc::ServerUnaryReactor* KilnService::ListMisses(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* KilnService::ListToolchains(grpc::CallbackServerContext* context,
                                                       const v1::ListToolchainsRequest* /*request*/,
                                                       v1::ListToolchainsResponse* response) {
-  return Serve(context, Rpc::kListToolchains, Where::kInline, [this, response](const Caller&) {
-    for (const compiler::ToolchainInfo& info : toolchains_.List()) {
+  // Complete once the probes under way end (kilnd probes a toolchain it
+  // never saw in the background after its start): a blocking pool's wait.
+  return Serve(context, Rpc::kListToolchains, Where::kBlockingPool, [this, response](const Caller&) {
+    for (const compiler::ToolchainInfo& info : toolchains_.List(/*wait_for_probes=*/true)) {
       v1::Toolchain* toolchain = response->add_toolchains();
       toolchain->set_triton_key(info.triton_key);
       toolchain->set_triton_version(info.triton_version);

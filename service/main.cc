@@ -7,6 +7,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +42,56 @@ using kiln::service::Config;
 // takes seconds at most (systemd and Windows' service manager kill a service
 // that takes longer), and compiles are abandoned rather than waited for.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
+
+// Finds the C compilers that launcher builds use, for the coordinator, and
+// again whenever a toolchain registers later: Triton for Windows bundles
+// TinyCC, and a toolchain probed in the background is known only once its
+// probe ends.
+class LauncherCompilers {
+ public:
+  LauncherCompilers(const Config& config, kiln::service::CompileCoordinator& coordinator)
+      : config_(config), coordinator_(coordinator) {}
+
+  void AddTritonDir(fs::path triton_dir) {
+    std::lock_guard lock(mutex_);
+    triton_dirs_.push_back(std::move(triton_dir));
+    if (started_) FindLocked();
+  }
+
+  // Finds them for the first time, with the toolchains registered so far.
+  void Start() {
+    std::lock_guard lock(mutex_);
+    started_ = true;
+    FindLocked();
+  }
+
+ private:
+  void FindLocked() {
+    absl::StatusOr<kiln::compiler::BuildEnvironment> environment =
+        kiln::compiler::DiscoverBuildEnvironment(
+            config_.launcher_cc,
+            {kiln::platform::KilnPythonDir(config_.scope), kiln::ExecutableDir() / "python"},
+            triton_dirs_);
+    if (!environment.ok()) {
+      spdlog::warn("launcher builds disabled: {}", environment.status().message());
+      coordinator_.UseLauncherBuilder(nullptr, environment.status());
+      return;
+    }
+    for (const kiln::compiler::CCompiler& compiler : environment->compilers) {
+      spdlog::info("launcher builds may use {} ({})", compiler.path.string(), compiler.version);
+    }
+    coordinator_.UseLauncherBuilder(
+        std::make_unique<kiln::compiler::LauncherBuilder>(
+            *std::move(environment), absl::Seconds(config_.compile_timeout_seconds)),
+        absl::OkStatus());
+  }
+
+  const Config& config_;
+  kiln::service::CompileCoordinator& coordinator_;
+  std::mutex mutex_;
+  std::vector<fs::path> triton_dirs_;  // guarded by mutex_
+  bool started_ = false;               // guarded by mutex_
+};
 
 absl::Status ConfigureLogging(const Config& config) {
   const spdlog::level::level_enum level = spdlog::level::from_str(config.log_level);
@@ -119,32 +170,6 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   }
   kiln::compiler::ToolchainRegistry toolchains(pool_options,
                                                config.data_dir / "toolchain-probes");
-  std::vector<fs::path> triton_dirs;
-  for (const std::string& python : config.toolchains) {
-    absl::StatusOr<kiln::compiler::ToolchainInfo> info = toolchains.Register(python);
-    if (info.ok()) {
-      spdlog::info("toolchain: triton {} at {}{}", info->triton_version, python,
-                   info->remembered ? " (as probed at an earlier start)" : "");
-      triton_dirs.emplace_back(info->triton_dir);
-    } else {
-      spdlog::error("toolchain {} not registered: {}", python, info.status().message());
-    }
-  }
-  absl::StatusOr<kiln::compiler::BuildEnvironment> build_environment =
-      kiln::compiler::DiscoverBuildEnvironment(
-          config.launcher_cc,
-          {kiln::platform::KilnPythonDir(config.scope), kiln::ExecutableDir() / "python"},
-          triton_dirs);
-  std::unique_ptr<kiln::compiler::LauncherBuilder> launcher_builder;
-  if (build_environment.ok()) {
-    for (const kiln::compiler::CCompiler& compiler : build_environment->compilers) {
-      spdlog::info("launcher builds may use {} ({})", compiler.path.string(), compiler.version);
-    }
-    launcher_builder = std::make_unique<kiln::compiler::LauncherBuilder>(
-        *std::move(build_environment), absl::Seconds(config.compile_timeout_seconds));
-  } else {
-    spdlog::warn("launcher builds disabled: {}", build_environment.status().message());
-  }
   const int workers = config.compile_workers > 0
                           ? config.compile_workers
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -161,10 +186,33 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
                  config.redis_prefix,
                  redis.secret.empty() ? "entries unsigned: set redis_secret_file" : "entries signed");
   }
-  kiln::service::CompileCoordinator coordinator(*store, toolchains, std::move(launcher_builder),
-                                                build_environment.status(),
-                                                std::max(8, 4 * workers), shared_tier.get(),
-                                                absl::Seconds(config.compile_timeout_seconds));
+  kiln::service::CompileCoordinator coordinator(
+      *store, toolchains, nullptr, absl::UnavailableError("kilnd is still starting"),
+      std::max(8, 4 * workers), shared_tier.get(), absl::Seconds(config.compile_timeout_seconds));
+  LauncherCompilers launcher_compilers(config, coordinator);
+  // Probes under way end, and their callbacks (which use the two above),
+  // before those go, however this returns.
+  struct StopWorkersAtReturn {
+    kiln::compiler::ToolchainRegistry& toolchains;
+    ~StopWorkersAtReturn() { toolchains.StopWorkers(); }
+  } stop_workers_at_return{toolchains};
+  // A toolchain probed at an earlier start registers at once; another is
+  // probed in the background, so that kilnd serves at once (a client's
+  // compile meanwhile runs in the client, as stock Triton's).
+  for (const std::string& python : config.toolchains) {
+    const bool registered = toolchains.RegisterInBackground(
+        python, "", [python, &launcher_compilers](const auto& info) {
+          if (!info.ok()) {
+            spdlog::error("toolchain {} not registered: {}", python, info.status().message());
+            return;
+          }
+          spdlog::info("toolchain: triton {} at {}{}", info->triton_version, info->python_executable,
+                       info->remembered ? " (as probed at an earlier start)" : "");
+          launcher_compilers.AddTritonDir(info->triton_dir);
+        });
+    if (!registered) spdlog::info("toolchain {}: probing it in the background", python);
+  }
+  launcher_compilers.Start();
 
   kiln::service::ServerOptions server_options;
   server_options.claim_limits = {absl::Seconds(config.claim_timeout_seconds),

@@ -2,6 +2,7 @@
 // stand-in for kiln_worker.py that speaks its protocol (what the pool decides
 // is tested here, not Triton), run by the system's python3.
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <variant>
 
+#include "absl/synchronization/notification.h"
 #include "compiler/toolchains.h"
 #include "gtest/gtest.h"
 #include "tests/test_dir.h"
@@ -209,6 +211,55 @@ TEST_F(ToolchainMemoTest, AMemoThatIsNotOnesOwnIsProbedOverAndReplaced) {
   EXPECT_EQ(Hellos(), 1);
   ASSERT_TRUE(Start()->Register(python).ok());
   EXPECT_EQ(Hellos(), 1);
+}
+
+TEST_F(ToolchainMemoTest, AToolchainNeverSeenIsProbedOnceInTheBackgroundAndWhatAsksMeanwhileWaitsOrIsToldSo) {
+  std::ofstream(dir.path() / "slow");  // the probe's worker stalls until `go`
+  std::unique_ptr<ToolchainRegistry> registry = Start();
+  absl::Notification registered;
+  absl::StatusOr<ToolchainInfo> outcome = absl::UnknownError("never called");
+  EXPECT_FALSE(registry->RegisterInBackground(python, "", [&](const absl::StatusOr<ToolchainInfo>& info) {
+    outcome = info;
+    registered.Notify();
+  }));
+  // Under way: asking again starts nothing, and nothing is registered yet.
+  EXPECT_FALSE(registry->RegisterInBackground(
+      python, "", [](const absl::StatusOr<ToolchainInfo>&) { ADD_FAILURE() << "a second probe ended"; }));
+  EXPECT_TRUE(registry->AnyProbeUnderWay());
+  EXPECT_FALSE(registry->Find("stand-in", /*wait_for_probes=*/false).ok());
+  EXPECT_TRUE(registry->List().empty());
+  // A Register of the same interpreter waits for that probe, and runs none of its own.
+  std::thread waiting([&] { EXPECT_TRUE(registry->Register(python).ok()); });
+  EXPECT_FALSE(registered.HasBeenNotified());
+  std::ofstream(dir.path() / "go");
+  waiting.join();
+  ASSERT_TRUE(registered.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(Hellos(), 1) << "the interpreter was probed twice";
+  EXPECT_FALSE(registry->AnyProbeUnderWay());
+  EXPECT_TRUE(registry->Find("stand-in").ok());
+  // The next start has it remembered: answered at once, with no probe.
+  bool remembered = false;
+  EXPECT_TRUE(Start()->RegisterInBackground(python, "", [&](const absl::StatusOr<ToolchainInfo>& info) {
+    remembered = info.ok() && info->remembered;
+  }));
+  EXPECT_TRUE(remembered);
+  EXPECT_EQ(Hellos(), 1);
+}
+
+TEST_F(ToolchainMemoTest, AStopAbandonsAProbeUnderWayAndItsCallbackIsDoneWhenTheStopReturns) {
+  std::ofstream(dir.path() / "slow");  // and never `go`: the probe would wait out its hello's limit
+  std::unique_ptr<ToolchainRegistry> registry = Start();
+  std::atomic<bool> called = false;
+  absl::StatusOr<ToolchainInfo> outcome = absl::UnknownError("never called");
+  registry->RegisterInBackground(python, "", [&](const absl::StatusOr<ToolchainInfo>& info) {
+    outcome = info;
+    called = true;
+  });
+  registry->StopWorkers();
+  EXPECT_TRUE(called.load());
+  EXPECT_FALSE(outcome.ok());
+  EXPECT_FALSE(registry->AnyProbeUnderWay());
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ class Kilnd:
     """A kilnd process on a private socket and data directory, started by
     `wrapper` (a command that ends by running the one it is given) if any."""
 
-    def __init__(self, root, *flags, wrapper=(), env=None):
+    def __init__(self, root, *flags, wrapper=(), env=None, wait_for_toolchains=True):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.socket = self.root / "kilnd.sock"
@@ -124,6 +124,11 @@ class Kilnd:
             self.stop()
             raise RuntimeError("kilnd did not start:\n" + (self.root / "kilnd.out").read_text())
         self.stub = _api.KilnStub(self.channel)
+        # kilnd serves while it probes a toolchain it never saw: the tests
+        # (but the one of that) begin once its --toolchain are registered,
+        # which a ListToolchains waits for.
+        if wait_for_toolchains and any(flag.startswith("--toolchain=") for flag in flags):
+            self.stub.ListToolchains(_api.ListToolchainsRequest(), timeout=120)
 
     def stats(self):
         return self.stub.GetStats(_api.GetStatsRequest())

@@ -245,7 +245,7 @@ def test_a_text_asked_for_once_its_file_and_kilnd_are_gone_raises_a_clear_error(
 @pytest.mark.parametrize("how", ["evicted", "deleted"])
 def test_a_hit_whose_files_go_before_it_loads_is_looked_up_again_and_loads_stocks_kernel(
         base_env, tmp_path, stock_suite, how):
-    kilnd = Kilnd(tmp_path / "kilnd")
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
     env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
     try:
         run_probe(env, "first")
@@ -496,8 +496,9 @@ def test_loading_tritons_jit_starts_the_users_kilnd_with_this_pythons_toolchain_
     def start_and_list_toolchains():
         # While kilnd starts, the process imports what its first compile will need.
         assert grpc_imported()
+        # kilnd serves at once; the list waits for the probe of a toolchain it never saw.
         with grpc.insecure_channel(f"unix:{socket_path}") as channel:
-            return api.KilnStub(channel).ListToolchains(api.ListToolchainsRequest(), timeout=30).toolchains
+            return api.KilnStub(channel).ListToolchains(api.ListToolchainsRequest(), timeout=60).toolchains
 
     try:
         listed = start_and_list_toolchains()
@@ -554,6 +555,49 @@ def test_a_compile_while_kilnds_worker_still_starts_runs_here_as_stocks_and_kiln
     finally:
         slow.unlink(missing_ok=True)
         assert kilnd.stop() == 0
+
+
+def test_kilnd_serves_at_once_while_it_probes_a_toolchain_it_never_saw_and_a_compile_meanwhile_runs_here(
+        base_env, tmp_path, stock_suite):
+    # The toolchain's interpreter, through a script that stalls while
+    # <tmp>/slow exists: a probe that takes its time importing triton, as a
+    # first one does under Wine.
+    slow, python = tmp_path / "slow", tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nwhile [ -e {slow} ]; do sleep 0.05; done\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    slow.touch()
+    log = tmp_path / "k" / "kilnd.out"
+    # Kilnd() waits for it to answer: one that probed before serving would not, until `slow` goes.
+    kilnd = Kilnd(tmp_path / "k", f"--toolchain={python}", wait_for_toolchains=False)
+    try:
+        assert f"toolchain {python}: probing it in the background" in log.read_text()
+        env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+        # Bounded: a compile that waited for a probe would wait until `slow` goes.
+        first = probe_json(subprocess.run([sys.executable, str(PROBE), "first"], env=env, capture_output=True,
+                                          text=True, check=True, timeout=120))
+        assert first["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+        assert kilnd.stats().compiles == 0, "the program waited for a toolchain's probe"
+        assert "toolchain: triton" not in log.read_text(), "the probe did not stall: this tests nothing"
+        # What the program compiled meanwhile, kilnd stored: another process hits it.
+        again = probe_json(run_probe(dict(env, KILN_FILES_DIR=str(tmp_path / "other-files"),
+                                          TRITON_CACHE_DIR=str(tmp_path / "other-cache")), "first"))
+        assert again["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+        assert kilnd.stats().compiles == 0
+        # The probe ends: the toolchain registers (in the pool of its triton, which the
+        # client's interpreter registered meanwhile), remembered for the next start.
+        slow.unlink()
+        deadline = time.monotonic() + 60
+        while f"toolchain: triton {triton.__version__} at " not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        slow.unlink(missing_ok=True)
+        assert kilnd.stop() == 0
+    restarted = Kilnd(tmp_path / "k", f"--toolchain={python}")
+    try:
+        assert f"toolchain: triton {triton.__version__} at {python} (as probed at an earlier start)" in log.read_text()
+    finally:
+        assert restarted.stop() == 0
 
 
 def test_a_kilnd_that_cannot_be_started_is_a_clear_error_and_never_the_programs(base_env, tmp_path):

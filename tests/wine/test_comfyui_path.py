@@ -232,7 +232,10 @@ def test_two_processes_at_once_start_one_kilnd_and_compile_each_kernel_once(
         for thread in both:
             thread.join()
         assert results[0][0]["kernels"] == results[1][0]["kernels"]
-        assert int(kilnd_stats(wine, binaries)["compiles"]) == 30
+        # kilnd.exe serves while it probes the toolchain, which it never saw:
+        # meanwhile each process compiles here, as stock. Then they join
+        # kilnd's compiles, and none of its 30 kernels is compiled twice.
+        assert 0 < int(kilnd_stats(wine, binaries)["compiles"]) <= 30
         assert len(kilnd_processes(wine)) == 1
     finally:
         subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)
@@ -253,6 +256,10 @@ def test_kilnd_exe_as_a_windows_service_with_python_embeded_registered_serves_th
         runner(wine, binaries[0])("install")
         runner(wine, binaries[0])("start")
         assert "SERVING" in runner(wine, binaries[1])("health", "--wait", "120").stdout
+        # It serves while it probes python_embeded, which it never saw; the
+        # list waits for that probe: the times below are those of a service
+        # whose toolchain is registered.
+        assert "python.exe" in runner(wine, binaries[1])("toolchains").stdout
         stock, stock_seconds = suite(wine, python_embeded, tmp_path / "stock-cache")
         kiln_env = dict(KILN="1", KILN_STRICT="1")
         cold, cold_seconds = suite(wine, python_embeded, tmp_path / "kiln-cache", **kiln_env)
