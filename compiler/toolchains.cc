@@ -444,7 +444,9 @@ absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& given_
     }
     probes_[python_executable.string()] = nullptr;
   }
-  return Probe(python_executable);
+  absl::StatusOr<ToolchainInfo> outcome = Probe(python_executable);
+  EndProbe(python_executable);
+  return outcome;
 }
 
 bool ToolchainRegistry::RegisterInBackground(
@@ -466,8 +468,13 @@ bool ToolchainRegistry::RegisterInBackground(
     probed = RegisteredLocked(*python_executable, expected_triton_key);
     if (!probed) {
       probes_[python_executable->string()] = nullptr;
+      // The probe ends once `registered` is done, so that what waits for it
+      // finds what `registered` did (the launchers' compilers) done too.
       probe_threads_.emplace_back([this, python = *std::move(python_executable),
-                                   registered = std::move(registered)] { registered(Probe(python)); });
+                                   registered = std::move(registered)] {
+        registered(Probe(python));
+        EndProbe(python);
+      });
       return false;
     }
   }
@@ -478,6 +485,17 @@ bool ToolchainRegistry::RegisterInBackground(
 bool ToolchainRegistry::AnyProbeUnderWay() {
   std::lock_guard lock(mutex_);
   return !probes_.empty();
+}
+
+void ToolchainRegistry::WaitForProbes() {
+  std::unique_lock lock(mutex_);
+  probe_ended_.wait(lock, [&] { return probes_.empty(); });
+}
+
+void ToolchainRegistry::EndProbe(const fs::path& python_executable) {
+  std::lock_guard lock(mutex_);
+  probes_.erase(python_executable.string());
+  probe_ended_.notify_all();
 }
 
 absl::StatusOr<ToolchainInfo> ToolchainRegistry::Probe(const fs::path& python_executable) {
@@ -511,10 +529,9 @@ absl::StatusOr<ToolchainInfo> ToolchainRegistry::Probe(const fs::path& python_ex
       memo_.Remember(*outcome);
     }
   }
-  // Whatever the outcome, the probe ends: those waiting for it look again.
   std::lock_guard lock(mutex_);
-  probes_.erase(name);
-  probe_ended_.notify_all();
+  // Its worker goes to the pool or away: a stop has nothing of it to abandon.
+  probes_[name] = nullptr;
   if (!outcome.ok()) return outcome;
   bool is_new = false;
   WorkerPool& pool = PoolOfLocked(*outcome, is_new);

@@ -273,6 +273,8 @@ class ToolchainRegistry {
                             absl::string_view expected_triton_key,
                             std::function<void(const absl::StatusOr<ToolchainInfo>&)> registered);
   bool AnyProbeUnderWay();
+  // Returns once no probe is under way (a background one's `registered` done too).
+  void WaitForProbes();
 
   // The pool of the toolchain with this triton key; FAILED_PRECONDITION lists
   // the registered ones and how to register another. One not registered yet
@@ -302,8 +304,10 @@ class ToolchainRegistry {
   std::optional<ToolchainInfo> RegisteredLocked(const std::filesystem::path& python_executable,
                                                 absl::string_view expected_triton_key);
   // Runs the interpreter's worker to identify its Triton, and registers it;
-  // its entry in probes_ is made by the caller and erased here.
+  // its entry in probes_ is made by the caller, and ended by EndProbe.
   absl::StatusOr<ToolchainInfo> Probe(const std::filesystem::path& python_executable);
+  // Those waiting for the probe look again.
+  void EndProbe(const std::filesystem::path& python_executable);
 
   const PoolOptions options_;
   ToolchainMemo memo_;

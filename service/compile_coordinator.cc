@@ -532,12 +532,20 @@ void CompileCoordinator::UseLauncherBuilder(std::unique_ptr<compiler::LauncherBu
 
 void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& request,
                                                const Caller& caller, Done done) {
-  std::shared_ptr<const compiler::LauncherBuilder> builder;
-  {
+  const auto current_builder = [this](absl::Status& unavailable) {
     std::lock_guard lock(launcher_mutex_);
-    if (launcher_builder_ == nullptr) return done(launcher_unavailable_);
-    builder = launcher_builder_;
+    unavailable = launcher_unavailable_;
+    return launcher_builder_;
+  };
+  absl::Status unavailable;
+  std::shared_ptr<const compiler::LauncherBuilder> builder = current_builder(unavailable);
+  if (builder == nullptr && toolchains_.AnyProbeUnderWay()) {
+    // A toolchain being probed may bring the C compiler (Triton for Windows
+    // bundles TinyCC): found again once it registers.
+    toolchains_.WaitForProbes();
+    builder = current_builder(unavailable);
   }
+  if (builder == nullptr) return done(unavailable);
   absl::StatusOr<compiler::LauncherRequest> launcher =
       caller.same_local_user ? ToLauncherRequest(request) : RemoteLauncherRequest(request, *builder);
   if (!launcher.ok()) return done(launcher.status());

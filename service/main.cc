@@ -52,9 +52,15 @@ class LauncherCompilers {
   LauncherCompilers(const Config& config, kiln::service::CompileCoordinator& coordinator)
       : config_(config), coordinator_(coordinator) {}
 
-  void AddTritonDir(fs::path triton_dir) {
+  // A toolchain probed in the background: its Triton may bring a compiler.
+  void ExpectToolchain() {
     std::lock_guard lock(mutex_);
-    triton_dirs_.push_back(std::move(triton_dir));
+    ++toolchains_expected_;
+  }
+  void ToolchainRegistered(const absl::StatusOr<kiln::compiler::ToolchainInfo>& info) {
+    std::lock_guard lock(mutex_);
+    --toolchains_expected_;
+    if (info.ok()) triton_dirs_.push_back(info->triton_dir);
     if (started_) FindLocked();
   }
 
@@ -73,7 +79,12 @@ class LauncherCompilers {
             {kiln::platform::KilnPythonDir(config_.scope), kiln::ExecutableDir() / "python"},
             triton_dirs_);
     if (!environment.ok()) {
-      spdlog::warn("launcher builds disabled: {}", environment.status().message());
+      if (toolchains_expected_ > 0) {
+        spdlog::info("launcher builds wait for the toolchains being probed: {}",
+                     environment.status().message());
+      } else {
+        spdlog::warn("launcher builds disabled: {}", environment.status().message());
+      }
       coordinator_.UseLauncherBuilder(nullptr, environment.status());
       return;
     }
@@ -90,6 +101,7 @@ class LauncherCompilers {
   kiln::service::CompileCoordinator& coordinator_;
   std::mutex mutex_;
   std::vector<fs::path> triton_dirs_;  // guarded by mutex_
+  int toolchains_expected_ = 0;        // guarded by mutex_
   bool started_ = false;               // guarded by mutex_
 };
 
@@ -199,18 +211,29 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   // A toolchain probed at an earlier start registers at once; another is
   // probed in the background, so that kilnd serves at once (a client's
   // compile meanwhile runs in the client, as stock Triton's).
+  // Each interpreter once: a second registration of one under way would wait for nothing.
+  std::vector<fs::path> configured;
   for (const std::string& python : config.toolchains) {
+    const fs::path normal = fs::path(python).lexically_normal();
+    if (std::find(configured.begin(), configured.end(), normal) == configured.end()) {
+      configured.push_back(normal);
+    }
+  }
+  for (const fs::path& python : configured) {
+    launcher_compilers.ExpectToolchain();
     const bool registered = toolchains.RegisterInBackground(
         python, "", [python, &launcher_compilers](const auto& info) {
-          if (!info.ok()) {
-            spdlog::error("toolchain {} not registered: {}", python, info.status().message());
-            return;
+          if (info.ok()) {
+            spdlog::info("toolchain: triton {} at {}{}", info->triton_version,
+                         info->python_executable,
+                         info->remembered ? " (as probed at an earlier start)" : "");
+          } else {
+            spdlog::error("toolchain {} not registered: {}", python.string(),
+                          info.status().message());
           }
-          spdlog::info("toolchain: triton {} at {}{}", info->triton_version, info->python_executable,
-                       info->remembered ? " (as probed at an earlier start)" : "");
-          launcher_compilers.AddTritonDir(info->triton_dir);
+          launcher_compilers.ToolchainRegistered(info);
         });
-    if (!registered) spdlog::info("toolchain {}: probing it in the background", python);
+    if (!registered) spdlog::info("toolchain {}: probing it in the background", python.string());
   }
   launcher_compilers.Start();
 

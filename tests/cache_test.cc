@@ -560,7 +560,9 @@ TEST_F(ArtifactStoreTest, EvictionStaysUnderTheCapAndKeepsRecentlyUsedEntries) {
     EXPECT_TRUE(store->Lookup("triton", absl::StrCat("new", i)).ok()) << "new" << i;
   }
   EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "old10").status()));
-  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs"), QueryText("SELECT count(*) FROM entries"));
+  // One snapshot: another pass may still be evicting (puts made while the
+  // first ran took the store over its cap again).
+  EXPECT_EQ(QueryText("SELECT (SELECT count(*) FROM blobs) = (SELECT count(*) FROM entries)"), "1");
 }
 
 TEST_F(ArtifactStoreTest, ExplicitEvictionToSizeRemovesFiles) {

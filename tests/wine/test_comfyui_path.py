@@ -197,12 +197,15 @@ def test_the_suite_through_a_kilnd_the_client_starts_is_stocks_byte_for_byte_and
     assert cold["cache_manager"] == "kiln._cache:KilnCacheManager"
     assert cold["kernels"] == stock["kernels"]
     stats = kilnd_stats(wine, binaries)
-    assert int(stats["compiles"]) == 30, stats
+    # kilnd.exe probes python_embeded (its first day) while the process
+    # compiles its first kernels itself, as stock; then its worker compiles.
+    compiled = int(stats["compiles"])
+    assert 0 < compiled <= 30 and int(stats["entries"]) >= 30, stats
 
     # A new process with an empty Triton cache: everything from kilnd.exe, no frontend run.
     warm, warm_seconds = suite(wine, python_embeded, tmp_path / "empty-cache", **kiln_env)
     assert warm["kernels"] == stock["kernels"] and warm["frontend_runs"] == 0
-    assert int(kilnd_stats(wine, binaries)["compiles"]) == 30
+    assert int(kilnd_stats(wine, binaries)["compiles"]) == compiled
     log = (local_app_data(wine) / "kiln" / "logs" / "kilnd.log").read_text()
     assert "[warning]" not in log and "[error]" not in log, log
     print(f"suite of 30 compiles under Wine, per process: stock {stock_seconds:.1f} s, kiln cold "
