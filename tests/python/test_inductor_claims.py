@@ -166,14 +166,15 @@ def test_a_killed_claimant_costs_its_waiter_under_a_second(kilnd, tmp_path):
 
 
 def test_a_graph_compile_longer_than_the_claim_timeout_is_still_compiled_once(tmp_path):
-    # 5 s, not kilnd's 60: the holder renews every 1.7 s, so a renewal may be
-    # 3 s late before the claim lapses. With 2 s, a 2-core machine busy with
-    # the two processes' compiles (and CI's other work) sometimes let it lapse.
-    kilnd = Kilnd(tmp_path / "kilnd", "--claim-timeout-seconds=5")
+    # 8 s, not kilnd's 60: the holder renews every 2.7 s, so a renewal may be
+    # 5 s late before the claim lapses; the 16 s compile is still two claim
+    # timeouts. With 2 s, and then 5 s (1 CI run in many), a 2-core machine
+    # busy with the two processes' compiles (and CI's other work) let it lapse.
+    kilnd = Kilnd(tmp_path / "kilnd", "--claim-timeout-seconds=8")
     try:
         holder = Program(tmp_path, "holder", kilnd, "--hold-claim", "16")
         (tmp_path / "start").touch()
-        holder.wait_for("holding")  # compiling its first graph for 16 s: 3.2 claim timeouts
+        holder.wait_for("holding")  # compiling its first graph for 16 s: 2 claim timeouts
         waiter = Program(tmp_path, "waiter", kilnd)
         results = [holder.result(), waiter.result()]
         logs = holder.log() + "\n\n" + waiter.log()
