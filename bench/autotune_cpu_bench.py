@@ -50,9 +50,6 @@ class Kilnd:
                                         stdout=open(directory / "kilnd.log", "w"), stderr=subprocess.STDOUT)
         subprocess.run([str(build / "client" / "cpp" / "kiln"), "health", "--wait", "60"], check=True,
                        capture_output=True, env=dict(os.environ, KILN_ENDPOINT=f"unix:{self.socket}"))
-        # Its toolchain registered: the list waits for the probe of one kilnd never saw.
-        subprocess.run([str(build / "client" / "cpp" / "kiln"), "toolchains"], check=True,
-                       capture_output=True, env=dict(os.environ, KILN_ENDPOINT=f"unix:{self.socket}"))
 
     def stop(self):
         self.process.terminate()

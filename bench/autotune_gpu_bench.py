@@ -57,8 +57,6 @@ class Kilnd:
                                         env=self.env, stdout=open(directory / "kilnd.log", "w"),
                                         stderr=subprocess.STDOUT)
         subprocess.run([str(bundle / "kiln"), "health", "--wait", "60"], env=self.env, check=True)
-        # Its toolchain registered: the list waits for the probe of one kilnd never saw.
-        subprocess.run([str(bundle / "kiln"), "toolchains"], env=self.env, check=True)
 
     def stats(self):
         return subprocess.run([str(self.bundle / "kiln"), "stats"], env=self.env, capture_output=True,

@@ -44,9 +44,6 @@ class Kilnd:
         kiln = build_dir / "client" / "cpp" / "kiln"
         subprocess.run([str(kiln), "--endpoint", self.endpoint, "health", "--wait", "60"], check=True,
                        stdout=subprocess.DEVNULL)
-        # Its toolchain registered: the list waits for the probe of one kilnd never saw.
-        subprocess.run([str(kiln), "--endpoint", self.endpoint, "toolchains"], check=True,
-                       stdout=subprocess.DEVNULL)
 
     @property
     def endpoint(self):

@@ -148,9 +148,6 @@ def start_kilnd(bundle, base, data_dir, socket, log=None):
                              env=lib_env, stdout=log, stderr=subprocess.STDOUT if log else None)
     subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "health", "--wait", "60"],
                    env=lib_env, check=True, stdout=subprocess.DEVNULL)
-    # Its toolchain registered: the list waits for the probe of one kilnd never saw.
-    subprocess.run([str(bundle / "kiln"), "--endpoint", f"unix:{socket}", "toolchains"],
-                   env=lib_env, check=True, stdout=subprocess.DEVNULL)
     return kilnd, dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{socket}")
 
 

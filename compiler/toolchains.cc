@@ -438,7 +438,7 @@ absl::StatusOr<ToolchainInfo> ToolchainRegistry::Register(const fs::path& given_
     // A probe of this interpreter under way (one begun in the background)
     // is waited for, not run twice.
     std::unique_lock lock(mutex_);
-    probe_ended_.wait(lock, [&] { return !probes_.contains(python_executable.string()); });
+    AwaitProbesLocked(lock, [&] { return !probes_.contains(python_executable.string()); });
     if (std::optional<ToolchainInfo> probed = RegisteredLocked(python_executable, expected_triton_key)) {
       return *probed;
     }
@@ -489,7 +489,7 @@ bool ToolchainRegistry::AnyProbeUnderWay() {
 
 void ToolchainRegistry::WaitForProbes() {
   std::unique_lock lock(mutex_);
-  probe_ended_.wait(lock, [&] { return probes_.empty(); });
+  AwaitProbesLocked(lock);
 }
 
 void ToolchainRegistry::EndProbe(const fs::path& python_executable) {
@@ -543,7 +543,7 @@ absl::StatusOr<WorkerPool*> ToolchainRegistry::Find(absl::string_view triton_key
                                                     bool wait_for_probes) {
   std::unique_lock lock(mutex_);
   const auto found = [&] { return pools_.find(triton_key) != pools_.end(); };
-  if (wait_for_probes) probe_ended_.wait(lock, [&] { return found() || probes_.empty(); });
+  if (wait_for_probes) AwaitProbesLocked(lock, found);
   if (auto pool = pools_.find(triton_key); pool != pools_.end()) return pool->second.get();
   std::vector<std::string> available;
   for (const auto& [key, pool] : pools_) {
@@ -565,7 +565,7 @@ bool ToolchainRegistry::IsRegisteredAs(const std::string& python_executable,
 
 std::vector<ToolchainInfo> ToolchainRegistry::List(bool wait_for_probes) {
   std::unique_lock lock(mutex_);
-  if (wait_for_probes) probe_ended_.wait(lock, [&] { return probes_.empty(); });
+  if (wait_for_probes) AwaitProbesLocked(lock);
   std::vector<ToolchainInfo> infos;
   for (const auto& [key, pool] : pools_) infos.push_back(pool->info());
   return infos;

@@ -308,6 +308,15 @@ class ToolchainRegistry {
   absl::StatusOr<ToolchainInfo> Probe(const std::filesystem::path& python_executable);
   // Those waiting for the probe look again.
   void EndProbe(const std::filesystem::path& python_executable);
+  // Returns, with mutex_ held by `lock`, once no probe is under way or
+  // `enough` holds (each time one ends, it is asked again).
+  template <typename Enough>
+  void AwaitProbesLocked(std::unique_lock<std::mutex>& lock, Enough enough) {
+    probe_ended_.wait(lock, [&] { return probes_.empty() || enough(); });
+  }
+  void AwaitProbesLocked(std::unique_lock<std::mutex>& lock) {
+    AwaitProbesLocked(lock, [] { return false; });
+  }
 
   const PoolOptions options_;
   ToolchainMemo memo_;

@@ -61,7 +61,8 @@ constexpr const char* kUsageText =
     "  stats [--json]                   print kilnd's statistics\n"
     "  gc SIZE                          evict least recently used entries down to SIZE (e.g. 5GiB)\n"
     "  verify                           re-hash every stored blob; drop corrupt ones\n"
-    "  health [--wait SECONDS]          check that kilnd serves this caller (and its shared cache)\n"
+    "  health [--wait SECONDS]          check that kilnd serves this caller (and its shared cache);\n"
+    "                                   --wait also waits for its toolchains' first probes\n"
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
     "  misses [--last N] [--json]       the latest compiles and what was new for each\n"
@@ -127,6 +128,14 @@ int Health(kiln::Client& client, const std::vector<std::string>& args) {
   absl::StatusOr<kiln::v1::GetStatsResponse> stats = client.Stats();
   if (absl::IsUnauthenticated(stats.status()) || absl::IsPermissionDenied(stats.status())) {
     return Fail(stats.status());
+  }
+  // kilnd serves before it has probed a toolchain it never saw; one waiting
+  // for it to be ready wants to compile next, so it waits for that too (the
+  // list answers once the probes under way end).
+  if (wait_seconds > 0) {
+    if (absl::StatusOr<std::vector<kiln::v1::Toolchain>> toolchains = client.Toolchains(); !toolchains.ok()) {
+      return Fail(toolchains.status());
+    }
   }
   std::cout << "SERVING " << client.endpoint() << "\n";
   // A fleet's shared cache being down fails no request, so kilnd still

@@ -583,13 +583,17 @@ def test_kilnd_serves_at_once_while_it_probes_a_toolchain_it_never_saw_and_a_com
                                           TRITON_CACHE_DIR=str(tmp_path / "other-cache")), "first"))
         assert again["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
         assert kilnd.stats().compiles == 0
+        # `kiln health --wait` waits for the probe too: one waiting for kilnd
+        # to be ready wants to compile next.
+        ready = subprocess.Popen([str(BUILD / "client" / "cpp" / "kiln"), "--endpoint", f"unix:{kilnd.socket}",
+                                  "health", "--wait", "60"], stdout=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            ready.wait(timeout=1)
         # The probe ends: the toolchain registers (in the pool of its triton, which the
         # client's interpreter registered meanwhile), remembered for the next start.
         slow.unlink()
-        deadline = time.monotonic() + 60
-        while f"toolchain: triton {triton.__version__} at " not in log.read_text():
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        assert ready.wait(timeout=60) == 0 and ready.stdout.read().startswith("SERVING")
+        assert f"toolchain: triton {triton.__version__} at " in log.read_text()
     finally:
         slow.unlink(missing_ok=True)
         assert kilnd.stop() == 0
