@@ -11,10 +11,10 @@ count), correct (close to eager)."""
 
 import gc
 import json
-import time
 
 import torch
 import torch.nn.functional as F
+from first_call import timed_first_call
 
 HIDDEN, HEADS, KV_HEADS, SEQUENCE = 1024, 16, 4, 333
 
@@ -84,12 +84,7 @@ def main():
     x = torch.randn(2, SEQUENCE, HIDDEN, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         eager = model(x)
-        compiled = torch.compile(model)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = compiled(x)
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        out, seconds = timed_first_call(torch.compile(model), x)
     print(json.dumps({"first_call_s": round(seconds, 3), "kernels": chosen_configs(),
                       "pattern_matches": counters["inductor"]["pattern_matcher_count"],
                       "correct": bool(torch.allclose(eager.float(), out.float(), atol=5e-2, rtol=5e-2))}))

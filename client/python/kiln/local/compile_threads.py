@@ -91,7 +91,7 @@ def note_remote_seconds(seconds):
 
 
 def _wait_for_turn():
-    global _tickets_given, _turn_since, _running_python
+    global _tickets_given, _turn_since
     with _turns:
         ticket = _tickets_given
         _tickets_given += 1
@@ -102,10 +102,17 @@ def _wait_for_turn():
             if left <= 0:
                 break
             _turns.wait(left)
-        while _timed:
-            _turns.wait()
-        _running_python += 1
+        _enter_python_locked()
     _this_thread.turn = ticket
+
+
+def _enter_python_locked():
+    """With _turns held: waits while a timed region runs, then counts this
+    thread as running Python."""
+    global _running_python
+    while _timed:
+        _turns.wait()
+    _running_python += 1
     _this_thread.running_python = True
 
 
@@ -129,14 +136,10 @@ def resume_python():
     """A compile thread about to run Python again (a stage here, or kilnd
     answered): waits while a timed region runs. Does nothing outside a
     compile thread."""
-    global _running_python
     if not in_compile_thread() or getattr(_this_thread, "running_python", False):
         return
     with _turns:
-        while _timed:
-            _turns.wait()
-        _running_python += 1
-        _this_thread.running_python = True
+        _enter_python_locked()
 
 
 @contextlib.contextmanager
@@ -160,16 +163,19 @@ def timed():
             _turns.notify_all()
 
 
-def python_part_done():
-    """Ends this thread's turn (its compile reached stages that let go of the
-    GIL); does nothing outside a turn."""
+def python_part_done(compile_ended=False):
+    """Ends this thread's turn: its compile reached stages that let go of the
+    GIL. Does nothing outside a turn, unless the compile ended: then this
+    thread runs no more Python of it either (resume_python said it would)."""
     global _turn_now, _turn_since
     ticket = getattr(_this_thread, "turn", None)
-    if ticket is None:
+    if ticket is None and not compile_ended:
         return
     _this_thread.turn = None
     with _turns:
         _stop_running_python()
+        if ticket is None:
+            return
         _turns_ended.add(ticket)
         while _turn_now in _turns_ended:
             _turns_ended.remove(_turn_now)
@@ -204,8 +210,7 @@ def _accounted(function, *args, after=None):
         _wait_for_turn()
         return function(*args)
     finally:
-        python_part_done()
-        pause_python()
+        python_part_done(compile_ended=True)
         serial = time.thread_time() - cpu_begun + _this_thread.remote_seconds
         del _this_thread.remote_seconds
         ended = time.perf_counter()
