@@ -56,7 +56,20 @@ def kilnd(wine, binaries, windows_python, tmp_path_factory):
 @pytest.fixture(scope="module")
 def kiln(wine, binaries, kilnd):
     run = runner(wine, binaries[1])
-    run("health", "--wait", "120")
+    try:
+        run("health", "--wait", "120", timeout=180)
+    except (AssertionError, subprocess.TimeoutExpired) as failure:
+        # What a kilnd.exe that never served left behind says where it stopped.
+        process, output = kilnd
+        logs = sorted((local_app_data(wine) / "kiln").rglob("kilnd*.log"))
+        wine_processes = subprocess.run(["ps", "-eo", "pid,etime,stat,args"], capture_output=True, text=True).stdout
+        raise AssertionError(
+            f"kilnd.exe did not serve: {failure}\nits process: "
+            f"{'running' if process.poll() is None else f'exited {process.returncode}'}\n"
+            f"its output: {output.read_text(errors='replace')[-3000:]!r}\n"
+            f"its logs: {[(str(log), log.read_text(errors='replace')[-3000:]) for log in logs]}\n"
+            f"Wine's processes:\n{''.join(line + chr(10) for line in wine_processes.splitlines() if '.exe' in line)}"
+        ) from failure
     return run
 
 
