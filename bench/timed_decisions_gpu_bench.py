@@ -9,11 +9,13 @@ as every stock run, and stock's config for each kernel whose config stock
 itself chose the same in every run. Then the median first call of each.
 
   python3 bench/timed_decisions_gpu_bench.py gpu_bundle [--rounds 5] [--out runs.json]
+      [--sequence 333] [--mlp 2816] [--stock-only]
   python3 bench/timed_decisions_gpu_bench.py --report runs1.json runs2.json   (runs of several calls together)
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,12 +26,10 @@ from autotune_gpu_bench import Kilnd, prepare  # noqa: E402
 PROGRAM = Path(__file__).resolve().with_name("timed_decisions_program.py")
 
 
-def run(kind, work, kilnd=None):
-    import os
-
+def run(kind, work, shape, kilnd=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN", "TRITON_", "TORCHINDUCTOR_"))}
     env.update(TRITON_CACHE_DIR=str(work / "triton"), TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"),
-               KILN_FILES_DIR=str(work / "files"))
+               KILN_FILES_DIR=str(work / "files"), TIMED_SEQUENCE=str(shape[0]), TIMED_MLP=str(shape[1]))
     if kilnd is not None:
         env.update(KILN="1", KILN_STRICT="1", KILN_ENDPOINT=kilnd.env["KILN_ENDPOINT"])
     result = subprocess.run([sys.executable, str(PROGRAM)], capture_output=True, text=True, env=env)
@@ -51,6 +51,10 @@ def report(runs):
         if len(configs) == 1:
             stable[name] = configs.pop()
     print(f"kernels whose config stock chose the same in every run: {len(stable)} of {len(stock[0]['kernels'])}")
+    for names in stock_names:
+        print(f"  a stock kernel set: {', '.join(names)}")
+    if not kiln:
+        return
     all_same = True
     for number, r in enumerate(kiln):
         names_same = tuple(sorted(r["kernels"])) in stock_names
@@ -73,7 +77,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path, nargs="+")
+    parser.add_argument("--sequence", type=int, default=333, help="the program's sequence length")
+    parser.add_argument("--mlp", type=int, default=2816, help="the width of its MLP")
+    parser.add_argument("--stock-only", action="store_true",
+                        help="stock runs alone: whether stock is itself stable on this shape")
     options = parser.parse_args()
+    shape = (options.sequence, options.mlp)
     if options.report:
         report([r for path in options.report for r in json.loads(path.read_text())])
         return
@@ -82,16 +91,20 @@ def main():
     for number in range(options.rounds):
         work = root / f"{number}-stock"
         work.mkdir()
-        runs.append(run("stock", work))
+        runs.append(run("stock", work, shape))
+        print(f"round {number}: stock {runs[-1]['first_call_s']} s, {len(runs[-1]['kernels'])} kernels, "
+              f"pattern matches {runs[-1]['pattern_matches']}", flush=True)
+        if options.stock_only:
+            continue
         work = root / f"{number}-kiln"
         work.mkdir()
         kilnd = Kilnd(bundle, work)
         try:
-            runs.append(run("kiln", work, kilnd))
+            runs.append(run("kiln", work, shape, kilnd))
         finally:
             kilnd.stop()
-        print(f"round {number}: stock {runs[-2]['first_call_s']} s, {len(runs[-2]['kernels'])} kernels; "
-              f"kiln {runs[-1]['first_call_s']} s, {len(runs[-1]['kernels'])} kernels", flush=True)
+        print(f"round {number}: kiln {runs[-1]['first_call_s']} s, {len(runs[-1]['kernels'])} kernels, "
+              f"pattern matches {runs[-1]['pattern_matches']}", flush=True)
     if options.out:
         options.out.write_text(json.dumps(runs))
     report(runs)

@@ -5,18 +5,25 @@ of 333, an odd length whose matmuls pad_mm times padded and unpadded) and a
 GroupNorm, SiLU, conv and upsample head, in bf16; inductor's reductions
 autotune their configs at their first call.
 
+TIMED_SEQUENCE and TIMED_MLP (the environment) set the sequence length and
+the MLP's width (2816): which dimensions pad_mm finds misaligned, and by
+how much padding wins or loses.
+
 Prints one JSON line: first_call_s, kernels (each Triton kernel the graph
 loaded, by name: its chosen config), pattern_matches (the pattern matcher's
 count), correct (close to eager)."""
 
 import gc
 import json
+import os
 
 import torch
 import torch.nn.functional as F
 from first_call import timed_first_call
 
-HIDDEN, HEADS, KV_HEADS, SEQUENCE = 1024, 16, 4, 333
+HIDDEN, HEADS, KV_HEADS = 1024, 16, 4
+SEQUENCE = int(os.environ.get("TIMED_SEQUENCE", "333"))
+MLP = int(os.environ.get("TIMED_MLP", "2816"))
 
 
 class Block(torch.nn.Module):
@@ -27,9 +34,9 @@ class Block(torch.nn.Module):
         self.q = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
         self.kv = torch.nn.Linear(HIDDEN, 2 * KV_HEADS * head, bias=False)
         self.out = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.gate = torch.nn.Linear(HIDDEN, 2816, bias=False)
-        self.up = torch.nn.Linear(HIDDEN, 2816, bias=False)
-        self.down = torch.nn.Linear(2816, HIDDEN, bias=False)
+        self.gate = torch.nn.Linear(HIDDEN, MLP, bias=False)
+        self.up = torch.nn.Linear(HIDDEN, MLP, bias=False)
+        self.down = torch.nn.Linear(MLP, HIDDEN, bias=False)
 
     def forward(self, x):
         batch, length, _ = x.shape
