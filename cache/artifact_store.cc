@@ -172,8 +172,15 @@ absl::Status ArtifactStore::Initialize() {
        "WHERE eb.entry_id = e.id) FROM entries e WHERE e.id IN (SELECT value FROM json_each(?1))"},
       {&Writer::find_blob, "SELECT id FROM blobs WHERE digest = ?1"},
       {&Writer::insert_blob,
-       "INSERT INTO blobs (digest, size, stored_size, codec, location, data) "
-       "VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
+       "INSERT INTO blobs (digest, size, stored_size, codec, location, data, id, content_digest) "
+       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
+      // Of placeholder row ?1: the row keyed by its content, and its own stored size.
+      {&Writer::content_row,
+       "SELECT c.id, b.stored_size FROM blobs b JOIN blobs c ON c.digest = b.content_digest "
+       "WHERE b.id = ?1"},
+      {&Writer::key_by_content,
+       "UPDATE blobs SET digest = content_digest, content_digest = NULL WHERE id = ?1"},
+      {&Writer::move_blob_references, "UPDATE entry_blobs SET blob_id = ?2 WHERE blob_id = ?1"},
       {&Writer::insert_entry,
        "INSERT INTO entries (namespace, key, created_ms, last_use, index_disk_bytes, "
        "link_extension, index_namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
@@ -207,7 +214,6 @@ absl::Status ArtifactStore::Initialize() {
        "SELECT b.id, eb.entry_id FROM blobs b LEFT JOIN entry_blobs eb ON eb.blob_id = b.id "
        "WHERE b.digest = ?1"},
       {&Writer::file_blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1 AND location = 1"},
-      {&Writer::blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1"},
       // Namespaces in [?1, ?2), created since ?3, after entry ?4.
       {&Writer::entries_after,
        "SELECT id, namespace, key, created_ms FROM entries WHERE namespace >= ?1 AND "
@@ -224,7 +230,8 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::leftovers, "SELECT path, disk_bytes FROM leftover_files LIMIT 1000"},
       {&Writer::forget_leftover, "DELETE FROM leftover_files WHERE path = ?1"},
       {&Writer::entry_digests,
-       "SELECT eb.name, b.digest FROM entries e JOIN entry_blobs eb ON eb.entry_id = e.id "
+       "SELECT eb.name, coalesce(b.content_digest, b.digest) FROM entries e "
+       "JOIN entry_blobs eb ON eb.entry_id = e.id "
        "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace = ?1 AND e.key = ?2"},
       {&Writer::journal_import,
        "INSERT OR IGNORE INTO imported_entries (import_id, namespace, key) VALUES (?1, ?2, ?3)"},
@@ -240,6 +247,11 @@ absl::Status ArtifactStore::Initialize() {
   };
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
+  }
+  {
+    ASSIGN_OR_RETURN(sqlite::Statement last_id, db.Prepare("SELECT ifnull(max(id), 0) FROM blobs"));
+    ASSIGN_OR_RETURN(bool has_row, last_id.Step());
+    writer->next_blob_id = (has_row ? last_id.ColumnInt(0) : 0) + 1;
   }
   // The files of a kilnd that did not stop cleanly may include some it wrote
   // and never recorded: the maintenance thread sweeps them (RemoveOrphanFiles).
@@ -271,8 +283,8 @@ absl::StatusOr<std::unique_ptr<ArtifactStore::ReaderConnection>> ArtifactStore::
                    sqlite::Database::Open(options_.data_dir / "kiln.db", options_.busy_timeout));
   ASSIGN_OR_RETURN(reader->lookup,
                    reader->db->Prepare(
-                       "SELECT e.id, e.created_ms, eb.name, b.digest, b.size, b.codec, "
-                       "b.location, b.data FROM entries e "
+                       "SELECT e.id, e.created_ms, eb.name, coalesce(b.content_digest, b.digest), "
+                       "b.size, b.codec, b.location, b.data, b.digest FROM entries e "
                        "JOIN entry_blobs eb ON eb.entry_id = e.id "
                        "JOIN blobs b ON b.id = eb.blob_id "
                        "WHERE e.namespace = ?1 AND e.key = ?2 ORDER BY eb.name"));
@@ -339,7 +351,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     absl::string_view ns, absl::string_view key,
     const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
   ReadResult result;
-  std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
+  std::vector<BrokenBlob> broken;
   ServedWrites writes;
   {
     ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
@@ -357,7 +369,8 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
       result.entry_id = lookup.ColumnInt(0);
       result.entry.created = absl::FromUnixMillis(lookup.ColumnInt(1));
       StoredBlob blob{std::string(lookup.ColumnText(2)), std::string(lookup.ColumnBlob(3)),
-                      static_cast<uint64_t>(lookup.ColumnInt(4)), std::nullopt, std::nullopt};
+                      static_cast<uint64_t>(lookup.ColumnInt(4)), "", std::nullopt, std::nullopt};
+      if (lookup.ColumnBlob(8) != blob.digest) blob.store_key = std::string(lookup.ColumnBlob(8));
       if (as_files != nullptr && blob.name == kKeyInputsBlob) {
         continue;  // read through Lookup alone
       }
@@ -365,7 +378,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
         if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5), lookup.ColumnInt(6),
                                               lookup.ColumnBlob(7), writes);
             !served.ok()) {
-          broken.emplace_back(blob.digest, std::string(served.message()));
+          broken.push_back({std::string(lookup.ColumnBlob(8)), blob.digest, std::string(served.message())});
           continue;
         }
       } else if (!digests_to_skip.contains(blob.digest)) {
@@ -373,7 +386,8 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
             ReadBlobContent(lookup.ColumnInt(5), lookup.ColumnInt(6), lookup.ColumnBlob(7),
                             blob.digest, blob.size, IntegrityCheck::kTrustUnchangedFiles);
         if (!content.ok()) {
-          broken.emplace_back(blob.digest, std::string(content.status().message()));
+          broken.push_back(
+              {std::string(lookup.ColumnBlob(8)), blob.digest, std::string(content.status().message())});
           continue;
         }
         blob.data = *std::move(content);
@@ -392,7 +406,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     return absl::NotFoundError(absl::StrFormat("no cache entry for %s/%s", ns, key));
   }
   if (!broken.empty()) {
-    for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
+    for (const BrokenBlob& blob : broken) DropCorruptBlob(blob);
     return absl::NotFoundError(
         absl::StrFormat("cache entry %s/%s failed its integrity check and was dropped", ns, key));
   }
@@ -567,7 +581,8 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
   RETURN_IF_ERROR(put.result);
   std::vector<StoredBlob> manifest;
   for (const PreparedBlob& blob : put.prepared) {
-    manifest.push_back({blob.name, blob.digest, blob.size, std::nullopt, std::nullopt});
+    manifest.push_back({blob.name, blob.digest, blob.size,
+                        blob.store_key == blob.digest ? "" : blob.store_key, std::nullopt, std::nullopt});
   }
   std::sort(manifest.begin(), manifest.end(),
             [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
@@ -763,28 +778,44 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
   std::vector<int64_t> replaced_blob_ids;
   ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(put.ns, put.key, replaced_blob_ids,
                                                               put.new_entry));
-  for (const PreparedBlob& blob : put.prepared) {
-    w.find_blob.BindBlob(1, blob.digest);
-    ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
-    int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;
-    w.find_blob.Reset();
+  for (PreparedBlob& blob : put.prepared) {
+    // A small blob is a row of this entry's, keyed by a placeholder: looking
+    // for an equal one, and keying it by content, would each cost a random
+    // page of the digest index, here and at its eviction. A file blob is
+    // named for its content, and shared.
+    const bool keyed_by_content = blob.location == kFile;
+    bool known = false;
+    int64_t blob_id = -1;
+    if (keyed_by_content) {
+      w.find_blob.BindBlob(1, blob.digest);
+      ASSIGN_OR_RETURN(known, w.find_blob.Step());
+      if (known) blob_id = w.find_blob.ColumnInt(0);
+      w.find_blob.Reset();
+    }
     if (!known) {
       if (blob.location == kFile) {
         RETURN_IF_ERROR(PublishBlobFile(blob));
         put.published_files.push_back(BlobPath(blob.digest));
       }
-      w.insert_blob.BindBlob(1, blob.digest)
+      blob_id = w.next_blob_id++;
+      blob.store_key = keyed_by_content ? blob.digest : store_internal::PlaceholderKey(blob_id);
+      w.insert_blob.BindBlob(1, blob.store_key)
           .Bind(2, static_cast<int64_t>(blob.size))
           .Bind(3, static_cast<int64_t>(blob.stored_size))
           .Bind(4, blob.codec)
-          .Bind(5, blob.location);
+          .Bind(5, blob.location)
+          .Bind(7, blob_id);
       if (blob.location == kInline) {
         w.insert_blob.BindBlob(6, blob.stored);
       } else {
         w.insert_blob.BindNull(6);
       }
+      if (keyed_by_content) {
+        w.insert_blob.BindNull(8);
+      } else {
+        w.insert_blob.BindBlob(8, blob.digest);
+      }
       RETURN_IF_ERROR(w.insert_blob.Run());
-      blob_id = w.db->LastInsertId();
       put.inserted_digests.push_back(blob.digest);
       put.added_bytes += blob.stored_size;
       if (blob.location == kFile) put.added_file_bytes += OnDisk(blob.stored_size);
@@ -792,14 +823,14 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
     RETURN_IF_ERROR(
         w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
   }
-  for (const auto& [name, digest] : *put.stored) {
-    w.find_blob.BindBlob(1, digest);
+  for (const auto& [name, store_key] : *put.stored) {
+    w.find_blob.BindBlob(1, store_key);
     ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
     const int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;
     w.find_blob.Reset();
     if (!known) {
       return absl::FailedPreconditionError(
-          absl::StrFormat("blob %s of '%s' is no longer stored", DigestHex(digest), name));
+          absl::StrFormat("blob %s of '%s' is no longer stored", DigestHex(store_key), name));
     }
     RETURN_IF_ERROR(
         w.insert_entry_blob.Bind(1, entry_id).BindText(2, name).Bind(3, blob_id).Run());
@@ -1014,16 +1045,16 @@ void ArtifactStore::RemoveLeftoversLocked() {
   }
 }
 
-void ArtifactStore::DropCorruptBlob(absl::string_view digest, absl::string_view reason) {
+void ArtifactStore::DropCorruptBlob(const BrokenBlob& blob) {
   spdlog::error("cache: blob {} failed its integrity check ({}); dropping every entry that uses it",
-                DigestHex(digest), reason);
+                DigestHex(blob.digest), blob.reason);
   std::lock_guard lock(writer_mutex_);
   Writer& w = *writer_;
   auto drop = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
     std::vector<int64_t> blob_ids;
     std::vector<int64_t> entry_ids;
-    w.entries_with_blob.BindBlob(1, digest);
+    w.entries_with_blob.BindBlob(1, blob.store_key);
     while (true) {
       ASSIGN_OR_RETURN(bool row, w.entries_with_blob.Step());
       if (!row) break;
@@ -1043,7 +1074,7 @@ void ArtifactStore::DropCorruptBlob(absl::string_view digest, absl::string_view 
     return absl::OkStatus();
   };
   if (absl::Status status = drop(); !status.ok()) {
-    spdlog::error("cache: could not drop entries of corrupt blob {}: {}", DigestHex(digest),
+    spdlog::error("cache: could not drop entries of corrupt blob {}: {}", DigestHex(blob.digest),
                   status.message());
   }
 }

@@ -76,6 +76,9 @@ struct StoredBlob {
   std::string name;
   std::string digest;  // raw 32-byte SHA-256 of the content
   uint64_t size = 0;
+  // What a put's `stored` names this blob by where the store does not key it
+  // by `digest` (a small blob no local client has read as a file); else empty.
+  std::string store_key;
   // Absent when the caller listed the digest as one it already has, or when
   // the blob is served as `file`.
   std::optional<std::string> data;
@@ -180,13 +183,15 @@ class ArtifactStore {
   absl::StatusOr<uint64_t> RecordHits(absl::string_view ns, const std::vector<std::string>& keys);
 
   // Stores (or replaces) the entry for (ns, key): `blobs` with their data, and
-  // `stored` (name -> raw digest) naming blobs already in the store, which
-  // cost no blob I/O (an alias of another entry is only `stored`).
+  // `stored` (name -> a StoredBlob's store_key, or its raw digest where it
+  // has none) naming blobs already in the store, which cost no blob I/O (an
+  // alias of another entry is only `stored`). Small blobs of `blobs` are
+  // stored as rows of this entry's, not shared with equal ones stored before.
   // INVALID_ARGUMENT for no blobs, duplicate or empty names, or data that does
-  // not match its expected digest; FAILED_PRECONDITION if a `stored` digest is
+  // not match its expected digest; FAILED_PRECONDITION if a `stored` blob is
   // not stored (e.g. evicted meanwhile); RESOURCE_EXHAUSTED when the disk is
-  // full. Returns the manifest of `blobs`: each one's name, digest and size,
-  // no data.
+  // full. Returns the manifest of `blobs`: each one's name, digest, size and
+  // store_key, no data.
   using NamedDigests = std::vector<std::pair<std::string, std::string>>;
   absl::StatusOr<std::vector<StoredBlob>> Put(absl::string_view ns, absl::string_view key,
                                               std::vector<BlobInput> blobs,
@@ -296,6 +301,7 @@ class ArtifactStore {
   struct FreedBlobs;
   struct EntryToEvict;
   struct ServedWrites;
+  struct BrokenBlob;
   class ReaderLease;
 
   explicit ArtifactStore(StoreOptions options);
@@ -396,7 +402,11 @@ class ArtifactStore {
   // Removes the served copies of blobs that went at least
   // options_.served_copy_grace ago (`all`: every one, at a stop).
   void RemoveServedCopiesGoneLocked(bool all);
-  void DropCorruptBlob(absl::string_view digest, absl::string_view reason);
+  void DropCorruptBlob(const BrokenBlob& blob);
+  // Keys the blob row of `placeholder` by its content, or where a row has
+  // that key already, moves its entries there and deletes it (`merged`
+  // counts it); nothing when it went. With writer_mutex_ held, in a transaction.
+  absl::Status KeyByContentLocked(absl::string_view placeholder, FreedBlobs& merged);
   // Evicts up to one batch of least recently used entries, stopping once the
   // store fits `target_bytes`.
   absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);

@@ -55,6 +55,19 @@ inline std::string IdsAsJson(const std::vector<int64_t>& ids) {
   return json;
 }
 
+// The key of a blob row not keyed by its content's digest (store_schema.cc):
+// a zero byte and its id, big-endian, so that keys ascend with ids. A
+// SHA-256 digest has 32 bytes: no placeholder is ever one.
+inline constexpr size_t kPlaceholderKeySize = 9;
+inline std::string PlaceholderKey(int64_t blob_id) {
+  std::string key(1, '\0');
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    key.push_back(static_cast<char>(static_cast<uint64_t>(blob_id) >> shift));
+  }
+  return key;
+}
+inline bool IsPlaceholderKey(absl::string_view key) { return key.size() == kPlaceholderKeySize; }
+
 }  // namespace store_internal
 
 // Blob and entry rows a transaction deleted; their files go only after it commits.
@@ -72,7 +85,8 @@ struct ArtifactStore::FreedBlobs {
     std::optional<std::string> link_extension;
   };
   std::vector<Entry> entries;
-  // Freed blobs that have served copies: digest, the copies' extensions.
+  // Freed blobs that have served copies (keyed by content, as every served
+  // blob is): digest, the copies' extensions.
   std::vector<std::pair<std::string, std::vector<std::string>>> served_copies;
   void Add(FreedBlobs&& other) {
     bytes += other.bytes;
@@ -100,8 +114,18 @@ struct ArtifactStore::EntryToEvict {
 // Served files a lookup wrote, to record in one transaction once it has read.
 struct ArtifactStore::ServedWrites {
   std::vector<std::tuple<std::string, std::string, uint64_t>> copies;  // digest, extension, bytes
+  // The placeholder keys of the blobs served: their rows are keyed by content
+  // first, so that a served copy belongs to the one row of its content.
+  std::vector<std::string> to_key_by_content;
   std::optional<ServedFiles::IndexFootprint> index;
   std::string index_namespace;  // the client's, which `index` is keyed by
+};
+
+// A blob that failed its integrity check: its row's key, its digest, why.
+struct ArtifactStore::BrokenBlob {
+  std::string store_key;
+  std::string digest;
+  std::string reason;
 };
 
 struct ArtifactStore::ReaderConnection {
@@ -122,8 +146,14 @@ struct ArtifactStore::Writer {
   sqlite::Statement delete_blobs_of_entries;
   sqlite::Statement delete_entries;
   sqlite::Statement entries_to_evict;
-  sqlite::Statement find_blob;
+  sqlite::Statement find_blob;  // by its key: the content's digest or a placeholder
   sqlite::Statement insert_blob;
+  // Keys a placeholder row by its content, or (another row has that key
+  // already) hands its entries to that row (store_served_files.cc).
+  sqlite::Statement content_row;
+  sqlite::Statement key_by_content;
+  sqlite::Statement move_blob_references;
+  int64_t next_blob_id = 1;  // a new row's id, which its placeholder key is made of
   sqlite::Statement insert_entry;
   sqlite::Statement insert_entry_blob;
   sqlite::Statement orphan_blobs;
@@ -135,7 +165,6 @@ struct ArtifactStore::Writer {
   sqlite::Statement bytes_in_range;
   sqlite::Statement entries_with_blob;
   sqlite::Statement file_blob_exists;
-  sqlite::Statement blob_exists;
   sqlite::Statement entries_after;
   sqlite::Statement record_served_copy;
   sqlite::Statement record_index;
@@ -154,6 +183,7 @@ struct ArtifactStore::Writer {
 struct ArtifactStore::PreparedBlob {
   std::string name;
   std::string digest;
+  std::string store_key;  // a placeholder once stored as a row of its own; else the digest
   uint64_t size = 0;
   store_internal::Codec codec = store_internal::kRaw;
   std::string stored;  // the bytes as stored; empty for file blobs once written

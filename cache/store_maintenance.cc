@@ -144,24 +144,27 @@ void ArtifactStore::MaintenanceLoop() {
 
 absl::StatusOr<ArtifactStore::VerifyReport> ArtifactStore::VerifyAll() {
   VerifyReport report;
-  std::vector<std::pair<std::string, std::string>> broken;  // digest, reason
+  std::vector<BrokenBlob> broken;
   {
     ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
     // One read transaction: blobs dropped meanwhile by eviction are not seen.
     ASSIGN_OR_RETURN(sqlite::Statement all,
-                     reader->db->Prepare("SELECT digest, size, codec, location, data FROM blobs"));
+                     reader->db->Prepare("SELECT digest, coalesce(content_digest, digest), size, codec, "
+                                         "location, data FROM blobs"));
     while (!stop_requested_.load()) {
       ASSIGN_OR_RETURN(bool row, all.Step());
       if (!row) break;
       ++report.blobs_checked;
-      const std::string digest(all.ColumnBlob(0));
+      const std::string digest(all.ColumnBlob(1));
       absl::StatusOr<std::string> content =
-          ReadBlobContent(all.ColumnInt(2), all.ColumnInt(3), all.ColumnBlob(4), digest,
-                          static_cast<uint64_t>(all.ColumnInt(1)), IntegrityCheck::kHashEverything);
-      if (!content.ok()) broken.emplace_back(digest, std::string(content.status().message()));
+          ReadBlobContent(all.ColumnInt(3), all.ColumnInt(4), all.ColumnBlob(5), digest,
+                          static_cast<uint64_t>(all.ColumnInt(2)), IntegrityCheck::kHashEverything);
+      if (!content.ok()) {
+        broken.push_back({std::string(all.ColumnBlob(0)), digest, std::string(content.status().message())});
+      }
     }
   }
-  for (const auto& [digest, reason] : broken) DropCorruptBlob(digest, reason);
+  for (const BrokenBlob& blob : broken) DropCorruptBlob(blob);
   report.corrupt_blobs = broken.size();
   return report;
 }

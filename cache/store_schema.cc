@@ -1,4 +1,4 @@
-// The index's schema as SQL, its migrations from versions 1 and 2, and its open.
+// The index's schema as SQL, its migrations from versions 1 to 3, and its open.
 
 #include "cache/store_schema.h"
 
@@ -15,10 +15,18 @@
 namespace kiln::cache::store_internal {
 namespace {
 
-constexpr int64_t kSchemaVersion = 3;
+constexpr int64_t kSchemaVersion = 4;
 
-// Version 3 (its tables are version 2's). Blobs are shared between entries; a blob row is deleted when no
-// entry references it any more. Sizes are in bytes; times in unix milliseconds.
+// Version 4. Blobs are shared between entries; a blob row is deleted when no
+// entry references it any more. A blob row is found by its content's digest
+// (deduplicated) unless it is a small one no local client has asked for as a
+// file: its `digest` is then a placeholder (store_internal::PlaceholderKey,
+// after its id, so new rows append to the index and old ones leave from its
+// front) and `content_digest` is the content's. Keyed by content, each of the
+// many small blobs a farm's cache takes and evicts would write a random page
+// of the digest index (a quarter of eviction's writes at 300k entries);
+// those a local client reads as files are keyed by content when served
+// (store_served_files.cc), as file blobs always are. Sizes are in bytes; times in unix milliseconds.
 // LRU order uses a logical clock rather than wall time, so a clock step or two
 // uses within one millisecond cannot reorder it. The served files
 // (served_files.h) are recorded: which copies a blob has and what an entry's
@@ -27,12 +35,13 @@ constexpr int64_t kSchemaVersion = 3;
 constexpr absl::string_view kSchema = R"sql(
 CREATE TABLE blobs (
   id          INTEGER PRIMARY KEY,
-  digest      BLOB NOT NULL UNIQUE,   -- SHA-256 of the uncompressed content
+  digest      BLOB NOT NULL UNIQUE,   -- SHA-256 of the uncompressed content, or a placeholder
   size        INTEGER NOT NULL,       -- uncompressed
   stored_size INTEGER NOT NULL,       -- as stored, counted against the cap
   codec       INTEGER NOT NULL,       -- 0 raw, 1 zstd
   location    INTEGER NOT NULL,       -- 0 inline in `data`, 1 file blobs/<hh>/<hex>
-  data        BLOB
+  data        BLOB,
+  content_digest BLOB                 -- SHA-256 of the content where `digest` is a placeholder
 );
 CREATE TABLE entries (
   id           INTEGER PRIMARY KEY,
@@ -100,6 +109,10 @@ ALTER TABLE entries ADD COLUMN index_namespace TEXT;
 ALTER TABLE entries ADD COLUMN index_disk_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE entries ADD COLUMN link_extension TEXT;
 )sql";
+// From version 3, whose blobs were all keyed by content.
+constexpr absl::string_view kMigrationFrom3 = R"sql(
+ALTER TABLE blobs ADD COLUMN content_digest BLOB;
+)sql";
 // From version 2, whose served files fanned out 256 ways (served_files.cc):
 // they are retired like version 1's, and their records with them. The totals
 // a clean stop saved count them: the open after this counts the store again.
@@ -166,15 +179,18 @@ absl::StatusOr<OpenedIndex> OpenIndex(const std::filesystem::path& path,
                                        "; PRAGMA cache_size = ", -kWriterCacheKiB)));
   if (found_version < kSchemaVersion) {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(db));
-    const absl::string_view migration = found_version == 0   ? kSchema
-                                        : found_version == 1 ? kMigrationFrom1
-                                                             : kMigrationFrom2;
-    // A version 2 store made before some of its tables were has them first.
-    if (found_version == 2) RETURN_IF_ERROR(db.Exec(kVersion2Tables));
-    RETURN_IF_ERROR(db.Exec(migration));
+    if (found_version == 0) RETURN_IF_ERROR(db.Exec(kSchema));
+    if (found_version == 1) RETURN_IF_ERROR(db.Exec(kMigrationFrom1));
+    if (found_version == 2) {
+      // A version 2 store made before some of its tables were has them first.
+      RETURN_IF_ERROR(db.Exec(kVersion2Tables));
+      RETURN_IF_ERROR(db.Exec(kMigrationFrom2));
+    }
+    // A column added: instant, whatever the store holds.
+    if (found_version != 0) RETURN_IF_ERROR(db.Exec(kMigrationFrom3));
     RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
     RETURN_IF_ERROR(txn.Commit());
-    if (found_version != 0) retire_served_files();
+    if (found_version == 1 || found_version == 2) retire_served_files();
   }
   RETURN_IF_ERROR(db.Exec(kVersion2Tables));
   index.found_version = found_version;

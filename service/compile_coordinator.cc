@@ -288,7 +288,9 @@ void CompileCoordinator::RecordAlias(const cache::CacheEntry& entry, const Alias
   for (const cache::BlobInput& blob : alias.client_artifacts) clients.insert(blob.name);
   cache::ArtifactStore::NamedDigests shared;
   for (const cache::StoredBlob& blob : entry.blobs) {
-    if (!clients.contains(blob.name)) shared.emplace_back(blob.name, blob.digest);
+    if (!clients.contains(blob.name)) {
+      shared.emplace_back(blob.name, blob.store_key.empty() ? blob.digest : blob.store_key);
+    }
   }
   // A lost alias only costs the client a later Compile; the result stands.
   // A full disk the store reports itself, once.
@@ -356,7 +358,7 @@ cache::CacheEntry CompileCoordinator::UnstoredEntry(const compiler::Parts& artif
   cache::CacheEntry entry;
   entry.created = absl::Now();
   for (const auto& [name, data] : artifacts) {
-    cache::StoredBlob blob{name, DigestBytes(Sha256(data)), data.size(), std::nullopt, std::nullopt};
+    cache::StoredBlob blob{name, DigestBytes(Sha256(data)), data.size(), "", std::nullopt, std::nullopt};
     if (!have.contains(blob.digest)) blob.data = data;
     entry.blobs.push_back(std::move(blob));
   }

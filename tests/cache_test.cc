@@ -202,11 +202,24 @@ TEST_F(ArtifactStoreTest, ManifestReferencesStoredBlobsBesideNewOnes) {
   absl::StatusOr<std::vector<StoredBlob>> stored = store->Put("shared", "result", KernelBlobs(1));
   ASSERT_TRUE(stored.ok());
   ArtifactStore::NamedDigests references;
-  for (const StoredBlob& blob : *stored) references.emplace_back(blob.name, blob.digest);
+  // A small blob is named by its store key (a row of the entry's, not found by content).
+  for (const StoredBlob& blob : *stored) {
+    references.emplace_back(blob.name, blob.store_key.empty() ? blob.digest : blob.store_key);
+    EXPECT_EQ(blob.store_key.empty(), blob.name == "k.cubin") << blob.name;
+  }
+  const uint64_t blobs_before = store->Stats()->blobs;
   ASSERT_TRUE(store->Put("triton", "alias", {{"k.ttir", "client ttir", ""}}, references).ok());
+  EXPECT_EQ(store->Stats()->blobs, blobs_before + 1) << "the alias shares the entry's blobs";
   absl::StatusOr<CacheEntry> alias = store->Lookup("triton", "alias");
   ASSERT_TRUE(alias.ok()) << alias.status();
   EXPECT_EQ(alias->blobs.size(), stored->size() + 1);
+  // The entry is replaced: the alias keeps the blobs it shares.
+  ASSERT_TRUE(store->Put("shared", "result", KernelBlobs(2)).ok());
+  std::vector<BlobInput> expected = KernelBlobs(1);
+  expected.push_back({"k.ttir", "client ttir", ""});
+  alias = store->Lookup("triton", "alias");
+  ASSERT_TRUE(alias.ok()) << alias.status();
+  ExpectEntryMatches(*alias, expected);
   // A reference to a blob the store does not hold is refused, and nothing is stored.
   EXPECT_TRUE(absl::IsFailedPrecondition(
       store->Put("triton", "bad", {}, {{"k.cubin", std::string(32, 'x')}}).status()));
@@ -247,7 +260,7 @@ TEST_F(ArtifactStoreTest, ReopenedStoreServesWhatWasCommitted) {
       ASSERT_TRUE(store->Put("triton", absl::StrCat("key", i), KernelBlobs(i)).ok());
     }
   }
-  EXPECT_EQ(QueryText("PRAGMA user_version"), "3");
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "4");
   EXPECT_EQ(QueryText("SELECT count(*) FROM entries"), "5");
   auto store = OpenStore(Options());
   for (uint32_t i = 0; i < 5; ++i) {
@@ -312,13 +325,41 @@ TEST_F(ArtifactStoreTest, ReplacingAnEntryFreesBlobsNoLongerUsed) {
   EXPECT_EQ(BlobFiles().size(), 2u);
 }
 
-TEST_F(ArtifactStoreTest, IdenticalBlobsAreStoredOnce) {
+TEST_F(ArtifactStoreTest, IdenticalFileBlobsAreStoredOnceAndSmallOnesOnceServedAsFiles) {
   auto store = OpenStore(Options());
   ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(3)).ok());
   ASSERT_TRUE(store->Put("triton", "b", KernelBlobs(3)).ok());
   absl::StatusOr<StoreStats> stats = store->Stats();
   EXPECT_EQ(stats->entries, 2u);
+  // The cubin (a file) once; the json and ptx (small) a row per entry, each
+  // keyed by a placeholder: no digest index page to write at put or eviction.
+  EXPECT_EQ(stats->blobs, 5u);
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs WHERE length(digest) = 9 AND content_digest IS NOT NULL"), "4");
+  const uint64_t stored_bytes = stats->stored_bytes;
+  // Served as files, each small blob's rows become one, keyed by content,
+  // whose served copy both entries' files name.
+  const ArtifactStore::AsFiles as_files{"triton"};
+  ASSERT_TRUE(store->ServeAsFiles("triton", "a", as_files).ok());
+  EXPECT_EQ(store->Stats()->blobs, 5u);
+  ASSERT_TRUE(store->ServeAsFiles("triton", "b", as_files).ok());
+  stats = store->Stats();
   EXPECT_EQ(stats->blobs, 3u);
+  EXPECT_LT(stats->stored_bytes, stored_bytes);
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs WHERE content_digest IS NOT NULL"), "0");
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs"), "3");
+  EXPECT_EQ(QueryText("SELECT total(stored_size) FROM blobs"),
+            QueryText(absl::StrCat("SELECT ", stats->stored_bytes, ".0")));
+  for (const char* key : {"a", "b"}) {
+    absl::StatusOr<CacheEntry> entry = store->Lookup("triton", key);
+    ASSERT_TRUE(entry.ok()) << entry.status();
+    ExpectEntryMatches(*entry, KernelBlobs(3));
+  }
+  // Entry a goes: b keeps every blob, a's row of nothing is left behind.
+  ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(4)).ok());
+  absl::StatusOr<CacheEntry> entry = store->Lookup("triton", "b");
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  ExpectEntryMatches(*entry, KernelBlobs(3));
+  EXPECT_EQ(store->Stats()->blobs, 6u);
 }
 
 TEST_F(ArtifactStoreTest, RefusesMalformedPuts) {
@@ -839,6 +880,7 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
   const ArtifactStore::AsFiles as_files{"ns"};
   ASSERT_NO_FATAL_FAILURE(FillTwoEntriesServedAsFiles(Options(), 21));
   ExecSql("DROP TABLE served_copies; DROP TABLE leftover_files; "
+          "ALTER TABLE blobs DROP COLUMN content_digest; "
           "ALTER TABLE entries DROP COLUMN index_namespace; "
           "ALTER TABLE entries DROP COLUMN index_disk_bytes; "
           "ALTER TABLE entries DROP COLUMN link_extension; PRAGMA user_version = 1;");
@@ -848,7 +890,7 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
 
   auto store = OpenStore(Options());
   ASSERT_NE(store, nullptr);
-  EXPECT_EQ(QueryText("PRAGMA user_version"), "3");
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "4");
   // Nothing unrecorded is served: the old files are out of the served tree at
   // once (deleted in the background), and the entries are served anew.
   for (const fs::path& file : version1_files) EXPECT_FALSE(fs::exists(file)) << file;
@@ -859,6 +901,31 @@ TEST_F(ArtifactStoreTest, AVersion1DataDirIsMigratedAndItsUnrecordedServedFilesG
   ExpectEntryMatches(*a, KernelBlobs(21));
   ASSERT_TRUE(store->Lookup("ns", "a", {}, &as_files).ok());
   ExpectServedAnewAndEvictedWhole(*store, served_dir);
+}
+
+// A data directory as a version 3 kilnd left it: every blob keyed by its
+// content. It keeps its rows and served files; new small blobs get placeholders.
+TEST_F(ArtifactStoreTest, AVersion3DataDirKeepsItsServedFilesAndNewSmallBlobsGetPlaceholders) {
+  const ArtifactStore::AsFiles as_files{"ns"};
+  ASSERT_NO_FATAL_FAILURE(FillTwoEntriesServedAsFiles(Options(), 41));
+  ASSERT_EQ(QueryText("SELECT count(*) FROM blobs WHERE content_digest IS NOT NULL"), "0");
+  ExecSql("ALTER TABLE blobs DROP COLUMN content_digest; PRAGMA user_version = 3");
+  const std::string served = QueryText("SELECT count(*) FROM served_copies");
+  ASSERT_NE(served, "0");
+
+  auto store = OpenStore(Options());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "4");
+  EXPECT_EQ(QueryText("SELECT count(*) FROM served_copies"), served);
+  absl::StatusOr<CacheEntry> a = store->Lookup("ns", "a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ExpectEntryMatches(*a, KernelBlobs(41));
+  ASSERT_TRUE(store->Put("ns", "c", KernelBlobs(41)).ok());
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs WHERE length(digest) = 9"), "2");
+  absl::StatusOr<CacheEntry> c = store->Lookup("ns", "c", {}, &as_files);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs WHERE length(digest) = 9"), "0") << "served: merged into a's";
+  EXPECT_EQ(QueryText("SELECT count(*) FROM blobs"), "4");  // a's three, b's module
 }
 
 // A data directory as a version 2 kilnd left it at a clean stop: its served
@@ -882,12 +949,12 @@ TEST_F(ArtifactStoreTest, AVersion2DataDirIsMigratedAndItsServedFilesAreServedAn
     version2_files.push_back(old_path);
   }
   ASSERT_EQ(version2_files.size(), 4u + 2u);  // a: 3 files, an index entry; b: a file, its link
-  ExecSql("PRAGMA user_version = 2");
+  ExecSql("ALTER TABLE blobs DROP COLUMN content_digest; PRAGMA user_version = 2");
   ASSERT_TRUE(fs::exists(data_dir / "clean-stop"));
 
   auto store = OpenStore(Options());
   ASSERT_NE(store, nullptr);
-  EXPECT_EQ(QueryText("PRAGMA user_version"), "3");
+  EXPECT_EQ(QueryText("PRAGMA user_version"), "4");
   for (const fs::path& file : version2_files) EXPECT_FALSE(fs::exists(file)) << file;
   EXPECT_EQ(QueryText("SELECT count(*) FROM served_copies"), "0");
   EXPECT_EQ(QueryText("SELECT count(*) FROM entries WHERE index_namespace IS NOT NULL"), "0");
@@ -1013,17 +1080,21 @@ TEST_F(ArtifactStoreTest, VerifyFindsAndDropsEveryCorruptBlob) {
   auto store = OpenStore(options);
   ASSERT_TRUE(store->Put("triton", "a", KernelBlobs(8)).ok());
   ASSERT_TRUE(store->Put("triton", "b", {{"k.json", "{}", ""}}).ok());
+  ASSERT_TRUE(store->Put("triton", "c", {{"k.json", "[1]", ""}}).ok());
   {
     std::fstream stream(BlobFiles().front(), std::ios::in | std::ios::out | std::ios::binary);
     stream.seekp(10);
     stream.put('\x01');
   }
+  // b's blob, a row of its own (a placeholder key), as well as a's file.
+  ExecSql("UPDATE blobs SET data = CAST('[]' AS BLOB) WHERE size = 2");
   absl::StatusOr<ArtifactStore::VerifyReport> report = store->VerifyAll();
   ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_EQ(report->blobs_checked, 4u);
-  EXPECT_EQ(report->corrupt_blobs, 1u);
+  EXPECT_EQ(report->blobs_checked, 5u);
+  EXPECT_EQ(report->corrupt_blobs, 2u);
   EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "a").status()));
-  EXPECT_TRUE(store->Lookup("triton", "b").ok());
+  EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "b").status()));
+  EXPECT_TRUE(store->Lookup("triton", "c").ok());
   EXPECT_EQ(store->VerifyAll()->corrupt_blobs, 0u);
 }
 
