@@ -510,7 +510,7 @@ absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
 
 absl::Status ArtifactStore::ValidateEntry(absl::string_view ns, absl::string_view key,
                                           const std::vector<BlobInput>& blobs,
-                                          const NamedDigests& stored) {
+                                          const BlobReferences& stored) {
   if (ns.empty() || key.empty()) {
     return absl::InvalidArgumentError("a cache entry needs a non-empty namespace and key");
   }
@@ -521,7 +521,7 @@ absl::Status ArtifactStore::ValidateEntry(absl::string_view ns, absl::string_vie
   absl::flat_hash_set<absl::string_view> names;
   std::vector<absl::string_view> all_names;
   for (const BlobInput& blob : blobs) all_names.push_back(blob.name);
-  for (const auto& [name, digest] : stored) all_names.push_back(name);
+  for (const BlobReference& reference : stored) all_names.push_back(reference.name);
   for (absl::string_view name : all_names) {
     if (name.empty() || !names.insert(name).second) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -552,7 +552,7 @@ struct ArtifactStore::QueuedPut {
   absl::string_view ns;
   absl::string_view key;
   std::vector<PreparedBlob> prepared;
-  const NamedDigests* stored = nullptr;
+  const BlobReferences* stored = nullptr;
   bool done = false;  // guarded by put_queue_mutex_
   absl::Status result;
   // Within the group's transaction, until it commits.
@@ -569,7 +569,7 @@ struct ArtifactStore::QueuedPut {
 absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
                                                            absl::string_view key,
                                                            std::vector<BlobInput> blobs,
-                                                           const NamedDigests& stored) {
+                                                           const BlobReferences& stored) {
   RETURN_IF_ERROR(ValidateEntry(ns, key, blobs, stored));
   std::vector<QueuedPut> puts(1);
   QueuedPut& put = puts.front();
@@ -596,7 +596,7 @@ std::vector<absl::Status> ArtifactStore::PutMany(std::vector<EntryInput> entries
 std::vector<absl::Status> ArtifactStore::PutMany(std::vector<EntryInput> entries,
                                                  const ImportMode* import,
                                                  std::vector<ImportedAs>* imported_as) {
-  static const NamedDigests kNoneStored;
+  static const BlobReferences kNoneStored;
   std::vector<absl::Status> results(entries.size());
   std::vector<QueuedPut> puts;
   std::vector<size_t> put_of_entry;  // puts[i] stores entries[put_of_entry[i]]
@@ -823,17 +823,21 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
     RETURN_IF_ERROR(
         w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
   }
-  for (const auto& [name, store_key] : *put.stored) {
-    w.find_blob.BindBlob(1, store_key);
-    ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
-    const int64_t blob_id = known ? w.find_blob.ColumnInt(0) : -1;
-    w.find_blob.Reset();
-    if (!known) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("blob %s of '%s' is no longer stored", DigestHex(store_key), name));
+  for (const BlobReference& reference : *put.stored) {
+    int64_t blob_id = -1;
+    for (const std::string* key : {&reference.store_key, &reference.digest}) {
+      if (key->empty() || blob_id >= 0) continue;
+      w.find_blob.BindBlob(1, *key);
+      ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
+      if (known) blob_id = w.find_blob.ColumnInt(0);
+      w.find_blob.Reset();
+    }
+    if (blob_id < 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "blob %s of '%s' is no longer stored", DigestHex(reference.digest), reference.name));
     }
     RETURN_IF_ERROR(
-        w.insert_entry_blob.Bind(1, entry_id).BindText(2, name).Bind(3, blob_id).Run());
+        w.insert_entry_blob.Bind(1, entry_id).BindText(2, reference.name).Bind(3, blob_id).Run());
   }
   ASSIGN_OR_RETURN(put.freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
   return absl::OkStatus();

@@ -183,8 +183,7 @@ class ArtifactStore {
   absl::StatusOr<uint64_t> RecordHits(absl::string_view ns, const std::vector<std::string>& keys);
 
   // Stores (or replaces) the entry for (ns, key): `blobs` with their data, and
-  // `stored` (name -> a StoredBlob's store_key, or its raw digest where it
-  // has none) naming blobs already in the store, which cost no blob I/O (an
+  // `stored` naming blobs already in the store, which cost no blob I/O (an
   // alias of another entry is only `stored`). Small blobs of `blobs` are
   // stored as rows of this entry's, not shared with equal ones stored before.
   // INVALID_ARGUMENT for no blobs, duplicate or empty names, or data that does
@@ -192,10 +191,18 @@ class ArtifactStore {
   // not stored (e.g. evicted meanwhile); RESOURCE_EXHAUSTED when the disk is
   // full. Returns the manifest of `blobs`: each one's name, digest, size and
   // store_key, no data.
-  using NamedDigests = std::vector<std::pair<std::string, std::string>>;
+  // A blob already stored, under `name` in the new entry: found by the
+  // store_key a manifest or lookup gave it, or (none, or its row was keyed
+  // by content since, as a first read as a file does) by its raw digest.
+  struct BlobReference {
+    std::string name;
+    std::string digest;
+    std::string store_key;
+  };
+  using BlobReferences = std::vector<BlobReference>;
   absl::StatusOr<std::vector<StoredBlob>> Put(absl::string_view ns, absl::string_view key,
                                               std::vector<BlobInput> blobs,
-                                              const NamedDigests& stored = {});
+                                              const BlobReferences& stored = {});
   // Stores many entries as Put stores each, sharing commits: what bulk writers
   // (an import, a farm's sync) send, so that a call's and a commit's costs
   // are shared by many entries. Each entry is stored or refused on its own;
@@ -358,7 +365,7 @@ class ArtifactStore {
   struct QueuedPut;
   // Checks an entry's names before anything of it is prepared.
   static absl::Status ValidateEntry(absl::string_view ns, absl::string_view key,
-                                    const std::vector<BlobInput>& blobs, const NamedDigests& stored);
+                                    const std::vector<BlobInput>& blobs, const BlobReferences& stored);
   // Hashes, compresses and (when large) writes each blob to a temp file.
   absl::StatusOr<std::vector<PreparedBlob>> PrepareBlobs(std::vector<BlobInput> blobs);
   // Stores puts[first, end) in transactions shared with the puts queued

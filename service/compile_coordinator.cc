@@ -286,11 +286,9 @@ void CompileCoordinator::RecordAlias(const cache::CacheEntry& entry, const Alias
   // makes a .ttir too, whose loop variables lost their names in the text.
   absl::flat_hash_set<absl::string_view> clients;
   for (const cache::BlobInput& blob : alias.client_artifacts) clients.insert(blob.name);
-  cache::ArtifactStore::NamedDigests shared;
+  cache::ArtifactStore::BlobReferences shared;
   for (const cache::StoredBlob& blob : entry.blobs) {
-    if (!clients.contains(blob.name)) {
-      shared.emplace_back(blob.name, blob.store_key.empty() ? blob.digest : blob.store_key);
-    }
+    if (!clients.contains(blob.name)) shared.push_back({blob.name, blob.digest, blob.store_key});
   }
   // A lost alias only costs the client a later Compile; the result stands.
   // A full disk the store reports itself, once.

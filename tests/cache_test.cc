@@ -201,11 +201,15 @@ TEST_F(ArtifactStoreTest, ManifestReferencesStoredBlobsBesideNewOnes) {
   auto store = OpenStore(Options());
   absl::StatusOr<std::vector<StoredBlob>> stored = store->Put("shared", "result", KernelBlobs(1));
   ASSERT_TRUE(stored.ok());
-  ArtifactStore::NamedDigests references;
-  // A small blob is named by its store key (a row of the entry's, not found by content).
+  ArtifactStore::BlobReferences references;
   for (const StoredBlob& blob : *stored) {
-    references.emplace_back(blob.name, blob.store_key.empty() ? blob.digest : blob.store_key);
+    references.push_back({blob.name, blob.digest, blob.store_key});
+    // A small blob is a row of the entry's: its store key, not its content, finds it.
     EXPECT_EQ(blob.store_key.empty(), blob.name == "k.cubin") << blob.name;
+    if (!blob.store_key.empty()) {
+      EXPECT_TRUE(absl::IsFailedPrecondition(
+          store->Put("triton", "by-content", {}, {{blob.name, blob.digest, ""}}).status()));
+    }
   }
   const uint64_t blobs_before = store->Stats()->blobs;
   ASSERT_TRUE(store->Put("triton", "alias", {{"k.ttir", "client ttir", ""}}, references).ok());
@@ -213,16 +217,23 @@ TEST_F(ArtifactStoreTest, ManifestReferencesStoredBlobsBesideNewOnes) {
   absl::StatusOr<CacheEntry> alias = store->Lookup("triton", "alias");
   ASSERT_TRUE(alias.ok()) << alias.status();
   EXPECT_EQ(alias->blobs.size(), stored->size() + 1);
-  // The entry is replaced: the alias keeps the blobs it shares.
+  // Read as files, the rows are keyed by content: a reference by their old
+  // store keys still finds them, by digest.
+  ASSERT_TRUE(store->ServeAsFiles("shared", "result", ArtifactStore::AsFiles{"triton"}).ok());
+  ASSERT_TRUE(store->Put("triton", "alias2", {{"k.ttir", "client ttir", ""}}, references).ok());
+  EXPECT_EQ(store->Stats()->blobs, blobs_before + 2);
+  // The entry is replaced: the aliases keep the blobs they share.
   ASSERT_TRUE(store->Put("shared", "result", KernelBlobs(2)).ok());
   std::vector<BlobInput> expected = KernelBlobs(1);
   expected.push_back({"k.ttir", "client ttir", ""});
-  alias = store->Lookup("triton", "alias");
-  ASSERT_TRUE(alias.ok()) << alias.status();
-  ExpectEntryMatches(*alias, expected);
+  for (const char* key : {"alias", "alias2"}) {
+    alias = store->Lookup("triton", key);
+    ASSERT_TRUE(alias.ok()) << alias.status();
+    ExpectEntryMatches(*alias, expected);
+  }
   // A reference to a blob the store does not hold is refused, and nothing is stored.
   EXPECT_TRUE(absl::IsFailedPrecondition(
-      store->Put("triton", "bad", {}, {{"k.cubin", std::string(32, 'x')}}).status()));
+      store->Put("triton", "bad", {}, {{"k.cubin", std::string(32, 'x'), ""}}).status()));
   EXPECT_TRUE(absl::IsNotFound(store->Lookup("triton", "bad").status()));
 }
 
