@@ -174,10 +174,11 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::insert_blob,
        "INSERT INTO blobs (digest, size, stored_size, codec, location, data, id, content_digest) "
        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
-      // Of placeholder row ?1: the row keyed by its content, and its own stored size.
-      {&Writer::content_row,
-       "SELECT c.id, b.stored_size FROM blobs b JOIN blobs c ON c.digest = b.content_digest "
-       "WHERE b.id = ?1"},
+      // The row keyed by placeholder ?1, its stored size, and the row keyed by
+      // its content, if any.
+      {&Writer::placeholder_row,
+       "SELECT b.id, b.stored_size, c.id FROM blobs b LEFT JOIN blobs c ON c.digest = b.content_digest "
+       "WHERE b.digest = ?1"},
       {&Writer::key_by_content,
        "UPDATE blobs SET digest = content_digest, content_digest = NULL WHERE id = ?1"},
       {&Writer::move_blob_references, "UPDATE entry_blobs SET blob_id = ?2 WHERE blob_id = ?1"},
@@ -370,7 +371,8 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
       result.entry.created = absl::FromUnixMillis(lookup.ColumnInt(1));
       StoredBlob blob{std::string(lookup.ColumnText(2)), std::string(lookup.ColumnBlob(3)),
                       static_cast<uint64_t>(lookup.ColumnInt(4)), "", std::nullopt, std::nullopt};
-      if (lookup.ColumnBlob(8) != blob.digest) blob.store_key = std::string(lookup.ColumnBlob(8));
+      const std::string row_key(lookup.ColumnBlob(8));
+      if (row_key != blob.digest) blob.store_key = row_key;
       if (as_files != nullptr && blob.name == kKeyInputsBlob) {
         continue;  // read through Lookup alone
       }
@@ -378,7 +380,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
         if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5), lookup.ColumnInt(6),
                                               lookup.ColumnBlob(7), writes);
             !served.ok()) {
-          broken.push_back({std::string(lookup.ColumnBlob(8)), blob.digest, std::string(served.message())});
+          broken.push_back({row_key, blob.digest, std::string(served.message())});
           continue;
         }
       } else if (!digests_to_skip.contains(blob.digest)) {
@@ -386,8 +388,7 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
             ReadBlobContent(lookup.ColumnInt(5), lookup.ColumnInt(6), lookup.ColumnBlob(7),
                             blob.digest, blob.size, IntegrityCheck::kTrustUnchangedFiles);
         if (!content.ok()) {
-          broken.push_back(
-              {std::string(lookup.ColumnBlob(8)), blob.digest, std::string(content.status().message())});
+          broken.push_back({row_key, blob.digest, std::string(content.status().message())});
           continue;
         }
         blob.data = *std::move(content);
@@ -581,8 +582,7 @@ absl::StatusOr<std::vector<StoredBlob>> ArtifactStore::Put(absl::string_view ns,
   RETURN_IF_ERROR(put.result);
   std::vector<StoredBlob> manifest;
   for (const PreparedBlob& blob : put.prepared) {
-    manifest.push_back({blob.name, blob.digest, blob.size,
-                        blob.store_key == blob.digest ? "" : blob.store_key, std::nullopt, std::nullopt});
+    manifest.push_back({blob.name, blob.digest, blob.size, blob.store_key, std::nullopt, std::nullopt});
   }
   std::sort(manifest.begin(), manifest.end(),
             [](const StoredBlob& a, const StoredBlob& b) { return a.name < b.name; });
@@ -798,8 +798,8 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
         put.published_files.push_back(BlobPath(blob.digest));
       }
       blob_id = w.next_blob_id++;
-      blob.store_key = keyed_by_content ? blob.digest : store_internal::PlaceholderKey(blob_id);
-      w.insert_blob.BindBlob(1, blob.store_key)
+      if (!keyed_by_content) blob.store_key = store_internal::PlaceholderKey(blob_id);
+      w.insert_blob.BindBlob(1, keyed_by_content ? blob.digest : blob.store_key)
           .Bind(2, static_cast<int64_t>(blob.size))
           .Bind(3, static_cast<int64_t>(blob.stored_size))
           .Bind(4, blob.codec)

@@ -56,9 +56,8 @@ inline std::string IdsAsJson(const std::vector<int64_t>& ids) {
 }
 
 // The key of a blob row not keyed by its content's digest (store_schema.cc):
-// a zero byte and its id, big-endian, so that keys ascend with ids. A
-// SHA-256 digest has 32 bytes: no placeholder is ever one.
-inline constexpr size_t kPlaceholderKeySize = 9;
+// a zero byte and its id, big-endian (9 bytes), so that keys ascend with ids.
+// A SHA-256 digest has 32 bytes: no placeholder is ever one.
 inline std::string PlaceholderKey(int64_t blob_id) {
   std::string key(1, '\0');
   for (int shift = 56; shift >= 0; shift -= 8) {
@@ -66,7 +65,6 @@ inline std::string PlaceholderKey(int64_t blob_id) {
   }
   return key;
 }
-inline bool IsPlaceholderKey(absl::string_view key) { return key.size() == kPlaceholderKeySize; }
 
 }  // namespace store_internal
 
@@ -150,7 +148,7 @@ struct ArtifactStore::Writer {
   sqlite::Statement insert_blob;
   // Keys a placeholder row by its content, or (another row has that key
   // already) hands its entries to that row (store_served_files.cc).
-  sqlite::Statement content_row;
+  sqlite::Statement placeholder_row;
   sqlite::Statement key_by_content;
   sqlite::Statement move_blob_references;
   int64_t next_blob_id = 1;  // a new row's id, which its placeholder key is made of
@@ -183,7 +181,7 @@ struct ArtifactStore::Writer {
 struct ArtifactStore::PreparedBlob {
   std::string name;
   std::string digest;
-  std::string store_key;  // a placeholder once stored as a row of its own; else the digest
+  std::string store_key;  // its placeholder, once stored as a row of its own; else empty
   uint64_t size = 0;
   store_internal::Codec codec = store_internal::kRaw;
   std::string stored;  // the bytes as stored; empty for file blobs once written

@@ -26,8 +26,8 @@ namespace fs = std::filesystem;
 absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
                                         absl::string_view inline_data, ServedWrites& writes) {
   const std::optional<std::string> extension = ServedFiles::ExtensionOf(blob.name);
-  if (extension.has_value() && !blob.store_key.empty()) writes.to_key_by_content.push_back(blob.store_key);
   if (extension.has_value()) {
+    if (!blob.store_key.empty()) writes.to_key_by_content.push_back(blob.store_key);
     if (std::optional<fs::path> served = served_files_.Find(blob.digest, *extension)) {
       blob.file = *std::move(served);
       return absl::OkStatus();
@@ -102,12 +102,10 @@ void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view k
       }
       return txn.Commit();
     };
-    absl::Status status = record();
-    if (status.ok()) {
+    if (absl::Status status = record(); status.ok()) {
       stored_bytes_ -= std::min(rows_merged.bytes, stored_bytes_.load());
       blob_count_ -= std::min(rows_merged.blob_rows, blob_count_.load());
-    }
-    if (!status.ok()) {
+    } else {
       // Unrecorded, they would be counted by no one and removed by nothing.
       spdlog::warn("cache: served files of {}/{} not recorded ({}); removing them",
                    ns, key, status.message());
@@ -127,17 +125,16 @@ void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view k
 
 absl::Status ArtifactStore::KeyByContentLocked(absl::string_view placeholder, FreedBlobs& merged) {
   Writer& w = *writer_;
-  w.find_blob.BindBlob(1, placeholder);
-  ASSIGN_OR_RETURN(bool found, w.find_blob.Step());
-  const int64_t row = found ? w.find_blob.ColumnInt(0) : -1;
-  w.find_blob.Reset();
-  if (!found) return absl::OkStatus();  // keyed by content by a lookup before, or evicted
+  sqlite::Statement& rows = w.placeholder_row;
+  rows.BindBlob(1, placeholder);
+  ASSIGN_OR_RETURN(bool found, rows.Step());
+  const int64_t row = found ? rows.ColumnInt(0) : -1;
+  const auto stored_size = found ? static_cast<uint64_t>(rows.ColumnInt(1)) : 0;
   // The content's row, if one has its key already (file blobs, blobs served before).
-  w.content_row.Bind(1, row);
-  ASSIGN_OR_RETURN(bool shared, w.content_row.Step());
-  const int64_t content_row = shared ? w.content_row.ColumnInt(0) : -1;
-  const uint64_t stored_size = shared ? static_cast<uint64_t>(w.content_row.ColumnInt(1)) : 0;
-  w.content_row.Reset();
+  const bool shared = found && !rows.ColumnIsNull(2);
+  const int64_t content_row = shared ? rows.ColumnInt(2) : -1;
+  rows.Reset();
+  if (!found) return absl::OkStatus();  // keyed by content by a lookup before, or evicted
   if (!shared) return w.key_by_content.Bind(1, row).Run();
   RETURN_IF_ERROR(w.move_blob_references.Bind(1, row).Bind(2, content_row).Run());
   RETURN_IF_ERROR(w.delete_blobs.BindText(1, store_internal::IdsAsJson({row})).Run());
