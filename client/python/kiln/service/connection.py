@@ -25,6 +25,10 @@ _CONNECT_TIMEOUT = 2.0
 # closes that way ("Got goaway [2] ... enter idle") to the program's stderr.
 # The next call connects again.
 _IDLE_MS = 60_000
+# grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, without importing grpc.experimental.
+_SINGLE_THREADED_UNARY_STREAM = "SingleThreadedUnaryStream"
+# gRPC's connectivity state of a channel with a live connection (grpc_connectivity_state).
+_READY = grpc.ChannelConnectivity.READY.value[0]
 
 
 def strict():
@@ -119,7 +123,11 @@ class Connection:
     def __init__(self, endpoint):
         self.endpoint = endpoint
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
-                   ("grpc.client_idle_timeout_ms", _IDLE_MS)]
+                   ("grpc.client_idle_timeout_ms", _IDLE_MS),
+                   # A LookupOrClaim stream's answers are read on the thread that
+                   # asks for them, not by a thread gRPC starts for each call: a
+                   # compile's lookup then costs no thread (1-2 ms under Wine).
+                   (_SINGLE_THREADED_UNARY_STREAM, 1)]
         if endpoint.target.startswith("unix:"):
             addresses, tls_name = [endpoint.target], None
         else:
@@ -141,6 +149,15 @@ class Connection:
 
     def same_as(self, endpoint):
         return (self.endpoint.target, self.endpoint.token) == (endpoint.target, endpoint.token)
+
+    def connected(self):
+        """Whether every channel holds a live connection to its kilnd now: an
+        in-memory look at gRPC's state, no call and no file. A kilnd that
+        stopped or restarted (on Windows, on a new port) has closed it."""
+        try:
+            return all(channel._channel.check_connectivity_state(False) == _READY for channel in self.channels)
+        except AttributeError:  # a gRPC without it: the endpoint is read as before
+            return False
 
     def ready(self, timeout):
         """Whether any of its kilnds answers within `timeout`."""
@@ -207,25 +224,39 @@ def _autostart():
 
 _lock_connection = threading.Lock()
 _connection = None
+_connection_configured = None  # (KILN_ENDPOINT, KILN_ENDPOINT_FILE) when _connection was made for the default
 _warned = False
+
+
+def _configured_endpoint():
+    return os.environ.get("KILN_ENDPOINT"), os.environ.get("KILN_ENDPOINT_FILE")
 
 
 def connect(endpoint=None, autostart=True):
     """A ready connection to kilnd, or KilnUnavailable naming what was tried.
     `endpoint`: a gRPC target or a _paths.Endpoint; default: _paths.default_endpoint()."""
-    global _connection
+    global _connection, _connection_configured
+    configured = None
     if endpoint is None:
+        # Every call of a compile asks for the connection: while it is live,
+        # the endpoint it was made for is still kilnd's, and reading kilnd's
+        # endpoint file again (on Windows; 1-2 ms under Wine) tells nothing.
+        configured = _configured_endpoint()
+        connection = _connection
+        if connection is not None and _connection_configured == configured and connection.connected():
+            return connection
         endpoint = _paths.default_endpoint()
     elif isinstance(endpoint, str):
         endpoint = _paths.Endpoint(endpoint)
     with _lock_connection:
         if _connection is not None and _connection.same_as(endpoint):
+            _connection_configured = configured
             return _connection
         connection = _ready_connection(endpoint, _CONNECT_TIMEOUT)
         if connection is None and autostart and endpoint.is_user_default:
             connection = _autostart()
         if connection is not None:
-            _connection = connection
+            _connection, _connection_configured = connection, configured
             return connection
     if endpoint.target and endpoint.target.startswith(_TLS_SCHEME):
         # A TLS handshake that fails looks like no answer at all.
@@ -239,11 +270,11 @@ def connect(endpoint=None, autostart=True):
 
 def forget():
     """Drops the cached connection (after the service went away, or disable())."""
-    global _connection
+    global _connection, _connection_configured
     with _lock_connection:
         if _connection is not None:
             _connection.close()
-        _connection = None
+        _connection, _connection_configured = None, None
 
 
 def fall_back(reason):
