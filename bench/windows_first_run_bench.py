@@ -91,6 +91,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     import conftest as wine  # noqa: E402  (tests/wine)
+
+    for name in hermetic.TEST_SETTINGS:  # Kiln's defaults, not the settings tests/wine gives its tests
+        os.environ.pop(name, None)
     import test_comfyui_path as comfy  # noqa: E402
 
     work = Path(tempfile.mkdtemp(prefix="kiln-windows-bench-", dir=os.environ.get(hermetic.ROOT_VARIABLE)))

@@ -57,6 +57,20 @@ def _isolated(root):
     }
 
 
+# Kiln's settings in every test's processes, unless a test sets its own:
+# KILN_FIRST_COMPILE_HERE=0, because the tests count the kernels kilnd
+# compiles, and a process's first kernel compiled in the process itself
+# (kiln/triton/first_compile.py) would take one from each count. The tests of
+# that turn it on; benches leave Kiln's defaults.
+TEST_SETTINGS = {"KILN_FIRST_COMPILE_HERE": "0"}
+
+
+def apply_test_settings():
+    """Sets TEST_SETTINGS in this process's environment (what it starts inherits them)."""
+    for name, value in TEST_SETTINGS.items():
+        os.environ.setdefault(name, value)
+
+
 def environment(outer, root):
     """`outer` with the account's settings removed and the run's home set."""
     env = {name: value for name, value in outer.items()
@@ -89,7 +103,7 @@ def stock_env(*more_prefixes):
     harness's own variables stay, so the run stays hermetic."""
     prefixes = ("KILN", "TRITON_", *more_prefixes)
     return {name: value for name, value in os.environ.items()
-            if name in HARNESS_VARIABLES or not name.startswith(prefixes)}
+            if name in HARNESS_VARIABLES or name in TEST_SETTINGS or not name.startswith(prefixes)}
 
 
 def processes_of(root):

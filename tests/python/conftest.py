@@ -22,6 +22,7 @@ from built_wheels import build_wheels  # noqa: E402
 # Before any test or fixture runs: none of them reaches this account's kilnd,
 # caches or files (a no-op under scripts/test, which did it already).
 hermetic.enter()
+hermetic.apply_test_settings()
 
 
 from kiln.service import api as _api  # noqa: E402  (the client package's API messages and stub)

@@ -557,6 +557,38 @@ def test_a_compile_while_kilnds_worker_still_starts_runs_here_as_stocks_and_kiln
         assert kilnd.stop() == 0
 
 
+def test_a_process_compiles_its_first_kernel_itself_while_the_client_of_kilnd_loads_and_kilnd_stores_it(
+        base_env, tmp_path, fresh_kilnd, stock_suite):
+    kilnd = fresh_kilnd(f"--toolchain={sys.executable}")
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+               KILN_FIRST_COMPILE_HERE="1")
+
+    def probe(name, kind, **settings):
+        return probe_json(run_probe(dict(env, KILN_FILES_DIR=str(tmp_path / f"{name}-files"),
+                                         TRITON_CACHE_DIR=str(tmp_path / f"{name}-cache"), **settings), kind))
+
+    # Turned off, a process's first miss goes to kilnd like any other.
+    off = probe("off", "first-sm80", KILN_FIRST_COMPILE_HERE="0")
+    assert off["kernels"]["add_fp32-sm80"] == stock_suite["add_fp32-sm80"]
+    assert kilnd.stats().compiles == 1
+    # A process with one kernel, which exits as soon as it has it: kilnd
+    # compiles nothing, and has the kernel once the process is gone.
+    first = probe("first", "first")
+    assert first["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+    assert first["frontend_runs"] == 1 and kilnd.stats().compiles == 1
+    again = probe("again", "first")
+    assert again["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+    assert again["frontend_runs"] == 0, "kilnd lacks the kernel the first process compiled itself"
+    # The suite: both add_fp32 kernels hit, the next kernel is compiled here,
+    # every later one by kilnd; all of them stock's, byte for byte.
+    suite = probe("suite", "suite")
+    assert suite["kernels"] == stock_suite
+    assert kilnd.stats().compiles == 1 + len(stock_suite) - 3
+    hit = probe("hit", "suite")
+    assert hit["kernels"] == stock_suite and hit["frontend_runs"] == 0
+    assert kilnd.stats().compiles == 1 + len(stock_suite) - 3
+
+
 def test_kilnd_serves_at_once_while_it_probes_a_toolchain_it_never_saw_and_a_compile_meanwhile_runs_here(
         base_env, tmp_path, stock_suite):
     # The toolchain's interpreter, through a script that stalls while

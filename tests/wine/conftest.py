@@ -21,6 +21,7 @@ import hermetic  # noqa: E402
 # Before any test or fixture runs: none of them reaches this account's kilnd,
 # Wine prefix, caches or files (a no-op under scripts/test, which did it already).
 hermetic.enter()
+hermetic.apply_test_settings()
 BUILD = Path(os.environ.get("KILN_WINDOWS_BUILD_DIR", REPO / "build-windows"))
 
 

@@ -8,12 +8,15 @@ is kiln.triton.remote), which is imported, and connects, on first need.
 """
 
 import os
+import sys
 
 from triton import knobs
 from triton.runtime.cache import CacheManager
 
+from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.triton import CACHE_MANAGER as _MANAGER
+from kiln.triton import first_compile as _first_compile
 from kiln.triton import versions as _triton_versions
 from kiln.triton.hand_over import hand_over
 from kiln.triton.keys import hex_key
@@ -28,6 +31,7 @@ class KilnCacheManager(CacheManager):
         self._local = not (override or dump) and _triton_versions.supported()
         self._override, self._dump = override, dump
         self._over_kilnd = None
+        self._here = None  # the CompileGroup of a first compile run here (first_compile)
 
     def _kilnd(self):
         if self._over_kilnd is None:
@@ -38,19 +42,40 @@ class KilnCacheManager(CacheManager):
 
     def get_group(self, filename):
         files = _index.lookup("triton", self._hex, filename) if self._local else None
-        if files is None:
-            return self._kilnd().get_group(filename)
-        return hand_over(self.key, files)
+        if files is not None:
+            return hand_over(self.key, files)
+        if self._local and _first_compile.take():
+            from kiln.triton import frontend as _frontend  # not for a process whose kernels are all hits
+
+            self._here = _frontend.begin(self._hex)
+            self._here.compiled_here = True
+            return None
+        return self._kilnd().get_group(filename)
 
     def get_file(self, filename):
         path = _index.lookup_file("triton-files", f"{self._hex}/{filename}", filename) if self._local else None
         return path if path is not None else self._kilnd().get_file(filename)
 
     def put(self, data, filename, binary=True):
-        return self._kilnd().put(data, filename, binary)
+        if self._here is None:
+            return self._kilnd().put(data, filename, binary)
+        # This process's alone, as a compile kilnd stores: kilnd serves the next process its own copy.
+        data = data if isinstance(data, bytes) else str(data).encode()
+        self._here.made[filename] = data
+        path = _files.scratch(filename, data)
+        if "torch._inductor" in sys.modules:  # its static launcher reads the cubin from Triton's cache dir
+            _files.mirror_cubin(path, self.key, filename)
+        return path
 
     def put_group(self, filename, group):
-        return self._kilnd().put_group(filename, group)
+        if self._here is None:
+            return self._kilnd().put_group(filename, group)
+        from kiln.triton import frontend as _frontend
+
+        here, self._here = self._here, None
+        _frontend.finish(here)
+        _first_compile.store(self._hex, here.made)
+        return None
 
 
 def claim_knob():

@@ -322,6 +322,13 @@ _INPUT_STAGE = {"source": "STAGE_TTIR", "ttgir": "STAGE_TTGIR", "llir": "STAGE_L
 
 # Triton's compilation knobs that keep them here when set (3.4 and 3.5 lack the
 # last two).
+def store_compiled_here(hex_key, made):
+    """Stores in kilnd a kernel this process compiled with its own Triton
+    (first_compile): kilnd serves its files, and indexes them, to the next process."""
+    _stub().Put(_api.PutRequest(namespace="triton", key=hex_key, blobs=[
+        _api.blob(name, data) for name, data in made.items()], serve_as_files=True))
+
+
 _KNOBS_KEEPING_STAGES_HERE = ("override", "dump_ir", "use_ir_loc", "disable_line_info", "enable_asan",
                               "store_binary_only", "dump_ir_extract_di_local_variables", "instrumentation_mode")
 
@@ -503,6 +510,9 @@ def stages_hook(*args):
     """Kiln's stages for a compile (triton/stages_hook asks for them)."""
     backend, stages, options, language = args[:4]
     if not _installed:
+        return None
+    group = _frontend.current()
+    if group is not None and group.compiled_here:
         return None
     _frontend.guard_frontends()  # before this compile's make_ir runs
     remote = _RemoteCompile(backend, options, dict(stages))

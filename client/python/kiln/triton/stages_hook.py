@@ -20,9 +20,10 @@ def stages(*args):
     """knobs.runtime.add_stages_inspection_hook: called by a backend with its
     (backend, stages, options, language, ...), Kiln's stages where Kiln is
     active."""
-    if "kiln.triton.remote" not in sys.modules:  # never activated: nothing of Kiln's compiles here
-        return None
-    return sys.modules["kiln.triton.remote"].stages_hook(*args)
+    # Not imported: never activated, nothing of Kiln's compiles here. Still
+    # being imported by another thread (first_compile): not active yet.
+    hook = getattr(sys.modules.get("kiln.triton.remote"), "stages_hook", None)
+    return None if hook is None else hook(*args)
 
 
 def install(knobs):
