@@ -14,6 +14,7 @@ _wmi.pyd aborts Wine 8 when `platform` is queried (left out of the layout)."""
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -71,15 +72,27 @@ def run_python(env, python, *args, timeout=600):
     """python.exe ARGS under Wine: (exit status, its output). Its output is
     read as it comes and taken once it exits, not at end of file: a kilnd.exe
     it started holds the pipe (Wine hands a process's Unix descriptors to
-    those it starts) for as long as it runs."""
+    those it starts) for as long as it runs. Once it exited, what it wrote is
+    in the pipe already: read until nothing more is there (waiting for an end
+    of file would wait on that kilnd.exe)."""
     process = subprocess.Popen(["wine", str(python), *args], env=env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    chunks = []
-    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: process.stdout.read1(65536), b"")),
-                              daemon=True)
-    reader.start()
-    process.wait(timeout=timeout)
-    reader.join(timeout=2)  # what is still in the pipe
+    descriptor, chunks = process.stdout.fileno(), []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            exited = process.poll() is not None  # before the read: what it wrote by then is in the pipe
+            readable, _, _ = select.select([descriptor], [], [], 0 if exited else 0.05)
+            chunk = os.read(descriptor, 65536) if readable else None
+            if chunk:
+                chunks.append(chunk)
+            elif exited or chunk == b"":  # drained, or the end of file: nothing holds the pipe
+                break
+            elif time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(process.args, timeout, b"".join(chunks))
+        process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        process.stdout.close()
     return process.returncode, b"".join(chunks).decode(errors="replace")
 
 
