@@ -320,8 +320,6 @@ _FIRST_STAGE_IN_KILND_AHEAD = "ttgir"
 _INPUT_STAGE = {"source": "STAGE_TTIR", "ttgir": "STAGE_TTGIR", "llir": "STAGE_LLIR", "ptx": "STAGE_PTX"}
 
 
-# Triton's compilation knobs that keep them here when set (3.4 and 3.5 lack the
-# last two).
 def store_compiled_here(hex_key, made):
     """Stores in kilnd a kernel this process compiled with its own Triton
     (first_compile): kilnd serves its files, and indexes them, to the next process."""
@@ -329,6 +327,8 @@ def store_compiled_here(hex_key, made):
         _api.blob(name, data) for name, data in made.items()], serve_as_files=True))
 
 
+# Triton's compilation knobs that keep them here when set (3.4 and 3.5 lack the
+# last two).
 _KNOBS_KEEPING_STAGES_HERE = ("override", "dump_ir", "use_ir_loc", "disable_line_info", "enable_asan",
                               "store_binary_only", "dump_ir_extract_di_local_variables", "instrumentation_mode")
 
