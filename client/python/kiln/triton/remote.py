@@ -380,6 +380,8 @@ class _RemoteCompile:
     def _run(self, ext, module, metadata):
         if self.group is not None and self.group.hex != metadata["hash"]:
             self.group = None  # not the compile this thread looked up last
+        if self.group is not None and self.group.compiled_here:
+            self.stock = True  # Kiln activated as it began, on another thread (first_compile)
         if ext == _FIRST_STAGE_IN_KILND_AHEAD and not self.stock and self._frontend_goes(module, metadata):
             self.first_in_kilnd = ext
         if self.stock or self.order.index(ext) < self.order.index(self.first_in_kilnd):
@@ -510,9 +512,6 @@ def stages_hook(*args):
     """Kiln's stages for a compile (triton/stages_hook asks for them)."""
     backend, stages, options, language = args[:4]
     if not _installed:
-        return None
-    group = _frontend.current()
-    if group is not None and group.compiled_here:
         return None
     _frontend.guard_frontends()  # before this compile's make_ir runs
     remote = _RemoteCompile(backend, options, dict(stages))
