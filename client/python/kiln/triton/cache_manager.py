@@ -16,7 +16,6 @@ from triton.runtime.cache import CacheManager
 from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.triton import CACHE_MANAGER as _MANAGER
-from kiln.triton import first_compile as _first_compile
 from kiln.triton import versions as _triton_versions
 from kiln.triton.hand_over import hand_over
 from kiln.triton.keys import hex_key
@@ -44,8 +43,10 @@ class KilnCacheManager(CacheManager):
         files = _index.lookup("triton", self._hex, filename) if self._local else None
         if files is not None:
             return hand_over(self.key, files)
+        from kiln.triton import first_compile as _first_compile  # not for a process whose kernels are all hits
+
         if self._local and _first_compile.take():
-            from kiln.triton import frontend as _frontend  # not for a process whose kernels are all hits
+            from kiln.triton import frontend as _frontend
 
             self._here = _frontend.begin(self._hex)
             self._here.compiled_here = True
@@ -70,6 +71,7 @@ class KilnCacheManager(CacheManager):
     def put_group(self, filename, group):
         if self._here is None:
             return self._kilnd().put_group(filename, group)
+        from kiln.triton import first_compile as _first_compile
         from kiln.triton import frontend as _frontend
 
         here, self._here = self._here, None
