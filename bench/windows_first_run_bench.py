@@ -127,11 +127,14 @@ def main():
                     shutil.move(str(kept / relative.replace("/", "-")), str(kiln_home / relative))
 
         def forget_the_suite():
-            """kilnd.exe running keeps its worker; its entries and the client's index go."""
+            """kilnd.exe running keeps its worker; its entries and the client's index go.
+            Not its hits journal's folder: kilnd makes it as it starts, and
+            without it every warm process made a RecordHits call at exit, whose
+            gRPC import cost 0.3-0.6 s, which a user's warm process never pays."""
             subprocess.run(["wine", str(kiln_exe), "--no-autostart", "gc", "0"], env=env, check=True,
                            capture_output=True, timeout=120)
             for entry in (kiln_home / "files").iterdir():
-                if entry.name != "memos":
+                if entry.name not in ("memos", "hits"):
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
         def suite(kind, round_index):

@@ -517,3 +517,49 @@ def test_a_user_profile_whose_name_has_a_space(binaries, release, python_embeded
         print(f"profile 'C:\\users\\Comfy User': stock {outcome(*stock)}; Kiln ok, cold and warm")
     finally:
         subprocess.run(["wineserver", "-k"], env=wine, capture_output=True)
+
+
+INSTALL_FINGERPRINT = r'''
+import json, os, sys, time
+from kiln.triton import memos
+root = sys.argv[1]
+deep = os.path.join(root, "pkg", "deep")
+os.makedirs(os.path.join(root, "pkg", "__pycache__"))
+os.makedirs(deep)
+module = os.path.join(deep, "module.py")
+with open(module, "w") as written:
+    written.write("x = 1\n")
+seen = {"first": memos.tree_fingerprint(root)}
+seen["again"] = memos.tree_fingerprint(root)
+with open(os.path.join(root, "pkg", "__pycache__", "module.cpython-313.pyc"), "wb") as written:
+    written.write(b"bytecode")
+seen["bytecode written"] = memos.tree_fingerprint(root)
+time.sleep(0.05)  # a later modification time
+with open(module, "w") as written:
+    written.write("x = 22\n")
+seen["module edited"] = memos.tree_fingerprint(root)
+with open(os.path.join(deep, "new.py"), "w") as written:
+    written.write("")
+seen["file added"] = memos.tree_fingerprint(root)
+os.makedirs(os.path.join(deep, "empty", "emptier"))  # no file, only directories
+seen["directories added"] = memos.tree_fingerprint(root)
+seen["missing"] = memos.tree_fingerprint(os.path.join(root, "missing"))
+print(json.dumps(seen))
+'''
+
+
+def test_the_install_fingerprint_that_keeps_triton_key_follows_a_windows_tree(wine, python_embeded, toolchain,
+                                                                            tmp_path):
+    """triton_key() is remembered while the fingerprint of Triton's install is
+    the same (kiln.triton.memos). On Windows a directory listing carries each
+    entry's stat, so directories below the root are taken from their parent's
+    listing, not stat'ed: every change to a file or directory at any depth
+    must still change the fingerprint, and bytecode written on import must not."""
+    only_once(toolchain, "The fingerprint's Windows listing")
+    status, output = run_python(wine, python_embeded, "-c", INSTALL_FINGERPRINT, windows_path(tmp_path / "tree"))
+    assert status == 0, output[-3000:]
+    seen = json.loads(output.strip().splitlines()[-1])
+    assert seen["first"] and seen["again"] == seen["first"] == seen["bytecode written"]
+    changes = [seen[name] for name in ("first", "module edited", "file added", "directories added")]
+    assert len(set(changes)) == len(changes), seen
+    assert seen["missing"] is None

@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import shutil
+import stat as stat_flags
 import sys
 import sysconfig
 import threading
@@ -287,25 +288,39 @@ def tree_fingerprint(root):
     """A digest of the stat of every file and directory under `root`, bytecode
     caches aside (Python writes them as it imports); None when the tree cannot
     be read. Symbolic links are followed, each directory once."""
-    lines, pending, seen = [], [root], set()
+    lines, pending, seen = [], [(root, None)], set()
     try:
         while pending:
-            directory = pending.pop()
-            stat = os.stat(directory)
-            if (stat.st_dev, stat.st_ino) in seen:
-                continue
-            seen.add((stat.st_dev, stat.st_ino))
-            lines.append(_stat_line(directory, stat))
+            directory, listed = pending.pop()
+            if listed is None:
+                listed = os.stat(directory)
+                if (listed.st_dev, listed.st_ino) in seen:
+                    continue
+                seen.add((listed.st_dev, listed.st_ino))
+            lines.append(_stat_line(directory, listed))
             with os.scandir(directory) as entries:
                 for entry in entries:
                     if entry.is_dir():
                         if entry.name != "__pycache__":
-                            pending.append(entry.path)
+                            pending.append((entry.path, _stat_from_listing(entry)))
                     else:
                         lines.append(_stat_line(entry.path, entry.stat()))
     except OSError:
         return None
     return digest_of(lines)
+
+
+def _stat_from_listing(directory_entry):
+    """The stat of a directory as its parent's listing has it, where that costs
+    no call of its own: on Windows, for a directory that is no link or
+    junction (a listing holds each entry's times and size; about 1 ms a
+    directory under Wine, 60 in triton-windows). Only a link can lead to a
+    directory twice, so only a link needs the index number (which a Windows
+    listing lacks) to follow each once. None elsewhere: os.stat it."""
+    if sys.platform != "win32":
+        return None  # a POSIX listing has no stats: entry.stat() would be a stat call anyway
+    listed = directory_entry.stat(follow_symlinks=False)
+    return None if listed.st_file_attributes & stat_flags.FILE_ATTRIBUTE_REPARSE_POINT else listed
 
 
 def digest_of(stat_lines):
