@@ -400,6 +400,43 @@ def _note_grpc_import(path):
     sys.addaudithook(hook)
 
 
+def _hold_client_load():
+    """Holds the import of kilnd's client (kiln.triton.remote) until the probe's
+    mode has run, 60 s at most: every compile meanwhile is one that Kiln
+    runs while its client loads (kiln/triton/first_compile), however fast the
+    machine. Held in the module's execution, not in a finder, which Python
+    asks under its global import lock. Returns (the event that lets it go
+    on, a list that has an item once the module is loaded)."""
+    import importlib.abc
+    import importlib.machinery
+    import threading
+
+    let_go, loaded = threading.Event(), []
+
+    class HeldLoader(importlib.abc.Loader):
+        def __init__(self, loader):
+            self.loader = loader
+
+        def create_module(self, spec):
+            return self.loader.create_module(spec)
+
+        def exec_module(self, module):
+            let_go.wait(60)
+            self.loader.exec_module(module)
+            loaded.append(True)
+
+    class Held(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "kiln.triton.remote":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+            spec.loader = HeldLoader(spec.loader)
+            return spec
+
+    sys.meta_path.insert(0, Held())
+    return let_go, loaded
+
+
 def put_file():
     """What the autotuner does outside a compile: a file put through Triton's
     cache manager, and read back."""
@@ -604,6 +641,7 @@ def main():
         import kiln
 
         kiln.disable()
+    client_load = _hold_client_load() if "--hold-client-load" in sys.argv else None
     mode = sys.argv[1]
     result = {"suite": suite, "ptxas-error": ptxas_error, "spawn-child": spawn_child,
               "launcher": lambda: launcher(sys.argv[2]), "launchers": launchers,
@@ -621,6 +659,10 @@ def main():
               "autotune-warmup-failing": lambda: autotune_warmup(failing=True),
               "autotune-benchmarks": autotune_benchmarks, "autotune-timed": autotune_timed}[mode]()
     result["frontend_runs"] = frontend_runs
+    if client_load is not None:
+        let_go, loaded = client_load
+        result["client_loaded_meanwhile"] = bool(loaded)
+        let_go.set()
     import os
 
     result["cache_manager"] = os.environ.get("TRITON_CACHE_MANAGER")

@@ -43,6 +43,33 @@ def test_configs_compile_at_once_through_kilnd_into_stocks_kernels(base_env, kil
     assert kilnd.stats().compiles == after.compiles
 
 
+def test_configs_missed_while_the_client_of_kilnd_loads_compile_here_at_once_and_kilnd_stores_them(
+        base_env, fresh_kilnd, tmp_path):
+    """A process's first compiles run in the process while kilnd's client
+    loads (kiln/triton/first_compile), a compile ahead's too: here the load
+    is held until the probe's work is done, so that every compile is one."""
+    stock = probe_json(run_probe(base_env, "autotune-warmup"))
+    kilnd = fresh_kilnd(f"--toolchain={sys.executable}")
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+               KILN_FIRST_COMPILE_HERE="1")
+    here = probe_json(run_probe(env, "autotune-warmup", "--hold-client-load"))
+    assert here["kernels"] == stock["kernels"] and not here["client_loaded_meanwhile"]
+    # Compiled ahead, in the threads, each stage here: stock's kernels.
+    assert here["frontend_threads"] == ["kiln-compile"] and here["ttgir_made_here"] == 4
+    assert kilnd.stats().compiles == 0
+    # Stored once the client loaded: a process with no files of its own gets them all.
+    elsewhere = dict(env, TRITON_CACHE_DIR=str(tmp_path / "other-triton"), KILN_FILES_DIR=str(tmp_path / "other-files"))
+    served = probe_json(run_probe(elsewhere, "autotune-warmup"))
+    assert served["kernels"] == stock["kernels"] and served["frontend_threads"] == []
+    assert kilnd.stats().compiles == 0
+    # Benchmarks still wait for the Python of a compile here (its frontend, its
+    # stages). Of its 8 configs, the 4 the warmup had not compiled are compiled here.
+    timed = probe_json(run_probe(dict(env, KILN_COMPILE_THREADS="4"), "autotune-timed", "--hold-client-load"))
+    assert timed["benchmarks"] == 8 and timed["frontends_in_threads"] == 4, timed
+    assert timed["overlapping"] == 0 and not timed["client_loaded_meanwhile"], timed
+    assert kilnd.stats().compiles == 0
+
+
 def test_a_compile_ahead_under_a_compiler_debugging_variable_makes_its_ttgir_here(base_env, kiln_env):
     """Variables such as MLIR_ENABLE_TIMING show their output as the stages
     run: the user's process runs them, as stock."""

@@ -579,14 +579,16 @@ def test_a_process_compiles_its_first_kernel_itself_while_the_client_of_kilnd_lo
     again = probe("again", "first")
     assert again["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
     assert again["frontend_runs"] == 0, "kilnd lacks the kernel the first process compiled itself"
-    # The suite: both add_fp32 kernels hit, the next kernel is compiled here,
-    # every later one by kilnd; all of them stock's, byte for byte.
+    # The suite: both add_fp32 kernels hit, the next kernel is compiled here
+    # (and any other that misses before the client has loaded), every later
+    # one by kilnd; all of them stock's, byte for byte, and all stored.
     suite = probe("suite", "suite")
     assert suite["kernels"] == stock_suite
-    assert kilnd.stats().compiles == 1 + len(stock_suite) - 3
+    by_kilnd = kilnd.stats().compiles - 1
+    assert 0 < by_kilnd <= len(stock_suite) - 3
     hit = probe("hit", "suite")
     assert hit["kernels"] == stock_suite and hit["frontend_runs"] == 0
-    assert kilnd.stats().compiles == 1 + len(stock_suite) - 3
+    assert kilnd.stats().compiles == 1 + by_kilnd
 
 
 def test_kilnd_serves_at_once_while_it_probes_a_toolchain_it_never_saw_and_a_compile_meanwhile_runs_here(

@@ -167,21 +167,35 @@ def python_part_done(compile_ended=False):
     """Ends this thread's turn: its compile reached stages that let go of the
     GIL. Does nothing outside a turn, unless the compile ended: then this
     thread runs no more Python of it either (resume_python said it would)."""
-    global _turn_now, _turn_since
     ticket = getattr(_this_thread, "turn", None)
     if ticket is None and not compile_ended:
         return
     _this_thread.turn = None
     with _turns:
         _stop_running_python()
-        if ticket is None:
-            return
-        _turns_ended.add(ticket)
-        while _turn_now in _turns_ended:
-            _turns_ended.remove(_turn_now)
-            _turn_now += 1
-            _turn_since = time.perf_counter()
-        _turns.notify_all()
+        if ticket is not None:
+            _end_turn_locked(ticket)
+
+
+def end_turn():
+    """Ends this thread's turn, its compile still running Python (a timed region
+    waits for it): the next compile's turn begins. Does nothing outside a turn."""
+    ticket = getattr(_this_thread, "turn", None)
+    if ticket is None:
+        return
+    _this_thread.turn = None
+    with _turns:
+        _end_turn_locked(ticket)
+
+
+def _end_turn_locked(ticket):
+    global _turn_now, _turn_since
+    _turns_ended.add(ticket)
+    while _turn_now in _turns_ended:
+        _turns_ended.remove(_turn_now)
+        _turn_now += 1
+        _turn_since = time.perf_counter()
+    _turns.notify_all()
 
 
 def has_unreported():

@@ -381,7 +381,7 @@ class _RemoteCompile:
         if self.group is not None and self.group.hex != metadata["hash"]:
             self.group = None  # not the compile this thread looked up last
         if self.group is not None and self.group.compiled_here:
-            self.stock = True  # Kiln activated as it began, on another thread (first_compile)
+            self.stock = True  # run here while this client loaded, on another thread (first_compile)
         if ext == _FIRST_STAGE_IN_KILND_AHEAD and not self.stock and self._frontend_goes(module, metadata):
             self.first_in_kilnd = ext
         if self.stock or self.order.index(ext) < self.order.index(self.first_in_kilnd):
