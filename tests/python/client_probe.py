@@ -648,6 +648,7 @@ def main():
               "unloadable-launcher": lambda: unloadable_launcher(*sys.argv[2:4]),
               "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
               "first-sm80": lambda: suite(kernel_suite.SUITE[:1], (80,)),
+              "first-sm89-twice": lambda: suite(kernel_suite.SUITE[:1], (89, 89)),
               "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),
               "device-dependent": device_dependent, "early-launcher": early_launcher,
               "deferred-texts": deferred_texts, "text-gone": text_gone,

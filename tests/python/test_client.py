@@ -589,6 +589,13 @@ def test_a_process_compiles_its_first_kernel_itself_while_the_client_of_kilnd_lo
     hit = probe("hit", "suite")
     assert hit["kernels"] == stock_suite and hit["frontend_runs"] == 0
     assert kilnd.stats().compiles == 1 + by_kilnd
+    # A kernel compiled here is this process's own hit at once, as stock's files
+    # are, while kilnd does not have it yet (the client's load held meanwhile).
+    twice = probe_json(run_probe(dict(env, KILN_FILES_DIR=str(tmp_path / "twice-files"),
+                                      TRITON_CACHE_DIR=str(tmp_path / "twice-cache")),
+                                 "first-sm89-twice", "--hold-client-load"))
+    assert twice["frontend_runs"] == 1 and not twice["client_loaded_meanwhile"], twice
+    assert kilnd.stats().compiles == 1 + by_kilnd
 
 
 def test_kilnd_serves_at_once_while_it_probes_a_toolchain_it_never_saw_and_a_compile_meanwhile_runs_here(

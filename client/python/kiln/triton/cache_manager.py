@@ -41,6 +41,8 @@ class KilnCacheManager(CacheManager):
 
     def get_group(self, filename):
         files = _index.lookup("triton", self._hex, filename) if self._local else None
+        if files is None and self._local and "kiln.triton.first_compile" in sys.modules:
+            files = sys.modules["kiln.triton.first_compile"].lookup(self._hex, filename)  # kilnd may not have it yet
         if files is not None:
             return hand_over(self.key, files)
         from kiln.triton import first_compile as _first_compile  # not for a process whose kernels are all hits
@@ -76,7 +78,7 @@ class KilnCacheManager(CacheManager):
 
         here, self._here = self._here, None
         _frontend.finish(here)
-        _first_compile.store(self._hex, here.made)
+        _first_compile.store(self._hex, here.made, group)
         return None
 
 

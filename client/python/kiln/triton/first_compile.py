@@ -42,6 +42,10 @@ _queued = []  # (hex key, {file name: bytes}) compiled here, for the loader to s
 _storing = 0  # kernels queued or being stored
 _exiting = False
 _loader = None
+# hex key -> {file name: path} of each kernel compiled here: this process's own
+# hits until it exits, as stock's files are once written (kilnd has it only
+# once the loader stored it).
+_compiled_here = {}
 
 # At exit, how long the process waits for the kernels it compiled to reach kilnd.
 _EXIT_WAIT_SECONDS = 5.0
@@ -72,15 +76,24 @@ def take():
     return True
 
 
-def store(hex_key, made):
-    """Has the loader put a compile's files into kilnd, once it is connected."""
+def store(hex_key, made, group):
+    """Has the loader put a compile's files (`made`: {file name: bytes}) into
+    kilnd, once it is connected; `group` ({file name: path}) is this process's
+    copy, which lookup() finds meanwhile."""
     global _storing
     with _to_store:
+        _compiled_here[hex_key] = dict(group)
         if _gave_up:
             return
         _queued.append((hex_key, made))
         _storing += 1
         _to_store.notify_all()
+
+
+def lookup(hex_key, name):
+    """{file name: path} of a kernel this process compiled here that has `name`; None otherwise."""
+    files = _compiled_here.get(hex_key)
+    return files if files is not None and name in files else None
 
 
 def _load_and_store():
