@@ -41,18 +41,18 @@ class KilnCacheManager(CacheManager):
 
     def get_group(self, filename):
         files = _index.lookup("triton", self._hex, filename) if self._local else None
-        if files is None and self._local and "kiln.triton.first_compile" in sys.modules:
-            files = sys.modules["kiln.triton.first_compile"].lookup(self._hex, filename)  # kilnd may not have it yet
+        if files is None and self._local:
+            from kiln.triton import first_compile as _first_compile  # not for a process whose kernels are all hits
+
+            files = _first_compile.lookup(self._hex, filename)  # compiled here: kilnd may not have it yet
+            if files is None and _first_compile.take():
+                from kiln.triton import frontend as _frontend
+
+                self._here = _frontend.begin(self._hex)
+                self._here.compiled_here = True
+                return None
         if files is not None:
             return hand_over(self.key, files)
-        from kiln.triton import first_compile as _first_compile  # not for a process whose kernels are all hits
-
-        if self._local and _first_compile.take():
-            from kiln.triton import frontend as _frontend
-
-            self._here = _frontend.begin(self._hex)
-            self._here.compiled_here = True
-            return None
         return self._kilnd().get_group(filename)
 
     def get_file(self, filename):
