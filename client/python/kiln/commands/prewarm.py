@@ -15,6 +15,7 @@ from pathlib import Path
 from kiln.local import index as _index
 from kiln.service import api as _api
 from kiln.service import connection as _service
+from kiln.service import wire as _wire
 
 # The format of client/cpp/bundle.h: version 1 unsigned, version 2 signed
 # (a signature record after the checksum, which prewarm has no use for: it
@@ -73,8 +74,8 @@ def read_bundle(path):
             at += 4 + entry_size
             try:
                 entry = _api.BundleEntry.FromString(record)
-            except Exception as error:  # noqa: BLE001  (protobuf's DecodeError, by version)
-                raise damaged("an entry does not parse") from error
+            except _wire.DecodeError as error:
+                raise damaged(f"an entry does not parse ({error})") from None
             for blob in entry.blobs:
                 if hashlib.sha256(blob.data).digest() != blob.sha256 or blob.size != len(blob.data):
                     raise damaged(f"blob {blob.name} of {entry.namespace}/{entry.key} does not match its SHA-256")
@@ -106,7 +107,7 @@ def parse_target(text):
 
 def _kernel_specific(error):
     """Whether an RPC error is about one recording (the others may still go)."""
-    import grpc
+    from kiln.service.grpc_runtime import grpc
 
     return isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
 

@@ -1,55 +1,30 @@
 """kilnd's API (proto/kiln/v1/kiln.proto) without generated code.
 
 The package ships the API's compiled descriptor (kiln_v1.desc, made by
-`protoc --descriptor_set_out`) and builds the message classes from it at
-import, in a private descriptor pool. Generated _pb2 modules would pin the
-protobuf runtime to the generator's version; this works with any protobuf from
-3.20 on, whatever else the client's environment (ComfyUI, torch) has installed.
+`protoc --descriptor_set_out`), and kiln.service.wire builds the message
+classes from it at import: no protobuf runtime, whose version other packages
+of the client's environment (ComfyUI's nodes, torch) may pin, and whose import
+cost more than the rest of the client under Wine.
 """
 
 import hashlib
 import os
 
-from google.protobuf import descriptor_pool, message_factory
+from kiln.service import wire
 
-
-def _serialized_files(descriptor_set):
-    """The FileDescriptorProtos of a serialized FileDescriptorSet, whose only
-    field is `repeated FileDescriptorProto file = 1`: split by hand, because
-    importing descriptor_pb2 to parse it costs more than the rest of this
-    module, on the first cache miss of every process."""
-    position = 0
-    while position < len(descriptor_set):
-        if descriptor_set[position] != 0x0A:  # field 1, length-delimited
-            raise ValueError("kiln_v1.desc is not a FileDescriptorSet; reinstall the kiln package")
-        position += 1
-        size = shift = 0
-        while True:
-            byte = descriptor_set[position]
-            position += 1
-            size |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        yield descriptor_set[position:position + size]
-        position += size
-
-
-_POOL = descriptor_pool.DescriptorPool()
 with open(os.path.join(os.path.dirname(__file__), "kiln_v1.desc"), "rb") as _descriptor_set:
-    for _file in _serialized_files(_descriptor_set.read()):
-        _POOL.AddSerializedFile(_file)
+    try:
+        _MESSAGES, _ENUMS = wire.message_classes(_descriptor_set.read())
+    except wire.DecodeError as _error:
+        raise ImportError(f"kiln_v1.desc is damaged ({_error}); reinstall the kiln package") from None
 
 
 def _message(name):
-    descriptor = _POOL.FindMessageTypeByName(f"kiln.v1.{name}")
-    if hasattr(message_factory, "GetMessageClass"):
-        return message_factory.GetMessageClass(descriptor)
-    return message_factory.MessageFactory(_POOL).GetPrototype(descriptor)
+    return _MESSAGES[f"kiln.v1.{name}"]
 
 
 def _enum_values(name):
-    return {value.name: value.number for value in _POOL.FindEnumTypeByName(f"kiln.v1.{name}").values}
+    return _ENUMS[f"kiln.v1.{name}"]
 
 
 Blob = _message("Blob")
