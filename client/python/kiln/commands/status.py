@@ -90,7 +90,7 @@ def launcher_readiness(stub):
     import hashlib
     import importlib.util
 
-    import grpc
+    from kiln.service.grpc_runtime import grpc
 
     from kiln.service import paths as _paths
     from kiln.triton import early_launchers as _early_launchers

@@ -54,7 +54,7 @@ def _make_backend_class(single_flight_kind):
                     return _files.read(served)
                 except OSError:
                     pass  # removed since it was found: kilnd knows
-            import grpc
+            from kiln.service.grpc_runtime import grpc
 
             from kiln.service import connection as _service
 
@@ -73,7 +73,7 @@ def _make_backend_class(single_flight_kind):
             return response.entry.blobs[0].data if response.found else None
 
         def _put(self, key, data):
-            import grpc
+            from kiln.service.grpc_runtime import grpc
 
             from kiln.service import api as _api
             from kiln.service import connection as _service

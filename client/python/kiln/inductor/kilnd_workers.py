@@ -26,7 +26,7 @@ import os
 import re
 import sys
 
-import grpc
+from kiln.service.grpc_runtime import grpc
 
 log = logging.getLogger("kiln")
 

@@ -7,13 +7,12 @@ import socket
 import threading
 import warnings
 
-import grpc
-
 from kiln.service import api as _api
 from kiln.service import autostart as _autostart_kilnd
 from kiln.service import fleet as _fleet
 from kiln.service import paths as _paths
 from kiln.service.errors import KilnUnavailable
+from kiln.service.grpc_runtime import grpc
 
 log = logging.getLogger("kiln")
 

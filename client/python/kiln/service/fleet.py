@@ -17,7 +17,7 @@ import hashlib
 import random
 import time
 
-import grpc
+from kiln.service.grpc_runtime import grpc
 
 # How long a kilnd that failed a call is passed over before it is tried again.
 _PASS_OVER_SECONDS = 5.0

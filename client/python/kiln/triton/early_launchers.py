@@ -24,9 +24,8 @@ import sys
 import sysconfig
 import threading
 
-import grpc
-
 from kiln.service import api as _api
+from kiln.service.grpc_runtime import grpc
 from kiln.triton import key_inputs as _key_inputs
 from kiln.triton import launcher_origin as _launcher_origin
 from kiln.triton import loaded_launchers as _loaded_launchers

@@ -3,12 +3,11 @@ files, or files written here from the bytes it sent."""
 
 import logging
 
-import grpc
-
 from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.service import api as _api
 from kiln.service import connection as _service
+from kiln.service.grpc_runtime import grpc
 from kiln.triton import keys as _keys
 
 log = logging.getLogger("kiln")

@@ -28,14 +28,13 @@ import socket
 import sys
 import threading
 
-import grpc
-
 from kiln.local import compile_threads as _compile_threads
 from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.service import api as _api
 from kiln.service import connection as _service
 from kiln.service import paths as _paths
+from kiln.service.grpc_runtime import grpc
 from kiln.triton import build_hook as _build_hook
 from kiln.triton import early_launchers as _early_launchers
 from kiln.triton import frontend as _frontend

@@ -1,0 +1,50 @@
+"""What a process imports to reach kilnd, its first miss's cost under Wine
+(a few ms a module there): not google.protobuf, and not grpc.aio until
+something uses it, and then the whole of it. Needs no kilnd."""
+
+import json
+import subprocess
+import sys
+
+
+def _run(code):
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_client_of_kilnd_loads_without_google_protobuf_or_grpc_aio():
+    loaded = _run("import json, sys\n"
+                  "import kiln.triton.remote\n"
+                  "print(json.dumps(sorted(name for name in sys.modules\n"
+                  "                        if name.startswith(('google', 'grpc.aio.')))))")
+    assert loaded == []
+
+
+def test_a_program_that_uses_grpc_aio_after_the_client_gets_all_of_it():
+    names = _run("import json\n"
+                 "import kiln.service.connection\n"
+                 "import grpc.aio\n"
+                 "from grpc.aio import Metadata, insecure_channel\n"
+                 "import grpc.experimental.aio as old_name\n"
+                 "print(json.dumps([callable(insecure_channel), Metadata.__module__, old_name.Channel.__name__,\n"
+                 "                  type(grpc.aio).__name__, grpc.aio.AioRpcError.__name__]))")
+    assert names == [True, "grpc.aio._metadata", "Channel", "module", "AioRpcError"]
+
+
+def test_a_program_that_imports_a_module_of_grpc_aio_first_gets_it():
+    names = _run("import json\n"
+                 "import kiln.service.connection\n"
+                 "import grpc.aio._channel as channel_module\n"
+                 "import grpc.aio\n"
+                 "print(json.dumps([channel_module.Channel.__name__, grpc.aio.secure_channel.__name__]))")
+    assert names == ["Channel", "secure_channel"]
+
+
+def test_a_program_that_imported_grpc_before_the_client_keeps_its_grpc_aio():
+    kind = _run("import json, sys\n"
+                "import grpc\n"
+                "aio = sys.modules['grpc.aio']\n"
+                "import kiln.triton.remote\n"
+                "print(json.dumps([sys.modules['grpc.aio'] is aio, type(aio).__name__]))")
+    assert kind == [True, "module"]
