@@ -192,3 +192,11 @@ def test_copy_from_is_a_deep_copy():
     copy.CopyFrom(original)
     copy.blobs[0].name = "b"
     assert original.blobs[0].name == "a" and copy.created_unix_ms == -5
+
+
+def test_records_of_one_message_field_merge_as_protobuf_merges_them():
+    first = api.LookupResponse(found=True, entry=api.CacheEntry(created_unix_ms=5, blobs=[api.Blob(name="a")]))
+    second = api.LookupResponse(entry=api.CacheEntry(blobs=[api.Blob(name="b")]))
+    joined = first.SerializeToString() + second.SerializeToString()
+    reference = message_factory.GetMessageClass(POOL.FindMessageTypeByName("kiln.v1.LookupResponse")).FromString(joined)
+    assert api.LookupResponse.FromString(joined).SerializeToString() == reference.SerializeToString(deterministic=True)

@@ -408,11 +408,13 @@ class Message:
             entry = field.message.FromString(value)
             getattr(self, field.name)[entry.key] = entry.value
             return
+        if field.kind == _MESSAGE and not field.repeated and field.name in self._values \
+                and wire_type == _LENGTH_DELIMITED:
+            self._values[field.name]._merge(value)  # a second record of one message merges into it
+            return
         values = field.decode(wire_type, value)
         if field.repeated:
             getattr(self, field.name).extend(values)
-        elif field.kind == _MESSAGE and field.name in self._values:
-            self._values[field.name]._merge(value)  # a repeated record of one message merges into it
         else:
             setattr(self, field.name, values[-1])
 
