@@ -598,6 +598,45 @@ def test_a_process_compiles_its_first_kernel_itself_while_the_client_of_kilnd_lo
     assert kilnd.stats().compiles == 1 + by_kilnd
 
 
+def test_a_process_compiles_its_first_kernel_while_the_users_kilnd_it_started_is_still_starting(
+        base_env, tmp_path, stock_suite):
+    # The user's kilnd, through a script that holds its start while <tmp>/stall
+    # exists: kilnd.exe under Wine may answer only after a program's first miss.
+    runtime, stall, started, compiled = tmp_path / "run", tmp_path / "stall", tmp_path / "started", tmp_path / "done"
+    runtime.mkdir(mode=0o700)
+    kilnd = tmp_path / "kilnd"
+    kilnd.write_text(f"#!/bin/sh\nwhile [ -e {stall} ]; do sleep 0.05; done\ntouch {started}\n"
+                     f"exec {BUILD / 'service' / 'kilnd'} \"$@\"\n")
+    kilnd.chmod(0o755)
+    stall.touch()
+    env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_KILND=str(kilnd), XDG_RUNTIME_DIR=str(runtime),
+               XDG_CACHE_HOME=str(tmp_path / "cache"), KILN_FIRST_COMPILE_HERE="1")
+    first = subprocess.Popen([sys.executable, str(PROBE), "first", "--mark-done", str(compiled)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Bounded: a compile that waited for kilnd would wait until the client's connect gives up.
+        deadline = time.monotonic() + 120
+        while not compiled.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert compiled.exists(), "the first compile waited for kilnd's start"
+        assert not started.exists()
+        # kilnd starts as the process ends, which stores what it compiled: the next process hits it.
+        stall.unlink()
+        out, err = first.communicate(timeout=120)
+        assert first.returncode == 0, err[-3000:]
+        kernels = probe_json(subprocess.CompletedProcess([], 0, out, err))["kernels"]
+        assert kernels["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+        again = probe_json(run_probe(dict(env, KILN_FILES_DIR=str(tmp_path / "other-files"),
+                                          TRITON_CACHE_DIR=str(tmp_path / "other-cache")), "first"))
+        assert again["kernels"]["add_fp32-sm90"] == stock_suite["add_fp32-sm90"]
+        assert again["frontend_runs"] == 0, "kilnd lacks the kernel compiled while it started"
+    finally:
+        stall.unlink(missing_ok=True)
+        first.kill()
+        for pid in kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):
+            os.kill(pid, signal.SIGTERM)
+
+
 def test_kilnd_serves_at_once_while_it_probes_a_toolchain_it_never_saw_and_a_compile_meanwhile_runs_here(
         base_env, tmp_path, stock_suite):
     # The toolchain's interpreter, through a script that stalls while

@@ -19,6 +19,7 @@ log = logging.getLogger("kiln")
 _ANSWER_TIMEOUT = 0.2
 _begun = False
 _begun_lock = threading.Lock()
+_starting = False  # the user's kilnd did not answer, and this process is starting it (or waits for another's start)
 
 
 def install(_module=None):
@@ -36,6 +37,12 @@ def begin():
             return
         _begun = True
     threading.Thread(target=_start_unless_kilnd_answers, name="kiln-early-start", daemon=True).start()
+
+
+def starting():
+    """Whether this process found the user's own kilnd down and is starting it
+    now: a kilnd of this account, which serves it files, is on its way."""
+    return _starting
 
 
 def answers(endpoint):
@@ -73,13 +80,17 @@ def _import_the_client_of_kilnd():
 
 
 def _start_unless_kilnd_answers():
+    global _starting
     try:
         endpoint = _paths.default_endpoint()
         if not endpoint.is_user_default or answers(endpoint):
             return  # KILN_ENDPOINT or the machine's service (not the client's to start), or up already
+        _starting = True
         from kiln.service import autostart as _autostart  # only now: kilnd is not up
 
         # The endpoint is read afresh each time: on Windows a new kilnd writes a new port.
         _autostart.start_user_kilnd(lambda: answers(_paths.default_endpoint()), _import_the_client_of_kilnd)
     except Exception as error:  # noqa: BLE001  (the first compile's connect tries again, and says why)
         log.debug("kilnd not started early: %s", error)
+    finally:
+        _starting = False

@@ -14,10 +14,11 @@ ahead's too: Triton's stages let go of the GIL, so compile threads run them
 side by side). Later compiles go through kilnd as ever.
 
 Only where kilnd serves this process its files (a local kilnd of this
-account): its index has already missed here, so kilnd almost never has the
-kernel, and the files of the kernels stored reach the next process from
-kilnd. The one thing given up: another process compiling the same kernel at
-that moment does not wait for this one, as under stock.
+account, or the user's own that this process is starting, which the first
+compile does not wait for): its index has already missed here, so kilnd
+almost never has the kernel, and the files of the kernels stored reach the
+next process from kilnd. The one thing given up: another process compiling
+the same kernel at that moment does not wait for this one, as under stock.
 KILN_FIRST_COMPILE_HERE=0 turns it off.
 """
 
@@ -29,6 +30,7 @@ import threading
 
 from kiln.local import compile_threads as _compile_threads
 from kiln.local import files as _files
+from kiln.service import early_start as _early_start
 from kiln.service import paths as _paths
 
 log = logging.getLogger("kiln")
@@ -60,7 +62,7 @@ def take():
         return False
     if not _loading and "kiln.triton.remote" in sys.modules:
         return False  # loaded by other means (kiln.enable(), inductor's caches): through it
-    if _paths.served_files_dir() is None or not _files.wanted_as_served_files():
+    if not _kilnd_serves_files_here() or not _files.wanted_as_served_files():
         return False
     with _lock:
         if _loaded:
@@ -74,6 +76,13 @@ def take():
     # thread's compile runs beside it. A benchmark still waits for it.
     _compile_threads.end_turn()
     return True
+
+
+def _kilnd_serves_files_here():
+    """Whether kilnd is one of this account's, which serves it files: one that
+    says so, or the user's own that this process is starting now (kilnd.exe
+    under Wine may answer only after the first miss)."""
+    return _paths.served_files_dir() is not None or _early_start.starting()
 
 
 def store(hex_key, made, group):
