@@ -48,3 +48,13 @@ def test_a_program_that_imported_grpc_before_the_client_keeps_its_grpc_aio():
                 "import kiln.triton.remote\n"
                 "print(json.dumps([sys.modules['grpc.aio'] is aio, type(aio).__name__]))")
     assert kind == [True, "module"]
+
+
+def test_reaching_a_kilnd_by_address_imports_no_idna_codec():
+    # Windows clients reach their kilnd at 127.0.0.1:PORT; a str host would be
+    # encoded by the idna codec (with stringprep and unicodedata).
+    loaded = _run("import json, sys\n"
+                  "from kiln.service import connection\n"
+                  "addresses = connection._fleet_addresses('127.0.0.1:7733')\n"
+                  "print(json.dumps([addresses[0], 'encodings.idna' in sys.modules]))")
+    assert loaded == [["127.0.0.1:7733"], False]

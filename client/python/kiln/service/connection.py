@@ -101,8 +101,14 @@ def _fleet_addresses(target):
     addresses = []
     for host_port in hosts:
         host, _, port = host_port.rpartition(":")
+        name = host.strip("[]")
+        if name.isascii():
+            # As bytes: a str is encoded by the idna codec, whose import (with
+            # stringprep and unicodedata) costs about 20 ms under Wine, where
+            # the user's kilnd is at 127.0.0.1.
+            name = name.encode("ascii")
         try:
-            found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+            found = socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
         except (OSError, ValueError) as error:
             if len(hosts) == 1:
                 return hosts, None  # gRPC says what is wrong with it, as for any target
