@@ -1,14 +1,17 @@
 """What a process imports to reach kilnd, its first miss's cost under Wine
-(a few ms a module there): not google.protobuf, and not grpc.aio until
-something uses it, and then the whole of it. Needs no kilnd."""
+(a few ms a module there): not google.protobuf, not grpc.aio until something
+uses it (and then the whole of it), and nothing of starting kilnd or of a
+fleet where kilnd answers."""
 
 import json
 import subprocess
 import sys
 
+import hermetic
 
-def _run(code):
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+def _run(code, env=None):
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -58,3 +61,12 @@ def test_reaching_a_kilnd_by_address_imports_no_idna_codec():
                   "addresses = connection._fleet_addresses('127.0.0.1:7733')\n"
                   "print(json.dumps([addresses[0], 'encodings.idna' in sys.modules]))")
     assert loaded == [["127.0.0.1:7733"], False]
+
+
+def test_connecting_to_a_running_kilnd_imports_neither_autostart_nor_a_fleets_stub(kilnd):
+    loaded = _run("import json, sys\n"
+                  "from kiln.service import api, connection\n"
+                  "connection.connect().stub.GetStats(api.GetStatsRequest(), timeout=30)\n"
+                  "print(json.dumps([name in sys.modules for name in ('kiln.service.autostart', 'kiln.service.fleet')]))",
+                  env=dict(hermetic.stock_env(), KILN_ENDPOINT=f"unix:{kilnd.socket}"))
+    assert loaded == [False, False]

@@ -8,8 +8,6 @@ import threading
 import warnings
 
 from kiln.service import api as _api
-from kiln.service import autostart as _autostart_kilnd
-from kiln.service import fleet as _fleet
 from kiln.service import paths as _paths
 from kiln.service.errors import KilnUnavailable
 from kiln.service.grpc_runtime import grpc
@@ -149,6 +147,8 @@ class Connection:
         if len(stubs) == 1:
             self.stub = stubs[0]
         else:
+            from kiln.service import fleet as _fleet  # only a fleet's: a module is a few ms under Wine
+
             self.stub = _fleet.FleetStub([_fleet.Member(address, channel, stub)
                                           for address, channel, stub in zip(addresses, self.channels, stubs)])
 
@@ -190,6 +190,8 @@ def kilnd_origin(executable):
             return False
     if same(os.environ.get("KILN_KILND")):
         return " (KILN_KILND)"
+    from kiln.service import autostart as _autostart_kilnd
+
     if same(_autostart_kilnd.WHEEL_KILND):
         return " (this kiln-triton wheel's)"
     return ""
@@ -215,6 +217,8 @@ def _autostart():
     (autostart.start_user_kilnd); a Connection to it once it answers. The
     endpoint is resolved afresh each poll: on Windows the new kilnd writes a
     new port and token."""
+    from kiln.service import autostart as _autostart_kilnd  # only when kilnd does not answer
+
     ready = []
 
     def answers():
@@ -268,6 +272,8 @@ def connect(endpoint=None, autostart=True):
         hint = (" (or the TLS handshake failed: KILN_CA_FILE must name the CA that signed kilnd's "
                 "certificate, and KILN_CLIENT_CERT a certificate signed by the CA kilnd trusts)")
     else:
+        from kiln.service import autostart as _autostart_kilnd
+
         hint = "" if _autostart_kilnd.kilnd_to_start() else (" (no kilnd to start: none on PATH, and this kiln-triton is the "
                                            "pure-Python wheel; set KILN_KILND, or install a platform wheel)")
     raise KilnUnavailable(f"kilnd is not reachable at {endpoint.describe()}{hint}")
