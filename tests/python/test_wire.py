@@ -25,8 +25,7 @@ def _reference_pool():
 
 
 POOL = _reference_pool()
-with open(DESCRIPTOR_SET, "rb") as _file:
-    OURS = wire.message_classes(_file.read())[0]
+OURS = api._MESSAGES  # the classes the client uses
 
 
 def _all_messages(pool):
@@ -38,9 +37,8 @@ def _all_messages(pool):
         for nested in message.nested_types:
             walk(nested)
 
-    for name in ("kiln/v1/kiln.proto",):
-        for message in pool.FindFileByName(name).message_types_by_name.values():
-            walk(message)
+    for message in pool.FindFileByName("kiln/v1/kiln.proto").message_types_by_name.values():
+        walk(message)
     return found
 
 

@@ -400,9 +400,7 @@ class Message:
                 field = self._numbers.get(number)
                 if field is not None:
                     self._merge_record(field, wire_type, value)
-        except (struct.error, IndexError) as error:
-            raise DecodeError(f"{type(self).__name__}: {error}") from None
-        except DecodeError as error:
+        except (DecodeError, struct.error, IndexError) as error:
             raise DecodeError(f"{type(self).__name__}: {error}") from None
 
     def _merge_record(self, field, wire_type, value):
@@ -473,7 +471,6 @@ def _property(field):
         self._set(field, value)
 
     return property(get, set_)
-
 
 
 def message_classes(descriptor_set):
