@@ -124,7 +124,7 @@ def main():
 
     result["inductor"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
     result["autotune_benchmarks"] = benchmarks[0]
-    result["grpc_imported"] = "grpc" in sys.modules  # whether a Kiln client called kilnd
+    result["kilnd_client_imported"] = "kiln.service.connection" in sys.modules  # whether a Kiln client called kilnd
     print(json.dumps(result))
 
 

@@ -147,7 +147,7 @@ def main():
         medians = {kind: {model: statistics.median(r[model]["first_call_s"] for r in runs)
                           for model in ("transformer", "mlp")} for kind, runs in repeats.items() if runs}
         for kind, median in medians.items():
-            called = sum(r.get("grpc_imported", False) for r in repeats[kind])
+            called = sum(r.get("kilnd_client_imported", False) for r in repeats[kind])
             print(f"median of {len(repeats[kind])}, {kind:26} transformer {median['transformer']:6.3f} s, "
                   f"mlp {median['mlp']:6.3f} s; ratio to stock "
                   f"{median['transformer'] / medians['stock']['transformer']:.2f}x / "

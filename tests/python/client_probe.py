@@ -7,7 +7,7 @@ usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|
                        deferred-texts|text-gone|hit-gone evicted|deleted|
                        frontend-error|device-dependent|
                        where-warning|override FILE|put-file [--enable | --disable] [--as-inductor]
-                       [--note-grpc-import FILE] [--kill-kilnd-at METHOD[,METHOD...][@SECONDS] PID]
+                       [--note-client-import FILE] [--kill-kilnd-at METHOD[,METHOD...][@SECONDS] PID]
 Prints one JSON object on stdout."""
 
 import contextlib
@@ -108,14 +108,14 @@ def launcher(libcuda_dir):
         source = Path(driver.dirname, "driver.c").read_text()
     module = compile_module_from_src(src=source, name=name, library_dirs=library_dirs,
                                      include_dirs=driver.include_dirs, libraries=driver.libraries)
-    return {"launch": callable(module.launch), "path": module.__file__, "grpc_imported": "grpc" in sys.modules}
+    return {"launch": callable(module.launch), "path": module.__file__, "kilnd_client_imported": "kiln.service.connection" in sys.modules}
 
 
 def unloadable_launcher(step, libcuda_dir=None):
     """put: the suite's first kernel, and a file that is no module stored as
     the fp16 launcher's module in the cache (as a module this Python cannot
     load would be). build: that kernel, then that launcher, which Triton finds
-    in the cache, fails to load, and so builds: whether gRPC was imported
+    in the cache, fails to load, and so builds: whether kilnd's client was imported
     before the build, and how many builds reached stock's own (the machine's
     C compiler)."""
     import sysconfig
@@ -131,7 +131,7 @@ def unloadable_launcher(step, libcuda_dir=None):
         key = digest(source + build.platform_key())
         get_cache_manager(key).put(b"no module", f"__triton_launcher{sysconfig.get_config_var('EXT_SUFFIX')}")
         return {}
-    grpc_before_build = "grpc" in sys.modules
+    client_before_build = "kiln.service.connection" in sys.modules
     machine_compiles = []
     stock_build = build._build
 
@@ -143,7 +143,7 @@ def unloadable_launcher(step, libcuda_dir=None):
     build._build = counting_build
     module = build.compile_module_from_src(src=source, name="__triton_launcher", library_dirs=[libcuda_dir],
                                            include_dirs=driver.include_dirs, libraries=driver.libraries)
-    return {"launch": callable(module.launch), "grpc_imported_before_build": grpc_before_build,
+    return {"launch": callable(module.launch), "kilnd_client_imported_before_build": client_before_build,
             "machine_compiles": len(machine_compiles)}
 
 
@@ -192,7 +192,7 @@ def early_launcher():
             return GPUTarget("cuda", 90, 32)
 
     driver.set_active(ThisMachinesGpu())
-    kilnds = [_api.KilnStub(channel) for channel in _service.connect().channels]  # each of a fleet
+    kilnds = _service.connect().member_stubs  # each of a fleet
 
     def launchers_served():
         stats = [kilnd.GetStats(_api.GetStatsRequest()) for kilnd in kilnds]
@@ -381,7 +381,7 @@ def inductor_cache(action, key):
         backend._put(key, value)
         return {"put": True}
     found = backend._get(key)
-    return {"found": found == value, "grpc_imported": "grpc" in sys.modules}
+    return {"found": found == value, "kilnd_client_imported": "kiln.service.connection" in sys.modules}
 
 
 def spawn_child():
@@ -390,11 +390,12 @@ def spawn_child():
     return json.loads(child.stdout.splitlines()[-1])
 
 
-def _note_grpc_import(path):
-    """Writes to `path` if this process ever imports gRPC, up to its very end
-    (an audit hook sees imports that atexit handlers make)."""
+def _note_client_import(path):
+    """Writes to `path` if this process ever imports kilnd's client (to call
+    kilnd), up to its very end (an audit hook sees imports that atexit
+    handlers make)."""
     def hook(event, args):
-        if event == "import" and args[0] == "grpc" and not Path(path).exists():
+        if event == "import" and args[0] == "kiln.service.connection" and not Path(path).exists():
             Path(path).write_text("imported")
 
     sys.addaudithook(hook)
@@ -625,8 +626,8 @@ def main():
     if "--kill-kilnd-at" in sys.argv:
         at = sys.argv.index("--kill-kilnd-at")
         _kill_kilnd_at(sys.argv[at + 1], int(sys.argv[at + 2]))
-    if "--note-grpc-import" in sys.argv:
-        _note_grpc_import(sys.argv[sys.argv.index("--note-grpc-import") + 1])
+    if "--note-client-import" in sys.argv:
+        _note_client_import(sys.argv[sys.argv.index("--note-client-import") + 1])
     if "--as-inductor" in sys.argv:
         # Only the module's name, not inductor: what Kiln decides by (whether
         # inductor is loaded in this process) is what the test checks.

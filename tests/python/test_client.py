@@ -109,22 +109,22 @@ def test_a_cold_process_keeps_no_file_of_its_own_where_kilnd_serves_it_and_the_n
     # copy and no index entry of its own.
     assert not _artifacts_in(tmp_path / "kiln-files")
     fresh = dict(env, KILN_FILES_DIR=str(tmp_path / "new-files"), TRITON_CACHE_DIR=str(tmp_path / "new-cache"))
-    marker = tmp_path / "grpc-imported"
-    warm = probe_json(run_probe(fresh, "suite", "--note-grpc-import", str(marker)))
+    marker = tmp_path / "client-imported"
+    warm = probe_json(run_probe(fresh, "suite", "--note-client-import", str(marker)))
     assert warm["kernels"] == stock_suite
     assert warm["frontend_runs"] == 0
     assert not marker.exists(), "a kernel was not in kilnd's index: the process asked kilnd"
 
 
-def test_a_process_whose_every_lookup_hits_kilnds_files_never_imports_grpc_yet_kilnd_counts_each_hit(
+def test_a_process_whose_every_lookup_hits_kilnds_files_never_connects_to_kilnd_yet_kilnd_counts_each_hit(
         kilnd, kiln_env, tmp_path, stock_suite):
     run_probe(kiln_env, "suite")  # kilnd has every kernel now
     fresh = dict(kiln_env, KILN_FILES_DIR=str(tmp_path / "new-files"), TRITON_CACHE_DIR=str(tmp_path / "new-cache"))
     run_probe(fresh, "suite")  # kilnd serves every kernel as files by now, if not ahead of this
     again = dict(fresh, TRITON_CACHE_DIR=str(tmp_path / "newer-cache"))
     before = kilnd.stats()
-    marker = tmp_path / "grpc-imported"
-    result = probe_json(run_probe(again, "suite", "--note-grpc-import", str(marker)))
+    marker = tmp_path / "client-imported"
+    result = probe_json(run_probe(again, "suite", "--note-client-import", str(marker)))
     assert result["kernels"] == stock_suite
     # Not while it ran, not at its exit: its hits went to kilnd as a journal file ...
     assert not marker.exists()
@@ -318,10 +318,10 @@ def test_a_new_process_finds_a_launcher_module_by_kilnds_link_without_a_call(kil
     result = probe_json(run_probe(fresh, "launcher", str(libcuda_dir)))
     assert result["launch"] is True
     # Triton's get_file answered with one stat, as in its own file cache: kilnd's
-    # link to the module, no call to kilnd (so no gRPC import) ...
+    # link to the module, no call to kilnd (its client not even imported) ...
     module = Path(result["path"])
     assert module.parent.parent.name == "links" and module.is_symlink(), module
-    assert result["grpc_imported"] is False
+    assert result["kilnd_client_imported"] is False
     # ... and nothing written for this process.
     assert not _artifacts_in(tmp_path / "new-files")
 
@@ -335,7 +335,7 @@ def test_a_strict_process_whose_kernels_come_from_local_files_builds_launchers_t
     # Everything came from local files until the module in the cache failed
     # to load, so nothing had activated Kiln: still kilnd built it, not the
     # machine's C compiler (which an embedded Python, lacking Python.h, fails).
-    assert result["grpc_imported_before_build"] is False
+    assert result["kilnd_client_imported_before_build"] is False
     assert kilnd.stats().launcher_builds > before.launcher_builds
     assert result["machine_compiles"] == 0
     assert result["launch"] is True
@@ -396,7 +396,7 @@ def test_inductors_cache_entries_kilnd_serves_as_files_are_read_without_a_call(k
     run_probe(kiln_env, "inductor-cache", "get", key)  # kilnd serves it as a file by now, if not ahead of this
     before = kilnd.stats().hits
     result = probe_json(run_probe(kiln_env, "inductor-cache", "get", key))
-    assert result == dict(result, found=True, grpc_imported=False)
+    assert result == dict(result, found=True, kilnd_client_imported=False)
     assert kilnd.stats().hits > before  # still counted, in a batch at exit
     # A key kilnd does not have goes to kilnd, and misses.
     assert probe_json(run_probe(kiln_env, "inductor-cache", "get", key + "-other"))["found"] is False
@@ -485,9 +485,9 @@ def test_loading_tritons_jit_starts_the_users_kilnd_with_this_pythons_toolchain_
              f"deadline = time.monotonic() + 60\n"
              f"while not os.path.exists({str(socket_path)!r}) and time.monotonic() < deadline:\n"
              "    time.sleep(0.05)\n"
-             "print('grpc' in sys.modules)\n")
+             "print('kiln.service.connection' in sys.modules)\n")
 
-    def grpc_imported():
+    def client_imported():
         result = subprocess.run([sys.executable, "-c", waits], env=env, capture_output=True, text=True,
                                 check=True, timeout=120)
         assert socket_path.exists(), result.stderr[-3000:]
@@ -495,7 +495,7 @@ def test_loading_tritons_jit_starts_the_users_kilnd_with_this_pythons_toolchain_
 
     def start_and_list_toolchains():
         # While kilnd starts, the process imports what its first compile will need.
-        assert grpc_imported()
+        assert client_imported()
         # kilnd serves at once; the list waits for the probe of a toolchain it never saw.
         with grpc.insecure_channel(f"unix:{socket_path}") as channel:
             return api.KilnStub(channel).ListToolchains(api.ListToolchainsRequest(), timeout=60).toolchains
@@ -506,8 +506,8 @@ def test_loading_tritons_jit_starts_the_users_kilnd_with_this_pythons_toolchain_
         assert len(kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))) == 1
         python = os.path.normpath(sys.executable)
         assert f"toolchain: triton {triton.__version__} at {python}\n" in log.read_text()
-        # Where kilnd runs already, a process pays a socket connect: no gRPC, no second kilnd.
-        assert not grpc_imported()
+        # Where kilnd runs already, a process pays a socket connect: no client import, no second kilnd.
+        assert not client_imported()
         assert len(kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))) == 1
         # The next kilnd (this one idles out, or is stopped) takes the probe from its memo.
         for pid in kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime)):

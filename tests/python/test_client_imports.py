@@ -1,13 +1,16 @@
 """What a process imports to reach kilnd, its first miss's cost under Wine
-(a few ms a module there): not google.protobuf, not grpc.aio until something
-uses it (and then the whole of it), and nothing of starting kilnd or of a
-fleet where kilnd answers."""
+(a few ms a module there): neither google.protobuf nor grpc for this machine's
+kilnd; for a farm's (grpcio's transport), not grpc.aio until something uses it
+(and then the whole of it); and nothing of starting kilnd or of a fleet where
+kilnd answers."""
 
 import json
 import subprocess
 import sys
 
 import hermetic
+import pytest
+from conftest import Kilnd
 
 
 def _run(code, env=None):
@@ -16,17 +19,25 @@ def _run(code, env=None):
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def test_the_client_of_kilnd_loads_without_google_protobuf_or_grpc_aio():
+def test_the_client_of_kilnd_loads_without_google_protobuf_or_grpc():
     loaded = _run("import json, sys\n"
                   "import kiln.triton.remote\n"
                   "print(json.dumps(sorted(name for name in sys.modules\n"
-                  "                        if name.startswith(('google', 'grpc.aio.')))))")
+                  "                        if name.startswith(('google', 'grpc')))))")
     assert loaded == []
+
+
+def test_grpcios_transport_loads_without_grpc_aio():
+    loaded = _run("import json, sys\n"
+                  "import kiln.service.grpc_channel\n"
+                  "print(json.dumps(['grpc' in sys.modules, sorted(name for name in sys.modules\n"
+                  "                                               if name.startswith('grpc.aio.'))]))")
+    assert loaded == [True, []]
 
 
 def test_a_program_that_uses_grpc_aio_after_the_client_gets_all_of_it():
     names = _run("import json\n"
-                 "import kiln.service.connection\n"
+                 "import kiln.service.grpc_channel\n"
                  "import grpc.aio\n"
                  "from grpc.aio import Metadata, insecure_channel\n"
                  "import grpc.experimental.aio as old_name\n"
@@ -37,7 +48,7 @@ def test_a_program_that_uses_grpc_aio_after_the_client_gets_all_of_it():
 
 def test_a_program_that_imports_a_module_of_grpc_aio_first_gets_it():
     names = _run("import json\n"
-                 "import kiln.service.connection\n"
+                 "import kiln.service.grpc_channel\n"
                  "import grpc.aio._channel as channel_module\n"
                  "import grpc.aio\n"
                  "print(json.dumps([channel_module.Channel.__name__, grpc.aio.secure_channel.__name__]))")
@@ -48,25 +59,38 @@ def test_a_program_that_imported_grpc_before_the_client_keeps_its_grpc_aio():
     kind = _run("import json, sys\n"
                 "import grpc\n"
                 "aio = sys.modules['grpc.aio']\n"
-                "import kiln.triton.remote\n"
+                "import kiln.service.grpc_channel\n"
                 "print(json.dumps([sys.modules['grpc.aio'] is aio, type(aio).__name__]))")
     assert kind == [True, "module"]
 
 
 def test_reaching_a_kilnd_by_address_imports_no_idna_codec():
-    # Windows clients reach their kilnd at 127.0.0.1:PORT; a str host would be
-    # encoded by the idna codec (with stringprep and unicodedata).
+    # A str host would be encoded by the idna codec (with stringprep and unicodedata).
     loaded = _run("import json, sys\n"
-                  "from kiln.service import connection\n"
-                  "addresses = connection._fleet_addresses('127.0.0.1:7733')\n"
+                  "from kiln.service import grpc_channel\n"
+                  "addresses = grpc_channel.fleet_addresses('127.0.0.1:7733')\n"
                   "print(json.dumps([addresses[0], 'encodings.idna' in sys.modules]))")
     assert loaded == [["127.0.0.1:7733"], False]
 
 
-def test_connecting_to_a_running_kilnd_imports_neither_autostart_nor_a_fleets_stub(kilnd):
-    loaded = _run("import json, sys\n"
-                  "from kiln.service import api, connection\n"
-                  "connection.connect().stub.GetStats(api.GetStatsRequest(), timeout=30)\n"
-                  "print(json.dumps([name in sys.modules for name in ('kiln.service.autostart', 'kiln.service.fleet')]))",
-                  env=dict(hermetic.stock_env(), KILN_ENDPOINT=f"unix:{kilnd.socket}"))
-    assert loaded == [False, False]
+@pytest.mark.parametrize("transport", ["unix-socket", "endpoint-file"])
+def test_connecting_to_a_running_kilnd_imports_neither_grpc_nor_autostart_nor_a_fleets_stub(
+        transport, kilnd, tmp_path):
+    if transport == "unix-socket":
+        reach, server = {"KILN_ENDPOINT": f"unix:{kilnd.socket}"}, None
+    else:  # Windows' way
+        endpoint_file = tmp_path / "run" / "kilnd.endpoint"
+        server = Kilnd(tmp_path / "kilnd", f"--endpoint-file={endpoint_file}")
+        reach = {"KILN_ENDPOINT_FILE": str(endpoint_file)}
+    try:
+        loaded = _run("import json, sys\n"
+                      "from kiln.service import api, connection\n"
+                      "connection.connect().stub.GetStats(api.GetStatsRequest(), timeout=30)\n"
+                      "print(json.dumps([name for name in ('grpc', 'kiln.service.grpc_channel',\n"
+                      "                                    'kiln.service.autostart', 'kiln.service.fleet')\n"
+                      "                  if name in sys.modules]))",
+                      env=dict(hermetic.stock_env(), **reach))
+    finally:
+        if server is not None:
+            assert server.stop() == 0
+    assert loaded == []

@@ -43,7 +43,7 @@ key = triton_key()
 print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(), "platform_key": platform_key(),
                   "ptxas_release": knobs.nvidia.ptxas.version,
                   "backend_hash": CUDABackend(GPUTarget("cuda", 90, 32)).hash(),
-                  "read_libtriton": bool(opened), "spawned": spawned, "grpc_imported": "grpc" in sys.modules}))
+                  "read_libtriton": bool(opened), "spawned": spawned, "kilnd_client_imported": "kiln.service.connection" in sys.modules}))
 """
 
 
@@ -110,7 +110,7 @@ def test_a_process_whose_files_dir_is_fresh_takes_the_memos_from_the_local_kilnd
         assert _values(fresh) == _values(first)
         assert not fresh["read_libtriton"], "triton_key() hashed libtriton though kilnd had its memo"
         assert fresh["spawned"] == [], "ptxas --version or file ran though kilnd had their memos"
-        assert not fresh["grpc_imported"], "kilnd's memos were not read as its files"
+        assert not fresh["kilnd_client_imported"], "kilnd's memos were not read as its files"
 
         # A memo kilnd keeps is used only for its own fingerprint too.
         ptxas = tmp_path / "bin" / "ptxas"

@@ -107,9 +107,9 @@ def parse_target(text):
 
 def _kernel_specific(error):
     """Whether an RPC error is about one recording (the others may still go)."""
-    from kiln.service.grpc_runtime import grpc
+    from kiln.service.errors import RpcError, StatusCode
 
-    return isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return isinstance(error, RpcError) and error.code() is StatusCode.INVALID_ARGUMENT
 
 
 class _Progress:
@@ -189,7 +189,7 @@ def prewarm(path, target_texts, out=sys.stdout):
                 label = pending.pop(future)
                 try:
                     response = future.result()
-                except Exception as error:  # noqa: BLE001  (grpc.RpcError, reported as kiln compile does)
+                except Exception as error:  # noqa: BLE001  (an RpcError, reported as kiln compile does)
                     counts["failed"] += 1
                     progress.clear()
                     print(f"kiln: {label}: {getattr(error, 'details', lambda: str(error))()}", file=sys.stderr)

@@ -90,15 +90,14 @@ def launcher_readiness(stub):
     import hashlib
     import importlib.util
 
-    from kiln.service.grpc_runtime import grpc
-
     from kiln.service import paths as _paths
+    from kiln.service.errors import RpcError
     from kiln.triton import early_launchers as _early_launchers
 
     request = _early_launchers.request(_PROBE_MODULE, _PROBE_SOURCE, [], [], [], None)
     try:
         response = stub.BuildLauncher(request, timeout=300)
-    except grpc.RpcError as error:
+    except RpcError as error:
         return f"WILL FAIL: kilnd answered {error.code().name}: {error.details()}"
     if response.WhichOneof("result") == "error":
         return f"WILL FAIL: {response.error.message}\n{response.error.log}".rstrip()

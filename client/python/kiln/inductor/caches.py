@@ -54,8 +54,6 @@ def _make_backend_class(single_flight_kind):
                     return _files.read(served)
                 except OSError:
                     pass  # removed since it was found: kilnd knows
-            from kiln.service.grpc_runtime import grpc
-
             from kiln.service import connection as _service
 
             if _unreachable:
@@ -66,15 +64,13 @@ def _make_backend_class(single_flight_kind):
                 from kiln.service import api as _api
 
                 response = _service.connect().stub.Lookup(_api.LookupRequest(namespace=NAMESPACE, key=key))
-            except (grpc.RpcError, _service.KilnUnavailable) as error:
+            except (_service.RpcError, _service.KilnUnavailable) as error:
                 _unreachable = True
                 _service.fall_back(f"kilnd unreachable for inductor's caches ({error})")
                 return None
             return response.entry.blobs[0].data if response.found else None
 
         def _put(self, key, data):
-            from kiln.service.grpc_runtime import grpc
-
             from kiln.service import api as _api
             from kiln.service import connection as _service
 
@@ -84,7 +80,7 @@ def _make_backend_class(single_flight_kind):
                 # As files: the next process reads it through kilnd's link, with no call.
                 _service.connect().stub.Put(_api.PutRequest(namespace=NAMESPACE, key=key, blobs=[
                     _api.blob(VALUE_BLOB, data)], serve_as_files=True))
-            except (grpc.RpcError, _service.KilnUnavailable) as error:
+            except (_service.RpcError, _service.KilnUnavailable) as error:
                 log.debug("inductor cache entry not stored: %s", error)
             finally:
                 _inductor_claims.release(key)  # stored or not, nobody waits on it now

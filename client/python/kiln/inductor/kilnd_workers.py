@@ -26,13 +26,13 @@ import os
 import re
 import sys
 
-from kiln.service.grpc_runtime import grpc
+from kiln.service.errors import RpcError, StatusCode
 
 log = logging.getLogger("kiln")
 
 # Why kilnd compiles no kernel module for this process, once it said so.
 _refused = None
-_REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+_REFUSALS = (StatusCode.PERMISSION_DENIED, StatusCode.UNIMPLEMENTED)
 # The device inductor generated the kernel for, in its triton_meta: DeviceProperties(..., cc=90, ...).
 _DEVICE_ARCH = re.compile(r"\bcc=(\d+)\b")
 
@@ -84,7 +84,7 @@ def finish(call, kernel_name):
     global _refused
     try:
         response = call.result()
-    except grpc.RpcError as error:
+    except RpcError as error:
         if error.code() in _REFUSALS:
             _refused = error.details()
             log.debug("kilnd compiles no kernel modules for this process: %s", _refused)

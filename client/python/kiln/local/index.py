@@ -173,8 +173,8 @@ def _write_journal(root, hits):
 def flush(timeout=5.0, at_exit=False):
     """Hands the hits served here to kilnd, and what _compile_threads compiled
     ahead (kilnd's stats): hits journaled where its files served
-    them, else sent with RecordHits, which waits (no gRPC import mid-run) until
-    this process has gRPC loaded or exits. Statistics only: lost if kilnd is
+    them, else sent with RecordHits, which waits (no import of the client's
+    connection mid-run) until this process has it loaded or exits. Statistics only: lost if kilnd is
     unreachable."""
     global _flush_timer
     with _pending_lock:
@@ -185,7 +185,7 @@ def flush(timeout=5.0, at_exit=False):
             with _pending_lock:
                 for namespace, key in hits:
                     _pending.setdefault(namespace, []).append(key)
-    if not at_exit and "grpc" not in sys.modules:
+    if not at_exit and "kiln.service.connection" not in sys.modules:
         return
     with _pending_lock:
         batches = dict(_pending)
@@ -211,7 +211,7 @@ def flush(timeout=5.0, at_exit=False):
 
 @atexit.register
 def _flush_at_exit():
-    # Only hits from this client's own index make a program that imported
-    # no gRPC import it here, at its exit.
+    # Only hits from this client's own index make a program that never
+    # connected to kilnd connect here, at its exit.
     if _pending or _journal or _compile_threads.has_unreported():
         flush(timeout=1.0, at_exit=True)

@@ -17,6 +17,7 @@ import hashlib
 import random
 import time
 
+from kiln.service.errors import RpcError, StatusCode
 from kiln.service.grpc_runtime import grpc
 
 # How long a kilnd that failed a call is passed over before it is tried again.
@@ -35,7 +36,7 @@ def affinity_key(request):
 
 
 def _unavailable(error):
-    return isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
+    return isinstance(error, RpcError) and error.code() is StatusCode.UNAVAILABLE
 
 
 class Member:
@@ -96,7 +97,7 @@ class FleetStub:
                     if method in _STREAMING:
                         return _FirstAnswer(getattr(member.stub, method)(request, *args, **kwargs))
                     return getattr(member.stub, method)(request, *args, **kwargs)
-                except grpc.RpcError as error:
+                except RpcError as error:
                     if not _unavailable(error) or last:
                         raise
                     member.failed()

@@ -25,7 +25,7 @@ import sysconfig
 import threading
 
 from kiln.service import api as _api
-from kiln.service.grpc_runtime import grpc
+from kiln.service.errors import RpcError
 from kiln.triton import key_inputs as _key_inputs
 from kiln.triton import launcher_origin as _launcher_origin
 from kiln.triton import loaded_launchers as _loaded_launchers
@@ -144,5 +144,5 @@ def take(build):
         return None
     try:
         return started[1].result()
-    except (grpc.RpcError, grpc.FutureCancelledError):
+    except RpcError:
         return None  # the caller asks again, and reports what that call says

@@ -7,7 +7,6 @@ from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.service import api as _api
 from kiln.service import connection as _service
-from kiln.service.grpc_runtime import grpc
 from kiln.triton import keys as _keys
 
 log = logging.getLogger("kiln")
@@ -38,7 +37,7 @@ def path_in_kilnd(kernel_key, file_name):
     hex_key = _keys.hex_key(kernel_key)
     try:
         response = lookup("triton", hex_key)
-    except (grpc.RpcError, _service.KilnUnavailable) as error:
+    except (_service.RpcError, _service.KilnUnavailable) as error:
         log.debug("%s of %s not asked of kilnd again: %s", file_name, hex_key, error)
         return None
     if not response.found:

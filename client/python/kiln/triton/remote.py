@@ -34,7 +34,6 @@ from kiln.local import index as _index
 from kiln.service import api as _api
 from kiln.service import connection as _service
 from kiln.service import paths as _paths
-from kiln.service.grpc_runtime import grpc
 from kiln.triton import build_hook as _build_hook
 from kiln.triton import early_launchers as _early_launchers
 from kiln.triton import frontend as _frontend
@@ -108,7 +107,7 @@ def _stub():
 
 def _describe_failure(error):
     """What a failure of Kiln's was, for the one warning (or strict mode's error)."""
-    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+    if isinstance(error, _service.RpcError):
         if _service.is_unavailable(error):
             return f"kilnd became unreachable ({error.details()})"
         return f"kilnd answered {error.code().name}: {error.details()}"
