@@ -1,8 +1,8 @@
 """What a process imports to reach kilnd, its first miss's cost under Wine
-(a few ms a module there): neither google.protobuf nor grpc for this machine's
-kilnd; for a farm's (grpcio's transport), not grpc.aio until something uses it
-(and then the whole of it); and nothing of starting kilnd or of a fleet where
-kilnd answers."""
+(a few ms a module there): for this machine's kilnd, neither google.protobuf
+nor grpc, nor the socket module (_socket is enough); for a farm's (grpcio's
+transport), not grpc.aio until something uses it (and then the whole of it);
+and nothing of starting kilnd or of a fleet where kilnd answers."""
 
 import json
 import subprocess
@@ -74,7 +74,7 @@ def test_reaching_a_kilnd_by_address_imports_no_idna_codec():
 
 
 @pytest.mark.parametrize("transport", ["unix-socket", "endpoint-file"])
-def test_connecting_to_a_running_kilnd_imports_neither_grpc_nor_autostart_nor_a_fleets_stub(
+def test_connecting_to_a_running_kilnd_imports_neither_grpc_nor_socket_nor_autostart_nor_a_fleets_stub(
         transport, kilnd, tmp_path):
     if transport == "unix-socket":
         reach, server = {"KILN_ENDPOINT": f"unix:{kilnd.socket}"}, None
@@ -86,7 +86,7 @@ def test_connecting_to_a_running_kilnd_imports_neither_grpc_nor_autostart_nor_a_
         loaded = _run("import json, sys\n"
                       "from kiln.service import api, connection\n"
                       "connection.connect().stub.GetStats(api.GetStatsRequest(), timeout=30)\n"
-                      "print(json.dumps([name for name in ('grpc', 'kiln.service.grpc_channel',\n"
+                      "print(json.dumps([name for name in ('grpc', 'kiln.service.grpc_channel', 'socket',\n"
                       "                                    'kiln.service.autostart', 'kiln.service.fleet')\n"
                       "                  if name in sys.modules]))",
                       env=dict(hermetic.stock_env(), **reach))

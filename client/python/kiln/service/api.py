@@ -96,7 +96,8 @@ _STREAMING_METHODS = {
 
 
 class KilnStub:
-    """kiln.v1.Kiln's methods on a grpc channel, e.g. stub.Lookup(request, timeout=5)."""
+    """kiln.v1.Kiln's methods on a channel (local_grpc's, or a grpc channel),
+    e.g. stub.Lookup(request, timeout=5)."""
 
     def __init__(self, channel):
         for method, (request, response) in _METHODS.items():
@@ -109,5 +110,5 @@ class KilnStub:
                                                        response_deserializer=response.FromString))
 
     def start_call(self, method, request):
-        """Starts a unary call without waiting for it: a grpc.Future of its answer."""
+        """Starts a unary call without waiting for it: a future of its answer (result(), cancel())."""
         return getattr(self, method).future(request)

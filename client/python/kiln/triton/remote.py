@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 import os
-import socket
+import _socket  # not socket: see service/local_grpc.py
 import sys
 import threading
 
@@ -497,7 +497,7 @@ def tool_paths():
 
 def requester():
     """This process, as kilnd shares its workers among processes."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{_socket.gethostname()}:{os.getpid()}"
 
 
 def _usable(backend, language):
