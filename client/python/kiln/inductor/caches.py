@@ -9,7 +9,7 @@ turns the remote caches on through inductor's environment variables (an
 explicit 0 from the user wins). Entries live in kilnd's "inductor" namespace
 of the caller's trust domain, under the cache's size cap, eviction and
 integrity checks. An entry kilnd serves this account as a file (local/index) is
-read from it, with no call: a warm start then imports no gRPC, like stock's
+read from it, with no call: a warm start then imports no client of kilnd, like stock's
 local caches. Misses of the FX graph, AOTAutograd and autotune caches are
 single flight across processes (inductor/claims), and a process whose
 graphs all come from the cache starts no compile workers (inductor/pool).

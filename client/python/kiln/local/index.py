@@ -1,6 +1,6 @@
 """The local indexes: which files make up an entry this user's processes can
 read, so that a process serves it from those files as stock Triton serves its
-file cache: no round trip, no gRPC import, no hashing. Two of them, one format:
+file cache: no round trip, no import of kilnd's client, no hashing. Two of them, one format:
 
 - kilnd's (served_files.h): the files kilnd itself writes for its local
   clients (after each of their compiles, and on lookups asking for files),
@@ -23,9 +23,9 @@ whose file is gone is a miss.
 
 Hits served here reach kilnd later, in batches, for its stats and LRU: those
 from kilnd's files as a journal file kilnd collects (<root>/hits, see
-cache/hit_journal.h), so a process that only hits never imports gRPC, not even
-at exit; those from this client's own index with a RecordHits call, made once
-this process has gRPC loaded anyway, or at exit.
+cache/hit_journal.h), so a process that only hits never imports kilnd's client,
+not even at exit; those from this client's own index with a RecordHits call,
+made once this process has that client loaded anyway, or at exit.
 """
 
 import atexit

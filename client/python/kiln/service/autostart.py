@@ -1,7 +1,8 @@
 """Starting the user's own kilnd when none answers: which kilnd, and the
 protocol that has one process of many start it (ccache's storage-helper
-protocol: check, lock, check again, spawn, poll until it answers). Imports no
-gRPC: early_start runs it before the process needs gRPC, if it ever does."""
+protocol: check, lock, check again, spawn, poll until it answers). Imports
+nothing of kilnd's client: early_start runs it before the process needs one,
+if it ever does."""
 
 import logging
 import os

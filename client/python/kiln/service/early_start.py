@@ -3,7 +3,7 @@ first compile finds kilnd, and a worker of this Python's Triton, ready rather
 than paying their start (a second and more under Wine). It begins when
 Triton's JIT loads under Kiln (a process about to define kernels), on a thread
 of its own, and only where the user's own kilnd does not answer. Where kilnd
-runs it takes a socket connect and imports no gRPC: a process whose kernels
+runs it takes a socket connect and imports nothing more: a process whose kernels
 all come from its local index pays nothing more. Should it fail, the first
 compile's connect tries again and says why. KILN_EARLY_START=0 turns it off."""
 
@@ -72,10 +72,10 @@ def answers(endpoint):
 
 
 def _import_the_client_of_kilnd():
-    """gRPC and kilnd's API, which the first compile will need (kilnd was not
-    running: this process is likely the first to compile today). Imported
-    while kilnd starts and the program hashes Triton's files for its cache
-    key, which lets go of the GIL."""
+    """Kilnd's client (its transport and API), which the first compile will
+    need (kilnd was not running: this process is likely the first to compile
+    today). Imported while kilnd starts and the program hashes Triton's files
+    for its cache key, which lets go of the GIL."""
     from kiln.service import connection  # noqa: F401
 
 

@@ -5,7 +5,7 @@ machine's C compiler, which an embedded Python (no Python.h) cannot use and
 KILN_STRICT forbids. A process whose kernels and modules all come from the
 local index never activates Kiln (it makes no call to kilnd), yet it builds a
 module when one from the index fails to load. So the hook is in place from
-the start, and costs an interpreter only this module: Kiln activates, gRPC and
+the start, and costs an interpreter only this module: Kiln activates, its client and
 all, once a build is asked for.
 """
 

@@ -3,7 +3,7 @@ the module that names it here).
 
 A kernel this user's processes already got from kilnd is served from the
 client's local index (local/index): as cheap as stock Triton's file cache, without
-importing gRPC. Everything else goes to the manager over kilnd (_triton, that
+importing kilnd's client. Everything else goes to the manager over kilnd (_triton, that
 is kiln.triton.remote), which is imported, and connects, on first need.
 """
 

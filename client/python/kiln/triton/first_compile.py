@@ -1,8 +1,9 @@
 """A process's first compiles run here, as stock's do, while the client of
 kilnd loads beside them.
 
-Kilnd's client (gRPC and kilnd's API) costs a process about 0.7 s to import
-and connect under Wine, about 0.1 s on Linux: paid inside the first compile,
+Kilnd's client (then grpcio and kilnd's API) cost a process about 0.7 s to import
+and connect under Wine (about 0.1 s with the client's own transport), about
+0.1 s on Linux: paid inside the first compile,
 it made a Windows program's first kernel half a second slower than stock's
 with kilnd running, and an autotuned kernel's compiles ahead waited for it
 before the first of them reached kilnd. A process whose kernels all come from

@@ -226,7 +226,7 @@ def _offer_to_kilnd(memo):
 
 def _send_offers(timeout):
     """Puts the memos computed here into the kilnd that serves this account
-    files. At exit: the gRPC import and the call cost about 0.1 s, once for
+    files. At exit: the client's import and the call cost about 0.1 s, once for
     each memo computed on this machine, none in a process that computed none.
     Best effort: a memo kilnd lacks is only computed again."""
     with _unwritten_lock:
