@@ -563,3 +563,25 @@ def test_the_install_fingerprint_that_keeps_triton_key_follows_a_windows_tree(wi
     changes = [seen[name] for name in ("first", "module edited", "file added", "directories added")]
     assert len(set(changes)) == len(changes), seen
     assert seen["missing"] is None
+
+
+def test_kiln_at_python_exes_start_loads_no_library_and_points_inductor_beside_kilns_files(wine, python_embeded,
+                                                                                            toolchain):
+    """Every python.exe under KILN=1 pays Kiln's start-up (ComfyUI's helper
+    processes too): Kiln's table of patches and nothing of the standard
+    library beyond a stock start (pathlib, with re and glob, was 0.1 s of it
+    under Wine); inductor's cache under %LOCALAPPDATA%\\kiln, not %TEMP%."""
+    only_once(toolchain, "Kiln's start-up is the same")
+    show = ("import json, os, sys; print(json.dumps([sorted(sys.modules), "
+            "os.environ.get('TORCHINDUCTOR_CACHE_DIR'), os.environ['LOCALAPPDATA']]))")
+    results = []
+    for kiln in (None, "1"):
+        env = {k: v for k, v in wine.items() if k not in ("KILN_FILES_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+        status, output = run_python(dict(env, KILN=kiln) if kiln else env, python_embeded, "-c", show)
+        assert status == 0, output[-3000:]
+        results.append(json.loads(output.strip().splitlines()[-1]))
+    (stock_modules, _, _), (kiln_modules, inductor, local_app_data) = results
+    added = set(kiln_modules) - set(stock_modules)
+    assert {name for name in added if not name.startswith("kiln")} == set()
+    assert "kiln.service.paths" not in added
+    assert inductor == local_app_data + "\\kiln\\inductor"

@@ -72,10 +72,15 @@ def _activate_inductor():
     for switch in _INDUCTOR_REMOTE_CACHES:
         os.environ.setdefault(switch, "1")
     if sys.platform == "win32":
-        # Inductor's default under %TEMP% makes paths that pass MAX_PATH.
-        from kiln.service import paths as _paths
-
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_paths.files_dir().parent / "inductor"))
+        # Inductor's default under %TEMP% makes paths that pass MAX_PATH. Beside
+        # Kiln's files (kiln.service.paths.files_dir()), worked out here with
+        # os.path: paths imports pathlib, which with the modules it brings (re,
+        # glob, enum...) was 0.1 s of every python.exe's start under Wine.
+        files = os.environ.get("KILN_FILES_DIR") or os.path.join(
+            os.environ.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local"),
+            "kiln", "files")
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              os.path.join(os.path.dirname(os.path.normpath(files)), "inductor"))
 
 
 def enable(endpoint=None):
