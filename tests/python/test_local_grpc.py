@@ -133,9 +133,36 @@ def test_many_threads_call_at_once(stub):
     assert failures == [] and answered == [True] * 240
 
 
-def test_a_future_is_answered_when_asked_for(stub):
-    future = stub.start_call("GetStats", api.GetStatsRequest())
-    assert future.result().entries >= 0 and future.done()
+def test_futures_are_answered_in_any_order_and_a_cancelled_one_says_so(stub):
+    key = "f1" * 32
+    stub.Put(api.PutRequest(namespace="triton", key=key, blobs=[api.blob("b", b"future")]), timeout=30)
+    stats = stub.start_call("GetStats", api.GetStatsRequest())
+    found = stub.start_call("Lookup", api.LookupRequest(namespace="triton", key=key))
+    assert found.result().entry.blobs[0].data == b"future"
+    assert stats.result().entries >= 1
+    cancelled = stub.start_call("GetStats", api.GetStatsRequest())
+    assert cancelled.cancel()
+    with pytest.raises(RpcError) as outcome:
+        cancelled.result()
+    assert outcome.value.code() is StatusCode.CANCELLED
+    assert stub.GetStats(api.GetStatsRequest(), timeout=10).entries >= 1  # its connection goes on
+
+
+def test_a_forked_child_calls_on_connections_of_its_own(stub):
+    stub.GetStats(api.GetStatsRequest(), timeout=10)  # an idle connection in the pool, which the child inherits
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            for _ in range(20):
+                stub.GetStats(api.GetStatsRequest(), timeout=10)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for _ in range(20):  # the parent's connection carried none of the child's frames
+        assert stub.GetStats(api.GetStatsRequest(), timeout=10).entries >= 0
 
 
 def test_the_endpoint_files_token_is_sent_and_a_wrong_one_refused(tmp_path):

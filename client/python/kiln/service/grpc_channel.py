@@ -222,9 +222,6 @@ class _Future:
     def cancel(self):
         return self._future.cancel()
 
-    def done(self):
-        return self._future.done()
-
 
 class _Stream:
     def __init__(self, call):

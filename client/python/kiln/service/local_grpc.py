@@ -311,10 +311,8 @@ class _Connection:
                   ("content-type", "application/grpc"), ("te", "trailers")]
         if timeout is not None:
             fields.append(("grpc-timeout", _timeout_header(timeout)))
-        self.outgoing.append(b"")  # the HEADERS frame's header, once its block is encoded
         block = hpack.encode(fields + list(metadata))
-        self.outgoing[-1] = _frame(_HEADERS, _END_HEADERS, self.stream, len(block))
-        self.outgoing.append(block)
+        self.outgoing += (_frame(_HEADERS, _END_HEADERS, self.stream, len(block)), block)
         body = memoryview(struct.pack(">BI", 0, len(message)) + message)
         sent = 0
         while True:
@@ -391,11 +389,8 @@ class _Connection:
         if self.pid != os.getpid():
             self.close()
             return
-        try:
-            self.outgoing += (_frame(_RST_STREAM, 0, self.stream, 4), struct.pack(">I", _HTTP2_CANCEL))
-            self._flush()
-        except OSError:
-            self.close()
+        self.outgoing += (_frame(_RST_STREAM, 0, self.stream, 4), struct.pack(">I", _HTTP2_CANCEL))
+        self._flush()
         # What kilnd sent of the call before it saw the reset is skipped by the
         # next call on the connection (its headers decoded, for HPACK's state).
         self.stream = 0
@@ -583,7 +578,7 @@ class _Call:
         else:
             self._channel._drop(connection)
 
-    def result(self, timeout=None):
+    def result(self):
         with self._reading:
             if self._outcome is None:
                 try:
@@ -609,9 +604,6 @@ class _Call:
         if message is None:
             raise StopIteration
         return self._deserialize(message)
-
-    def done(self):
-        return self._connection is None
 
     def __del__(self):
         # As a grpc call does: one dropped unfinished ends at kilnd (a claim with it).
