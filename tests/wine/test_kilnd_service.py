@@ -10,11 +10,11 @@ import subprocess
 import threading
 import time
 
-import grpc
 import pytest
 from kiln.service import api as _api
 from kiln.service import paths as _paths
 from kiln.service import connection as _service
+from kiln.service.errors import RpcError
 
 from conftest import linux_path, prefix_with_services, runner, windows_path
 
@@ -70,7 +70,7 @@ class PutBurst:
             request = _api.PutRequest(namespace="burst", key=f"k{i}", blobs=[_api.blob("kernel.cubin", payload(i))])
             try:
                 self.connection.stub.Put(request, timeout=30)
-            except grpc.RpcError as error:
+            except RpcError as error:
                 self.error = error
                 return
             self.acknowledged.append(i)
