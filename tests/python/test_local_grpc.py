@@ -212,6 +212,28 @@ def test_a_connection_kilnd_closed_while_idle_is_replaced_without_an_error(tmp_p
         assert server.stop() == 0
 
 
+def test_a_call_right_after_connected_reads_its_idle_connection_once(kilnd, monkeypatch):
+    """connection.connect() asks Channel.connected() before each call of a
+    compile, which reads the idle connection without waiting (three socket
+    calls under Windows); the call then takes that connection as just read."""
+    channel = local_grpc.Channel(f"unix:{kilnd.socket}")
+    stub = api.KilnStub(channel)
+    stub.GetStats(api.GetStatsRequest(), timeout=10)
+    reads = []
+    connection_class = local_grpc._Connection
+    read = connection_class._buffered_frame
+    monkeypatch.setattr(connection_class, "_buffered_frame", lambda self: reads.append(1) or read(self))
+    for _ in range(5):
+        assert channel.connected() and reads
+        reads.clear()
+        stub.GetStats(api.GetStatsRequest(), timeout=10)
+        assert not reads
+    time.sleep(0.05)  # a call long after its check: read again, kilnd may have closed it meanwhile
+    stub.GetStats(api.GetStatsRequest(), timeout=10)
+    assert reads
+    channel.close()
+
+
 # --- a scripted server: what kilnd's gRPC does rarely -------------------------------
 
 def _frame(kind, flags, stream, payload):

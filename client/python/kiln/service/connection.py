@@ -12,8 +12,6 @@ from kiln.service.errors import KilnUnavailable, RpcError, StatusCode
 
 log = logging.getLogger("kiln")
 
-_TLS_SCHEME = "grpcs://"
-
 
 def strict():
     return os.environ.get("KILN_STRICT", "") not in ("", "0")
@@ -140,7 +138,7 @@ def connect(endpoint=None, autostart=True):
         if connection is not None:
             _connection, _connection_configured = connection, configured
             return connection
-    if endpoint.target and endpoint.target.startswith(_TLS_SCHEME):
+    if endpoint.target and endpoint.target.startswith(_paths.TLS_SCHEME):
         # A TLS handshake that fails looks like no answer at all.
         hint = (" (or the TLS handshake failed: KILN_CA_FILE must name the CA that signed kilnd's "
                 "certificate, and KILN_CLIENT_CERT a certificate signed by the CA kilnd trusts)")

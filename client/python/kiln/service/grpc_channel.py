@@ -7,6 +7,7 @@ import os
 import socket
 
 from kiln.service import api as _api
+from kiln.service import paths as _paths
 from kiln.service.errors import KilnUnavailable, RpcError, StatusCode, status_code
 from kiln.service.grpc_runtime import grpc
 
@@ -20,7 +21,6 @@ _IDLE_MS = 60_000
 _SINGLE_THREADED_UNARY_STREAM = "SingleThreadedUnaryStream"
 # gRPC's connectivity state of a channel with a live connection (grpc_connectivity_state).
 _READY = grpc.ChannelConnectivity.READY.value[0]
-TLS_SCHEME = "grpcs://"
 
 
 class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
@@ -82,8 +82,7 @@ def fleet_addresses(target):
     HOST:PORT (every address DNS gives it) or several, comma-separated
     ("grpcs://a:7733,b:7733"). One kilnd: its target as is. Raises
     KilnUnavailable for a name that does not resolve."""
-    hosts = [part.strip()[len(TLS_SCHEME):] if part.strip().startswith(TLS_SCHEME) else part.strip()
-             for part in target.split(",") if part.strip()]
+    hosts = [part.strip().removeprefix(_paths.TLS_SCHEME) for part in target.split(",") if part.strip()]
     addresses = []
     for host_port in hosts:
         host, _, port = host_port.rpartition(":")
@@ -126,7 +125,7 @@ class Channels:
                 options += [("grpc.service_config", _RETRY_SERVICE_CONFIG), ("grpc.enable_retries", 1)]
             if tls_name:
                 options.append(("grpc.ssl_target_name_override", tls_name))
-        tls = endpoint.target.startswith(TLS_SCHEME)
+        tls = endpoint.target.startswith(_paths.TLS_SCHEME)
         self.channels = [grpc.secure_channel(address, _tls_credentials(), options) if tls
                          else grpc.insecure_channel(address, options=options) for address in addresses]
         stubs = [_api.KilnStub(TranslatedChannel(grpc.intercept_channel(channel, _TokenInterceptor(endpoint.token))

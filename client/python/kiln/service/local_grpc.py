@@ -46,6 +46,11 @@ CONNECT_TIMEOUT = 2.0
 # kilnd's idle limit (tcp_idle_seconds, 300 s by default, closing after half
 # of it at the earliest) does.
 _IDLE_SECONDS = 60.0
+# An idle connection read this recently needs no read again before it carries a
+# call: connection.connect() asks Channel.connected() right before each call,
+# and that read (three socket calls under Windows) is the call's own check. A
+# close or GOAWAY from kilnd in between is caught as any other (Channel.start).
+_JUST_READ_SECONDS = 0.01
 _KEPT_IDLE = 4
 
 # gRPC's mapping of an HTTP/2 stream error, and of an HTTP status without a gRPC one.
@@ -145,6 +150,7 @@ class _Connection:
         self.last_stream_served = None  # from kilnd's GOAWAY
         self.open = self.writable = True
         self.used_at = time.monotonic()
+        self.read_at = None  # when usable() last found nothing from kilnd to stop it
         # A forked child shares the socket with its parent: it must not write
         # to it (nor shut it down), only close its own descriptor.
         self.pid = os.getpid()
@@ -285,9 +291,12 @@ class _Connection:
     def usable(self):
         """Whether this idle connection can carry a call: open, recently used,
         and kilnd has not closed it or said GOAWAY since (read without waiting)."""
+        now = time.monotonic()
         if (not (self.open and self.writable) or self.pid != os.getpid() or self.last_stream_served is not None
-                or time.monotonic() - self.used_at > _IDLE_SECONDS):
+                or now - self.used_at > _IDLE_SECONDS):
             return False
+        if self.read_at is not None and now - self.read_at < _JUST_READ_SECONDS:
+            return True
         try:
             frame = self._buffered_frame()
             while frame is not None:
@@ -297,11 +306,15 @@ class _Connection:
             self._flush()
         except (OSError, _Closed):
             return False
-        return self.last_stream_served is None
+        if self.last_stream_served is not None:
+            return False
+        self.read_at = now
+        return True
 
     def send(self, path, metadata, message, timeout):
         """Starts a call: its request, as far as kilnd's windows let it; returns
         early if kilnd answers before it has all of it."""
+        self.read_at = None  # what kilnd sends from here on is this call's to read
         if timeout != self.timeout:  # a system call each time under Windows: only when it changes
             self.socket.settimeout(timeout)
             self.timeout = timeout

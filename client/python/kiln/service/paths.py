@@ -36,6 +36,11 @@ def machine_endpoint_file():
     return Path(program_data) / "kiln" / "run" / "kilnd.endpoint"
 
 
+# The scheme of a KILN_ENDPOINT that asks for TLS (a farm's kilnd): grpcio's
+# channel speaks it, the client's own local transport does not.
+TLS_SCHEME = "grpcs://"
+
+
 class Endpoint:
     """Where to reach kilnd: a gRPC target, the access token to send (read
     from an endpoint file, Windows' transport), and whether it is the user's
