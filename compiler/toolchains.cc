@@ -69,6 +69,11 @@ void WorkerPool::Warm() {
   if (live_ == 0 && !stopping_) StartWorkerLocked();
 }
 
+bool WorkerPool::HasIdleWorker() {
+  std::lock_guard lock(mutex_);
+  return idle_.size() > waiting_.size();
+}
+
 bool WorkerPool::HasStartedWorker() {
   std::lock_guard lock(mutex_);
   return live_ > starting_;

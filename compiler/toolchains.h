@@ -176,6 +176,9 @@ class WorkerPool {
   // Whether a worker has started and lives (busy or not): a job would not
   // wait for an interpreter's start.
   bool HasStartedWorker();
+  // Whether a job asking now would get a worker without waiting: more are
+  // idle than jobs wait for one.
+  bool HasIdleWorker();
 
   // For kilnd's stop, which must take seconds whatever is compiling: kills the
   // workers running jobs, whose callers get UNAVAILABLE (never a

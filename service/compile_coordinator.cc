@@ -439,6 +439,9 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
   }
 
   if (request.no_wait_for_worker_start() && !(*pool)->HasStartedWorker()) return no_worker_ready();
+  // Seen idle, a worker may still be taken by another job first: this one
+  // then waits for the next, as any job does.
+  if (request.no_wait_for_busy_workers() && !(*pool)->HasIdleWorker()) return no_worker_ready();
 
   // The caller that starts the job is answered from the worker's output before
   // anything is stored; callers that join it are answered once it is stored.

@@ -4,12 +4,23 @@ driver and tensors stand in): the same kernels as stock, byte for byte, each
 compiled once by kilnd, in the client's threads; a failing config fails as
 stock fails it; the benchmarks begin with whichever config is ready and
 choose as stock chooses; a fleet's kilnds share the configs by their keys;
-KILN_AUTOTUNE_AHEAD=0 compiles them one by one."""
+configs that find kilnd's workers busy compile here where the threads fill
+the cores (KILN_COMPILE_HERE_WHEN_BUSY); KILN_AUTOTUNE_AHEAD=0 compiles them
+one by one."""
 
 import hashlib
+import os
+import signal
 import sys
+import threading
+import time
 
+from triton.backends.compiler import GPUTarget
+
+import kernel_suite
+import triton_frontend
 from conftest import probe_json, run_probe, tcp_kilnd
+from pipeline_client import compile_request
 from test_client import base_env, kiln_env  # noqa: F401  (fixtures)
 
 
@@ -68,6 +79,41 @@ def test_configs_missed_while_the_client_of_kilnd_loads_compile_here_at_once_and
     assert timed["benchmarks"] == 8 and timed["frontends_in_threads"] == 4, timed
     assert timed["overlapping"] == 0 and not timed["client_loaded_meanwhile"], timed
     assert kilnd.stats().compiles == 0
+
+
+def test_configs_that_find_kilnds_workers_busy_compile_here_at_once_where_told_and_kilnd_stores_them(
+        base_env, fresh_kilnd, tmp_path):
+    """KILN_COMPILE_HERE_WHEN_BUSY (on by default where the compile threads
+    fill the cores): kilnd's one worker is held by another client's job, so
+    every config compiles in the client's own threads, and kilnd starts no
+    worker for them."""
+    stock = probe_json(run_probe(base_env, "autotune-warmup"))
+    kilnd = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2")
+    (worker,) = kilnd.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        held = threading.Thread(target=kilnd.stub.Compile, args=(compile_request(
+            triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 80, 32))),))
+        held.start()
+        deadline = time.time() + 30
+        while kilnd.stats().compiles < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # from counting the job to handing it to the worker: microseconds
+        env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
+                   KILN_COMPILE_HERE_WHEN_BUSY="1")
+        here = probe_json(run_probe(env, "autotune-warmup"))
+        assert here["kernels"] == stock["kernels"]
+        assert here["frontend_threads"] == ["kiln-compile"] and here["ttgir_made_here"] == 4
+        stats = kilnd.stats()
+        assert stats.compiles == 1 and stats.workers_started == 1, stats
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    held.join()
+    # Stored with their Puts: a process with no files of its own gets them all.
+    elsewhere = dict(env, TRITON_CACHE_DIR=str(tmp_path / "other-triton"), KILN_FILES_DIR=str(tmp_path / "other-files"))
+    served = probe_json(run_probe(elsewhere, "autotune-warmup"))
+    assert served["kernels"] == stock["kernels"] and served["frontend_threads"] == []
+    assert kilnd.stats().compiles == 1
 
 
 def test_a_compile_ahead_under_a_compiler_debugging_variable_makes_its_ttgir_here(base_env, kiln_env):

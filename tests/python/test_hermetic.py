@@ -21,8 +21,8 @@ def test_the_clients_defaults_lie_in_the_runs_own_home():
     assert not any(name.startswith(("KILN", "TRITON_")) for name in os.environ
                    if name not in ("KILN_TEST_ROOT", "KILN_MACHINE_RUNTIME_DIR", "KILN_BUILD_DIR", "KILN_VENV",
                                    "KILN_PYTHON", "KILN_MINGW_BUILD_DIR", "KILN_WINDOWS_BUILD_DIR",
-                                   "KILN_WINDOWS_DEPS_CACHE", "KILN_WINDOWS_DEPS_SEED", "KILN_FIRST_COMPILE_HERE"))
-    assert os.environ["KILN_FIRST_COMPILE_HERE"] == "0"  # hermetic.TEST_SETTINGS
+                                   "KILN_WINDOWS_DEPS_CACHE", "KILN_WINDOWS_DEPS_SEED", *hermetic.TEST_SETTINGS))
+    assert all(os.environ[name] == value for name, value in hermetic.TEST_SETTINGS.items())
 
 
 def test_a_harness_stops_what_its_command_left_running_and_keeps_the_home_of_a_failure():

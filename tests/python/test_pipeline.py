@@ -286,6 +286,30 @@ def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
     assert server.stats().workers_lost == 1
 
 
+def test_a_compile_that_will_not_wait_for_busy_workers_is_answered_at_once_and_starts_none(fresh_kilnd):
+    server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2")
+    (worker,) = server.worker_pids()  # the one registration started
+    frontends = [triton_frontend.run_frontend(case, TARGETS[0]) for case in kernel_suite.SUITE[:2]]
+    os.kill(worker, signal.SIGSTOP)  # it takes a job and holds it
+    try:
+        busy = threading.Thread(target=server.stub.Compile, args=(compile_request(frontends[0]),))
+        busy.start()
+        deadline = time.time() + 30
+        while server.stats().compiles < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # from counting the job to handing it to the worker: microseconds
+        response = server.stub.Compile(compile_request(frontends[1], no_wait_for_busy_workers=True), timeout=30)
+        assert response.no_worker_ready and response.WhichOneof("result") is None, response
+        assert server.stats().workers_started == 1  # none was started for it
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    busy.join()
+    # The worker idle again, the same request compiles there.
+    response = server.stub.Compile(compile_request(frontends[1], no_wait_for_busy_workers=True), timeout=60)
+    assert response.WhichOneof("result") == "entry" and not response.no_worker_ready, response.error
+    assert server.stats().workers_started == 1
+
+
 def test_a_burst_of_one_process_does_not_hold_back_anothers_compile(fresh_kilnd):
     # One worker; process A asks for six compiles at once, then process B for
     # one: the worker's next job after the one it is on is B's, where B would

@@ -3,7 +3,8 @@ kernel's configs (triton/autotune_ahead) and a torch.compile graph's Triton kern
 (inductor/threads). One pool for both, so they never add up to more threads
 than it has. Each thread runs the frontend and make_ttir in this process (they
 need this Python) while the stages from TTGIR to the cubin run in kilnd's
-worker processes (triton/remote).
+worker processes (triton/remote), or here when none of them is idle on a
+machine whose cores the threads fill (compile_here_when_kilnd_is_busy).
 
 KILN_COMPILE_THREADS sets how many (KILN_AUTOTUNE_THREADS, its first name, is
 read too); the default is half the cores, 2 to 8: kilnd's workers need the
@@ -61,6 +62,20 @@ def thread_count():
     except ValueError:
         count = 0
     return count if count > 0 else max(2, min(8, (os.cpu_count() or 4) // 2))
+
+
+def compile_here_when_kilnd_is_busy():
+    """Whether a compile ahead that finds every worker of kilnd's busy compiles
+    in its own thread here instead of waiting (CompileRequest's
+    no_wait_for_busy_workers). Where the threads fill the machine's cores (2
+    threads on 2 cores) a worker kilnd would start for it costs a core the
+    compiles need for about a second; elsewhere that start runs on a spare
+    core, and kilnd's workers keep the compiles' GIL-bound stages out of this
+    process. KILN_COMPILE_HERE_WHEN_BUSY=1 or 0 decides whatever the cores."""
+    asked = os.environ.get("KILN_COMPILE_HERE_WHEN_BUSY", "")
+    if asked in ("0", "1"):
+        return asked == "1"
+    return thread_count() >= (os.cpu_count() or 1)
 
 
 def pool():

@@ -447,6 +447,8 @@ class _RemoteCompile:
 
         target = self.backend.target
         options_json, env = json.dumps(self.options.__dict__), get_cache_invalidating_env_vars()
+        ahead = _compile_threads.in_compile_thread()
+        here_when_busy = ahead and _compile_threads.compile_here_when_kilnd_is_busy()
         request = _api.CompileRequest(
             triton_key=triton_key(), stage=_api.STAGE[_INPUT_STAGE[input_ext]],
             ir=self._input_text(input_ext, module),
@@ -457,8 +459,10 @@ class _RemoteCompile:
             tool_paths=tool_paths(), requester=requester(),
             # A program's own compile does not wait for kilnd's worker to start
             # (kilnd just started): compiled here, it costs what stock's does.
-            # A compile ahead waits: nothing waits for it yet.
-            no_wait_for_worker_start=not _compile_threads.in_compile_thread())
+            # A compile ahead waits (nothing waits for it yet), unless its
+            # thread is a core's only compiler: then it compiles here whenever
+            # kilnd has no idle worker for it.
+            no_wait_for_worker_start=not ahead or here_when_busy, no_wait_for_busy_workers=here_when_busy)
         _compile_threads.pause_python()
         response = _stub().Compile(request)
         _compile_threads.resume_python()
