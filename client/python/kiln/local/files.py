@@ -33,12 +33,41 @@ def extension(name):
     return name[dot:] if dot > 0 else ""
 
 
+# The files here are read and written with the OS's calls alone (os.open,
+# os.read, os.write): Python's file objects add a stat, an isatty and a seek
+# to each file, which under Windows (Wine, 2 cores) made writing a compile's
+# seven files three times as costly (180 files: 0.2 s against 0.06 s).
+_READ = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+_WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+
+
+def read(path):
+    descriptor = os.open(path, _READ)
+    try:
+        chunks = []
+        while chunk := os.read(descriptor, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
+
+
+def _write_new(path, data):
+    """Writes `data` to a new file at `path` (FileExistsError if there is one)."""
+    descriptor = os.open(path, _WRITE_NEW, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view):]
+    finally:
+        os.close(descriptor)
+
+
 def _has_content(path, data, digest):
     try:
         if os.stat(path).st_size != len(data):
             return False
-        with open(path, "rb") as existing:
-            return hashlib.sha256(existing.read()).digest() == digest
+        return hashlib.sha256(read(path)).digest() == digest
     except OSError:
         return False
 
@@ -64,13 +93,11 @@ def materialize(name, data, digest=None):
         _made_dirs.add(directory)
     temp = os.path.join(directory, f".{uuid.uuid4().hex[:12]}.tmp")
     try:
-        with open(temp, "wb") as out:
-            out.write(data)
+        _write_new(temp, data)
     except FileNotFoundError:  # the directory went away under us: once more
         _made_dirs.discard(directory)
         os.makedirs(directory, exist_ok=True)
-        with open(temp, "wb") as out:
-            out.write(data)
+        _write_new(temp, data)
     try:
         os.replace(temp, path)
     except OSError:
@@ -115,8 +142,7 @@ def scratch(name, data):
     path = os.path.join(_scratch_dir(), uuid.uuid4().hex[:16] + extension(name))
     for attempt in (1, 2):
         try:
-            with open(path, "wb") as out:
-                out.write(data)
+            _write_new(path, data)
             return path
         except FileNotFoundError:  # not made yet, or removed under us: (once more) made
             if attempt == 2:
@@ -182,18 +208,13 @@ def path_of(blob):
     return materialize(blob.name, blob.data, blob.sha256)
 
 
-def read(path):
-    return Path(path).read_bytes()
-
-
 def write_text(path, text):
     """Writes `text` to `path` whole or not at all: under a unique temporary
     name beside it, then renamed over it, so a reader never sees part of it.
     Raises OSError, leaving no temporary file behind."""
     temp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        with open(temp, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
+        _write_new(temp, text.encode("utf-8"))
         os.replace(temp, path)
     except OSError:
         with contextlib.suppress(OSError):

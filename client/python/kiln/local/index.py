@@ -68,22 +68,9 @@ def _entry_path(root, namespace, key):
     return _keyed_path(root, "index", namespace, key, ".json")
 
 
-def _read_bytes(path):
-    # os.read, not open(): Python's file objects cost more than the read of
-    # an entry this small, and this runs on every hit.
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        chunks = []
-        while chunk := os.read(descriptor, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(descriptor)
-
-
 def _read(path, name):
     try:
-        listed = json.loads(_read_bytes(path))["files"]
+        listed = json.loads(_files.read(path))["files"]
         if name not in listed:
             return None
         files = {}

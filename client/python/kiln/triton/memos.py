@@ -72,8 +72,7 @@ def _memo_path(name):
 def _read_memo_file(path):
     """The memo in the file at `path`; None when there is none or it cannot be read."""
     try:
-        with open(path, "rb") as memo_file:
-            memo = json.loads(memo_file.read())
+        memo = json.loads(_files.read(path))
     except (OSError, ValueError):
         return None
     return memo if isinstance(memo, dict) else None
