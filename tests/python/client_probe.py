@@ -225,14 +225,22 @@ def _group_file(kernel, extension):
 
 
 def deferred_texts():
-    """The suite's first kernel for sm90, and the files of its group opened (by
+    """The suite's first kernel for sm90, and the files of its group read (by
     extension) while it loaded, when its LLVM IR was asked for twice, and when
     its PTX was asked for after its file went away; its asm then, and pickled."""
     import os
     import pickle
 
-    opened = []
-    sys.addaudithook(lambda event, args: opened.append(args[0]) if event == "open" else None)
+    opened = []  # files opened for reading: a compile here writes its group's files first
+
+    def note_reads(event, args):
+        if event == "open":
+            path, mode, flags = args
+            writes = any(letter in mode for letter in "wax+") if mode is not None else flags & (os.O_WRONLY | os.O_RDWR)
+            if not writes:
+                opened.append(path)
+
+    sys.addaudithook(note_reads)
 
     def extensions_opened(kernel, since):
         extension_of = {path: name.rsplit(".", 1)[1] for name, path in kernel.metadata_group.items()}

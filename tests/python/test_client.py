@@ -218,6 +218,25 @@ def test_a_kernel_from_kilnds_cache_reads_its_ir_texts_only_when_asked(kilnd, ki
     assert result["pickled"] == stock["asm"]
 
 
+def test_a_kernel_compiled_for_this_process_loads_with_its_texts_as_made_not_read_back(
+        base_env, tmp_path, stock_suite):
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
+    try:
+        kilnd.worker_pids()  # its worker is up: kilnd compiles the kernel
+        env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
+        result = probe_json(run_probe(env, "deferred-texts"))
+        assert kilnd.stats().compiles == 1
+    finally:
+        kilnd.stop()
+    stock = next(kernel for name, kernel in stock_suite.items() if name.endswith("-sm90"))
+    # Triton's CompiledKernel read back what stock's reads for a launch, and no
+    # text: each is what the compile handed Triton's cache, in memory.
+    assert result["at_load"] == ["cubin", "json"] and result["on_llir"] == []
+    assert result["asm"] == stock["asm"] and result["ptx"] == stock["asm"]["ptx"]
+    assert result["asm_keys"] == stock["asm_keys"]
+    assert result["pickled_type"] == "AsmDict" and result["pickled"] == stock["asm"]
+
+
 def test_a_text_asked_for_once_its_file_and_kilnd_are_gone_raises_a_clear_error(base_env, tmp_path):
     kilnd = Kilnd(tmp_path / "kilnd")
     env = dict(base_env, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")

@@ -17,6 +17,7 @@ from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.triton import CACHE_MANAGER as _MANAGER
 from kiln.triton import versions as _triton_versions
+from kiln.triton.deferred_texts import known_texts
 from kiln.triton.hand_over import hand_over
 from kiln.triton.keys import hex_key
 
@@ -79,6 +80,7 @@ class KilnCacheManager(CacheManager):
         here, self._here = self._here, None
         _frontend.finish(here)
         _first_compile.store(self._hex, here.made, group)
+        known_texts(group, here.made)  # not read back by the CompiledKernel made of it
         return None
 
 

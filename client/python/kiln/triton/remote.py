@@ -42,7 +42,7 @@ from kiln.triton import keys as _keys
 from kiln.triton import launcher_origin as _launcher_origin
 from kiln.triton import stages_hook as _stages_hook
 from kiln.triton import versions as _triton_versions
-from kiln.triton.deferred_texts import HitGroup
+from kiln.triton.deferred_texts import HitGroup, known_texts
 from kiln.triton.hand_over import hand_over
 from kiln.triton.lookups import hit_files as _hit_files
 from kiln.triton.lookups import lookup as _lookup
@@ -255,6 +255,7 @@ class RemoteCacheManager(CacheManager):
         finally:
             if compile_group is not None:
                 _frontend.finish(compile_group)
+                known_texts(group, compile_group.made)  # not read back by the CompiledKernel made of it
         return None
 
     def _index_group(self, compile_group, group):
