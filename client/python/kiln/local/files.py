@@ -45,7 +45,9 @@ def read(path):
     descriptor = os.open(path, _READ)
     try:
         chunks = []
-        while chunk := os.read(descriptor, 1 << 20):
+        # Not larger: each read allocates its whole size first, and most files
+        # read here (index entries, memos) are a few hundred bytes.
+        while chunk := os.read(descriptor, 1 << 16):
             chunks.append(chunk)
         return b"".join(chunks)
     finally:
