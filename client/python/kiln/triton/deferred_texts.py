@@ -133,6 +133,11 @@ class LazyAsm(AsmDict):
         return AsmDict, (dict(dict.items(self._read_all())),)
 
 
+def _suffix(path):
+    """What CompiledKernel keys a file's content by in asm: its extension, without the dot."""
+    return os.path.splitext(path)[1][1:]
+
+
 def known_texts(group, made):
     """The texts of `group` ({file name: path}), which this thread's compile
     just wrote from `made` ({file name: bytes}), for the CompiledKernel that
@@ -141,7 +146,7 @@ def known_texts(group, made):
     texts = {}
     for name, path in group.items():
         data = made.get(name)
-        if data is None or os.path.splitext(path)[1][1:] not in _DEFERRED_ORDER:
+        if data is None or _suffix(path) not in _DEFERRED_ORDER:
             continue
         texts[path] = data.decode() if isinstance(data, bytes) else data
     _this_thread.known_texts = texts
@@ -195,7 +200,7 @@ def install(compiler):
         """Stock's load of the metadata and binary; each text from `texts`
         ({path: text}), or read on first use."""
         # CompiledKernel keys asm by each path's suffix, and leaves out the metadata (.json).
-        suffixes = {name: os.path.splitext(path)[1][1:] for name, path in metadata_group.items()
+        suffixes = {name: _suffix(path) for name, path in metadata_group.items()
                     if not name.endswith(".json")}
         stock_init(self, src, {name: path for name, path in metadata_group.items()
                                if suffixes.get(name) not in _DEFERRED_ORDER}, hash)
@@ -213,7 +218,7 @@ def install(compiler):
         texts, _this_thread.known_texts = getattr(_this_thread, "known_texts", None), None
         if type(metadata_group) is not HitGroup:
             if texts and all(path in texts for path in metadata_group.values()
-                             if os.path.splitext(path)[1][1:] in _DEFERRED_ORDER):
+                             if _suffix(path) in _DEFERRED_ORDER):
                 init_with_texts(self, src, metadata_group, hash, texts)
                 self.metadata_group = metadata_group  # stock's own dict, as stock keeps it
                 return None
