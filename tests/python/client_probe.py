@@ -678,6 +678,10 @@ def main():
     import os
 
     result["cache_manager"] = os.environ.get("TRITON_CACHE_MANAGER")
+    # Kiln's modules that Python's own finder loaded, not kiln._own_modules from their .pyc files.
+    result["kiln_modules_by_pythons_finder"] = sorted(
+        name for name, module in list(sys.modules.items())
+        if name.startswith("kiln") and type(getattr(module.__spec__, "loader", None)).__name__ != "_PycLoader")
     print(json.dumps(result, default=str))
 
 

@@ -58,8 +58,8 @@ def test_pth_activation_imports_nothing_but_kilns_table_of_patches(base_env):
                                   check=True).stdout.split())
 
     added = modules(dict(base_env, KILN="1")) - modules(base_env)
-    assert added == {"kiln", "kiln._autoload", "kiln.service", "kiln.service.errors", "kiln.triton",
-                     "kiln._after_import", "kiln._patches"}
+    assert added == {"kiln", "kiln._own_modules", "kiln._autoload", "kiln.service", "kiln.service.errors",
+                     "kiln.triton", "kiln._after_import", "kiln._patches"}
 
 
 def test_compiles_go_through_kilnd_and_equal_stock_then_hit_in_a_new_process(kilnd, kiln_env, stock_suite):

@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "client" / "python" / "kiln"
 ROOMS = ("commands", "inductor", "triton", "local", "service")  # top to bottom
 # kiln's top: activation, the command line, the cache manager's old name. It
 # may use every room; no room uses it.
-TOP = {"kiln", "kiln.__main__", "kiln._autoload", "kiln._patches", "kiln._after_import", "kiln._cache"}
+TOP = {"kiln", "kiln.__main__", "kiln._autoload", "kiln._patches", "kiln._after_import", "kiln._cache",
+       "kiln._own_modules"}
 # Imports that close a circle, each a lazy load that cannot be undone without
 # changing when Triton's side loads: (importer, imported, why).
 LAZY_CIRCLES = {

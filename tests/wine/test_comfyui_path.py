@@ -214,6 +214,8 @@ def test_the_suite_through_a_kilnd_the_client_starts_is_stocks_byte_for_byte_and
     cold, cold_seconds = suite(wine, python_embeded, tmp_path / "kiln-cache", **kiln_env)
     assert cold["cache_manager"] == "kiln._cache:KilnCacheManager"
     assert cold["kernels"] == stock["kernels"]
+    # The first process after pip's install: Kiln's modules from the .pyc files pip made.
+    assert cold["kiln_modules_by_pythons_finder"] == ["kiln", "kiln._own_modules"]
     stats = kilnd_stats(wine, binaries)
     # kilnd.exe probes python_embeded (its first day) while the process
     # compiles its first kernels itself, as stock; then its worker compiles.

@@ -21,6 +21,10 @@ __all__ = ["enable", "disable", "is_enabled", "KilnUnavailable"]
 _ENV_SET_BY_US = False
 
 
+from kiln import _own_modules  # noqa: E402  (before any other of Kiln's modules)
+
+_own_modules.install()
+
 from kiln.service.errors import KilnUnavailable  # noqa: E402
 from kiln.triton import CACHE_MANAGER as _MANAGER  # noqa: E402
 
