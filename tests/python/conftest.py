@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -133,6 +134,13 @@ class Kilnd:
 
     def stats(self):
         return self.stub.GetStats(_api.GetStatsRequest())
+
+    def wait_for_workers_started(self, count, seconds=60):
+        """Until `count` workers have started (each is ready for a job once counted)."""
+        deadline = time.time() + seconds
+        while self.stats().workers_started < count and time.time() < deadline:
+            time.sleep(0.05)
+        assert self.stats().workers_started >= count, f"kilnd started fewer than {count} workers in {seconds} s"
 
     def tcp_address(self):
         """HOST:PORT of its loopback TCP listener (tcp_listen = 127.0.0.1:0 picks the port)."""

@@ -1,7 +1,12 @@
 """Builds kilnd requests from Triton's frontend output, as a client would."""
 
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
+import time
 
 from kiln.service import api as _api
 
@@ -32,3 +37,22 @@ def blobs_by_name(entry):
 
 def local_python():
     return sys.executable
+
+
+@contextlib.contextmanager
+def only_worker_held(kilnd, frontend):
+    """kilnd's one worker stopped (SIGSTOP) with the Compile of `frontend` in
+    its hands, until the block ends; then it resumes and finishes that job."""
+    (worker,) = kilnd.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    held = threading.Thread(target=kilnd.stub.Compile, args=(compile_request(frontend),))
+    try:
+        held.start()
+        deadline = time.time() + 30
+        while kilnd.stats().compiles < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # from counting the job to handing it to the worker: microseconds
+        yield
+    finally:
+        os.kill(worker, signal.SIGCONT)
+        held.join()

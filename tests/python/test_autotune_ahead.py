@@ -9,18 +9,14 @@ the cores (KILN_COMPILE_HERE_WHEN_BUSY); KILN_AUTOTUNE_AHEAD=0 compiles them
 one by one."""
 
 import hashlib
-import os
-import signal
 import sys
-import threading
-import time
 
 from triton.backends.compiler import GPUTarget
 
 import kernel_suite
 import triton_frontend
 from conftest import probe_json, run_probe, tcp_kilnd
-from pipeline_client import compile_request
+from pipeline_client import only_worker_held
 from test_client import base_env, kiln_env  # noqa: F401  (fixtures)
 
 
@@ -89,16 +85,7 @@ def test_configs_that_find_kilnds_workers_busy_compile_here_at_once_where_told_a
     worker for them."""
     stock = probe_json(run_probe(base_env, "autotune-warmup"))
     kilnd = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2")
-    (worker,) = kilnd.worker_pids()
-    os.kill(worker, signal.SIGSTOP)
-    try:
-        held = threading.Thread(target=kilnd.stub.Compile, args=(compile_request(
-            triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 80, 32))),))
-        held.start()
-        deadline = time.time() + 30
-        while kilnd.stats().compiles < 1 and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # from counting the job to handing it to the worker: microseconds
+    with only_worker_held(kilnd, triton_frontend.run_frontend(kernel_suite.SUITE[0], GPUTarget("cuda", 80, 32))):
         env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}",
                    KILN_COMPILE_HERE_WHEN_BUSY="1")
         here = probe_json(run_probe(env, "autotune-warmup"))
@@ -106,9 +93,6 @@ def test_configs_that_find_kilnds_workers_busy_compile_here_at_once_where_told_a
         assert here["frontend_threads"] == ["kiln-compile"] and here["ttgir_made_here"] == 4
         stats = kilnd.stats()
         assert stats.compiles == 1 and stats.workers_started == 1, stats
-    finally:
-        os.kill(worker, signal.SIGCONT)
-    held.join()
     # Stored with their Puts: a process with no files of its own gets them all.
     elsewhere = dict(env, TRITON_CACHE_DIR=str(tmp_path / "other-triton"), KILN_FILES_DIR=str(tmp_path / "other-files"))
     served = probe_json(run_probe(elsewhere, "autotune-warmup"))

@@ -222,7 +222,7 @@ def test_a_kernel_compiled_for_this_process_loads_with_its_texts_as_made_not_rea
         base_env, tmp_path, stock_suite):
     kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
     try:
-        kilnd.worker_pids()  # its worker is up: kilnd compiles the kernel
+        kilnd.wait_for_workers_started(1)  # so kilnd compiles the kernel, not the client while it starts
         env = dict(base_env, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}")
         result = probe_json(run_probe(env, "deferred-texts"))
         assert kilnd.stats().compiles == 1

@@ -22,7 +22,7 @@ import kernel_suite
 import triton_frontend
 from conftest import Kilnd
 from kiln.service import api as kiln_pb2
-from pipeline_client import blobs_by_name, compile_request
+from pipeline_client import blobs_by_name, compile_request, only_worker_held
 
 TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
 # This is the path of a TTIR file given to kilnd (the CLI's): like Triton's own
@@ -288,22 +288,11 @@ def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
 
 def test_a_compile_that_will_not_wait_for_busy_workers_is_answered_at_once_and_starts_none(fresh_kilnd):
     server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=2")
-    (worker,) = server.worker_pids()  # the one registration started
     frontends = [triton_frontend.run_frontend(case, TARGETS[0]) for case in kernel_suite.SUITE[:2]]
-    os.kill(worker, signal.SIGSTOP)  # it takes a job and holds it
-    try:
-        busy = threading.Thread(target=server.stub.Compile, args=(compile_request(frontends[0]),))
-        busy.start()
-        deadline = time.time() + 30
-        while server.stats().compiles < 1 and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # from counting the job to handing it to the worker: microseconds
+    with only_worker_held(server, frontends[0]):  # the one the registration started
         response = server.stub.Compile(compile_request(frontends[1], no_wait_for_busy_workers=True), timeout=30)
         assert response.no_worker_ready and response.WhichOneof("result") is None, response
         assert server.stats().workers_started == 1  # none was started for it
-    finally:
-        os.kill(worker, signal.SIGCONT)
-    busy.join()
     # The worker idle again, the same request compiles there.
     response = server.stub.Compile(compile_request(frontends[1], no_wait_for_busy_workers=True), timeout=60)
     assert response.WhichOneof("result") == "entry" and not response.no_worker_ready, response.error
@@ -362,9 +351,7 @@ def test_idle_workers_retire_but_the_last_one_stays_ready(fresh_kilnd):
         thread.start()
     for thread in threads:
         thread.join()
-    deadline = time.time() + 30
-    while server.stats().workers_started < 2 and time.time() < deadline:
-        time.sleep(0.1)
+    server.wait_for_workers_started(2)
     assert server.stats().workers_started == 2
     deadline = time.time() + 30
     while server.stats().live_workers > 1 and time.time() < deadline:
