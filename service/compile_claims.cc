@@ -68,9 +68,14 @@ CompileClaims::Ticket CompileClaims::ClaimOrWait(const std::string& ns, const st
     if (closed_) return ticket;  // shutting down: nobody claims or waits any more
     auto claim = claims_.find(ClaimId(ns, key));
     const absl::Time now = absl::Now();
-    if (claim != claims_.end() && !claimant.empty() && claim->second.claimant == claimant) {
+    if (claim != claims_.end() && !claimant.empty() && claim->second.claimant == claimant &&
+        claim->second.lapses_at != absl::InfiniteFuture()) {
       // The holder's own process asks again (its earlier attempt ended in a
       // way we were not told of): it takes the claim over, never waits on it.
+      // Not once the holder's compile has started: that compile is stored
+      // (and the claim released) shortly, and the process waits for it as any
+      // other would. Taking over, it would compile the kernel again (kilnd
+      // answers a compile before storing it, so its next lookup may come first).
       claim->second.ended.swap(ended);
       if (ended) callbacks.push_back(std::move(ended));
       claim->second.id = next_claim_id_++;

@@ -64,7 +64,8 @@ class CompileClaims {
   // if the claim ends other than by the caller's own Abandon. kWaiting: another
   // caller holds it; `wake` runs once when that claim ends. A `claimant` that
   // already holds the key (the same process asking again) takes the claim
-  // over; an empty claimant never matches another. With `may_claim` false a
+  // over, unless its compile has started (MarkCompiling): then it waits for
+  // that compile as others do. An empty claimant never matches another. With `may_claim` false a
   // free key answers kNoClaim instead of being claimed.
   Ticket ClaimOrWait(const std::string& ns, const std::string& key, const std::string& claimant,
                      bool may_claim, Ended ended, Wake wake);

@@ -89,6 +89,20 @@ TEST(CompileClaimsTest, TheSameClaimantTakesItsClaimOver) {
   EXPECT_EQ(waiter.count(), 1);
 }
 
+TEST(CompileClaimsTest, TheSameClaimantWaitsForItsCompileOnceStarted) {
+  // kilnd answers a compile before it is stored: the same process's next
+  // lookup of the key must wait for the store, not compile the kernel again.
+  CompileClaims claims({absl::Seconds(60)});
+  Signal holder, again_woken;
+  claims.ClaimOrWait("ns", "k", "me", true, holder.Callback(), nullptr);
+  claims.MarkCompiling("ns", "k");
+  const auto again = claims.ClaimOrWait("ns", "k", "me", true, nullptr, again_woken.Callback());
+  EXPECT_EQ(again.answer, Answer::kWaiting);
+  EXPECT_EQ(holder.count(), 0);
+  claims.Release("ns", "k");
+  EXPECT_EQ(again_woken.count(), 1);
+}
+
 TEST(CompileClaimsTest, AnEmptyClaimantNeverMatchesAnother) {
   CompileClaims claims({absl::Seconds(60)});
   claims.ClaimOrWait("ns", "k", "", true, nullptr, nullptr);

@@ -523,6 +523,44 @@ def _kill_kilnd_at(spec, pid):
     _service.Connection.__init__ = connection_that_kills
 
 
+def higher_order(rounds):
+    """Upstream's test_higher_order_kernel (runtime/test_cache.py), compile-only,
+    `rounds` times with kernels of their own: a kernel taking a jit function,
+    whose source is changed in place and back. What the frontend printed
+    (tl.static_print) and how often it ran: stock prints each source's line
+    once, as the third call finds the second's kernel in the cache once the JIT
+    forgets it."""
+    import triton.language as tl
+    from triton.runtime.driver import driver
+
+    import autotuned_kernels
+
+    driver.set_active(autotuned_kernels.CompileOnlyDriver())
+    tensor = autotuned_kernels.StandInTensor()
+    printed = io.StringIO()
+    for round_name in "abcdefgh"[:int(rounds)]:
+        @triton.jit
+        def fn_a():
+            tl.static_print("Compiling with fn_a in round ?")
+            return 0
+
+        @triton.jit
+        def kernel(out_ptr, FUNC: tl.constexpr):
+            tl.store(out_ptr, FUNC())
+
+        original = fn_a.src.replace("round ?", f"round {round_name}")
+        fn_a._unsafe_update_src(original)
+        with contextlib.redirect_stdout(printed):
+            kernel.warmup(tensor, fn_a, grid=(1, ))
+            fn_a._unsafe_update_src(original.replace("with fn_a", "with fn_a after modification").replace("0", "1"))
+            kernel.warmup(tensor, fn_a, grid=(1, ))
+            kernel.device_caches.clear()
+            kernel.warmup(tensor, fn_a, grid=(1, ))
+            fn_a._unsafe_update_src(original)
+            kernel.warmup(tensor, fn_a, grid=(1, ))
+    return {"printed": printed.getvalue().splitlines()}
+
+
 def autotune_warmup(failing=False):
     """An autotuned kernel's compile-only warmup (Autotuner.warmup) of 4
     configs for sm90, as a program precompiles before its first call: each
@@ -665,7 +703,7 @@ def main():
               "frontend-error": frontend_error, "where-warning": where_warning,
               "override": lambda: override(sys.argv[2]), "put-file": put_file,
               "inductor-cache": lambda: inductor_cache(sys.argv[2], sys.argv[3]),
-              "autotune-warmup": autotune_warmup,
+              "higher-order": lambda: higher_order(sys.argv[2]), "autotune-warmup": autotune_warmup,
               "autotune-warmup-failing": lambda: autotune_warmup(failing=True),
               "autotune-benchmarks": autotune_benchmarks, "autotune-timed": autotune_timed}[mode]()
     result["frontend_runs"] = frontend_runs
