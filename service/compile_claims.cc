@@ -69,7 +69,7 @@ CompileClaims::Ticket CompileClaims::ClaimOrWait(const std::string& ns, const st
     auto claim = claims_.find(ClaimId(ns, key));
     const absl::Time now = absl::Now();
     if (claim != claims_.end() && !claimant.empty() && claim->second.claimant == claimant &&
-        claim->second.lapses_at != absl::InfiniteFuture()) {
+        !claim->second.compiling()) {
       // The holder's own process asks again (its earlier attempt ended in a
       // way we were not told of): it takes the claim over, never waits on it.
       // Not once the holder's compile has started: that compile is stored
@@ -138,8 +138,7 @@ void CompileClaims::Abandon(const std::string& ns, const std::string& key, uint6
   {
     std::lock_guard lock(mutex_);
     auto claim = claims_.find(ClaimId(ns, key));
-    if (claim == claims_.end() || claim->second.id != claim_id ||
-        claim->second.lapses_at == absl::InfiniteFuture()) {
+    if (claim == claims_.end() || claim->second.id != claim_id || claim->second.compiling()) {
       return;
     }
     if (unfinished_) callbacks.push_back(TellUnfinished(claim->second));

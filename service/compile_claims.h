@@ -65,8 +65,8 @@ class CompileClaims {
   // caller holds it; `wake` runs once when that claim ends. A `claimant` that
   // already holds the key (the same process asking again) takes the claim
   // over, unless its compile has started (MarkCompiling): then it waits for
-  // that compile as others do. An empty claimant never matches another. With `may_claim` false a
-  // free key answers kNoClaim instead of being claimed.
+  // that compile as others do. An empty claimant never matches another. With
+  // `may_claim` false a free key answers kNoClaim instead of being claimed.
   Ticket ClaimOrWait(const std::string& ns, const std::string& key, const std::string& claimant,
                      bool may_claim, Ended ended, Wake wake);
 
@@ -101,6 +101,9 @@ class CompileClaims {
     absl::Time lapses_at;  // InfiniteFuture once compiling
     Ended ended;
     std::vector<Wake> waiters;
+
+    // Its compile has started in kilnd (MarkCompiling): only Release ends it.
+    bool compiling() const { return lapses_at == absl::InfiniteFuture(); }
   };
   // Removes the claim and returns what must run outside the lock.
   std::vector<std::function<void()>> EndLocked(
