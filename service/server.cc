@@ -178,6 +178,17 @@ void LimitTcpConnections(const ServerOptions& options, std::shared_ptr<Connectio
   }
 }
 
+// Clients check that kilnd still answers a call that waits (a compile, a
+// claim) with HTTP/2 PINGs: the Python client's own transport once a call has
+// been quiet for 2 s, gRPC keepalive every 4 s on a farm's. gRPC's default
+// policy takes a PING less than 5 minutes after another, with no data sent
+// between, for abuse, and after two such closes the connection: every compile
+// longer than a few seconds would fail. A PING a second is what kilnd allows;
+// more often is still abuse. Without calls, gRPC allows one each 2 hours.
+void AllowLivenessPings(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+}
+
 }  // namespace
 
 fs::path ServedFilesPointer(const std::string& endpoint) { return endpoint + ".files"; }
@@ -239,6 +250,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
       std::min<uint64_t>(options.max_request_size, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
   AnswerMalformedRequestsWithInvalidArgument(builder);
+  AllowLivenessPings(builder);
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {

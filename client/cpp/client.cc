@@ -31,6 +31,17 @@ namespace {
 
 // The scheme of an endpoint reached over TLS.
 constexpr absl::string_view kTlsScheme = "grpcs://";
+// The largest answer read: kilnd's own largest request (max_request_size's
+// default), which bounds what it stores and so what it answers; as the
+// Python client's (local_grpc.MAX_MESSAGE).
+constexpr int kMaxAnswerBytes = 64 << 20;
+// A kilnd that stops answering ends a call that waits (a compile, an import)
+// by keepalive: a PING once the call has waited this long, the connection
+// closed if its answer takes longer than the timeout. kilnd allows a PING a
+// second during calls (service/server.cc); gRPC sends two at most without
+// data between them unless max_pings_without_data is 0.
+constexpr int kKeepaliveMs = 4000;
+constexpr int kKeepaliveTimeoutMs = 4000;
 
 ResolvedEndpoint ReadEndpointFile(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -293,8 +304,11 @@ void Client::Connect(ResolvedEndpoint resolved) {
     }
   }
   grpc::ChannelArguments arguments;
-  arguments.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
+  arguments.SetMaxReceiveMessageSize(kMaxAnswerBytes);
   arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (target->tcp) arguments.SetServiceConfigJSON(std::string(kFleetServiceConfig));
   if (!target->tls_name.empty()) arguments.SetSslTargetNameOverride(target->tls_name);
   channel_ = grpc::CreateCustomChannel(
@@ -308,13 +322,17 @@ absl::Status Client::WithRetries(absl::string_view method, absl::Duration timeou
     return absl::UnavailableError(absl::StrCat(method, ": ", endpoint_problem_));
   }
   grpc::Status status;
+  // The deadline is the call's, its retries included: a kilnd that stops
+  // answering costs the caller `timeout` at most, not one per attempt.
+  const absl::Time give_up = absl::Now() + timeout;
   for (int attempt = 1; attempt <= std::max(1, options_.max_attempts); ++attempt) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    context.set_deadline(absl::ToChronoTime(give_up));
     if (!token_.empty()) context.AddMetadata("x-kiln-token", token_);
     status = call(&context);
     if (status.ok() || !Retryable(status)) break;
     if (attempt < options_.max_attempts) absl::SleepFor(options_.retry_backoff * attempt);
+    if (absl::Now() >= give_up) break;
   }
   if (status.ok()) return absl::OkStatus();
   std::string message = absl::StrCat(method, ": ", status.error_message());

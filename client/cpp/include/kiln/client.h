@@ -46,9 +46,11 @@ struct ClientOptions {
   // Sent as "x-kiln-token" with every call; read from the endpoint file when
   // that is what names the target.
   std::string token;
-  // Deadline of each attempt of a quick call (lookup, stats, ...).
+  // Deadline of a quick call (lookup, stats, ...), its retries included.
   absl::Duration timeout = absl::Seconds(30);
-  // Deadline of each attempt of a compile, which may queue behind others.
+  // Deadline of a compile, which may queue behind others, retries included.
+  // A kilnd that stops answering ends any call sooner, in about 8 s, by
+  // keepalive PINGs.
   absl::Duration compile_timeout = absl::Minutes(15);
   int max_attempts = 3;
   absl::Duration retry_backoff = absl::Milliseconds(200);

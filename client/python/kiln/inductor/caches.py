@@ -64,9 +64,11 @@ def _make_backend_class(single_flight_kind):
                 from kiln.service import api as _api
 
                 response = _service.connect().stub.Lookup(_api.LookupRequest(namespace=NAMESPACE, key=key))
-            except (_service.RpcError, _service.KilnUnavailable) as error:
+            except Exception as error:  # noqa: BLE001  (every failure of Kiln's falls back)
                 _unreachable = True
-                _service.fall_back(f"kilnd unreachable for inductor's caches ({error})")
+                reason = f"kilnd unreachable for inductor's caches ({error})"
+                _service.forget(shun_because=reason)
+                _service.fall_back(reason)
                 return None
             return response.entry.blobs[0].data if response.found else None
 
@@ -80,7 +82,7 @@ def _make_backend_class(single_flight_kind):
                 # As files: the next process reads it through kilnd's link, with no call.
                 _service.connect().stub.Put(_api.PutRequest(namespace=NAMESPACE, key=key, blobs=[
                     _api.blob(VALUE_BLOB, data)], serve_as_files=True))
-            except (_service.RpcError, _service.KilnUnavailable) as error:
+            except Exception as error:  # noqa: BLE001  (a cache entry not stored is the program's loss of nothing)
                 log.debug("inductor cache entry not stored: %s", error)
             finally:
                 _inductor_claims.release(key)  # stored or not, nobody waits on it now

@@ -94,20 +94,52 @@ _STREAMING_METHODS = {
     "LookupOrClaim": (LookupRequest, LookupResponse),
 }
 
+# Every call ends by its deadline, the caller's or else its method's here.
+# kilnd answers the quick ones in milliseconds: their deadline bounds a kilnd
+# whose transport answers and whose handlers do not (a deadlock). Those that
+# compile, or wait on another process's compile, may take minutes: they end at
+# kilnd's own compile limit (compile_timeout_seconds, 10 min) and a margin,
+# and a kilnd that stops answering ends them long before, by liveness (PINGs
+# on this machine's connection, gRPC keepalive on a farm's).
+QUICK_DEADLINE = 10.0
+_WRITE_DEADLINE = 60.0
+_COMPILE_DEADLINE = 900.0
+_DEADLINES = {
+    "Put": _WRITE_DEADLINE, "PutMany": _WRITE_DEADLINE, "ListEntries": _WRITE_DEADLINE,
+    "BuildLauncher": 300.0, "Evict": 300.0,
+    "Compile": _COMPILE_DEADLINE, "CompileInductorKernel": _COMPILE_DEADLINE, "Prewarm": _COMPILE_DEADLINE,
+    "LookupOrClaim": _COMPILE_DEADLINE, "Verify": _COMPILE_DEADLINE,
+}
+
+
+class _WithDeadline:
+    """A method of a channel whose calls get `seconds` as their deadline
+    unless the caller gives one."""
+
+    __slots__ = ("_method", "_seconds")
+
+    def __init__(self, method, seconds):
+        self._method, self._seconds = method, seconds
+
+    def __call__(self, request, timeout=None, metadata=None):
+        return self._method(request, timeout=self._seconds if timeout is None else timeout, metadata=metadata)
+
+    def future(self, request, timeout=None, metadata=None):
+        return self._method.future(request, timeout=self._seconds if timeout is None else timeout,
+                                   metadata=metadata)
+
 
 class KilnStub:
     """kiln.v1.Kiln's methods on a channel (local_grpc's, or a grpc channel),
     e.g. stub.Lookup(request, timeout=5)."""
 
     def __init__(self, channel):
-        for method, (request, response) in _METHODS.items():
-            setattr(self, method, channel.unary_unary(f"/kiln.v1.Kiln/{method}",
-                                                      request_serializer=request.SerializeToString,
-                                                      response_deserializer=response.FromString))
-        for method, (request, response) in _STREAMING_METHODS.items():
-            setattr(self, method, channel.unary_stream(f"/kiln.v1.Kiln/{method}",
-                                                       request_serializer=request.SerializeToString,
-                                                       response_deserializer=response.FromString))
+        for methods, make in ((_METHODS, channel.unary_unary), (_STREAMING_METHODS, channel.unary_stream)):
+            for method, (request, response) in methods.items():
+                setattr(self, method, _WithDeadline(
+                    make(f"/kiln.v1.Kiln/{method}", request_serializer=request.SerializeToString,
+                         response_deserializer=response.FromString),
+                    _DEADLINES.get(method, QUICK_DEADLINE)))
 
     def start_call(self, method, request):
         """Starts a unary call without waiting for it: a future of its answer (result(), cancel())."""

@@ -3,6 +3,7 @@
 import logging
 import os
 import threading
+import time
 import warnings
 
 from kiln.service import api as _api
@@ -106,6 +107,11 @@ _lock_connection = threading.Lock()
 _connection = None
 _connection_configured = None  # (KILN_ENDPOINT, KILN_ENDPOINT_FILE) when _connection was made for the default
 _warned = False
+# A process that fell back asks its kilnd nothing more for this long: each
+# call would wait out its failure again (seconds, for a kilnd that stopped
+# answering), and the program has gone on with stock Triton.
+SHUN_SECONDS = 60.0
+_shunned = None  # (until, why) once the process fell back
 
 
 def _configured_endpoint():
@@ -117,6 +123,11 @@ def connect(endpoint=None, autostart=True):
     `endpoint`: a gRPC target or a _paths.Endpoint; default: _paths.default_endpoint()."""
     global _connection, _connection_configured
     configured = None
+    if endpoint is None and _shunned is not None:
+        until, why = _shunned
+        left = until - time.monotonic()
+        if left > 0:
+            raise KilnUnavailable(f"{why}; kilnd is not asked again for {left:.0f} s")
     if endpoint is None:
         # Every call of a compile asks for the connection: while it is live,
         # the endpoint it was made for is still kilnd's, and reading kilnd's
@@ -132,7 +143,13 @@ def connect(endpoint=None, autostart=True):
         if _connection is not None and _connection.same_as(endpoint):
             _connection_configured = configured
             return _connection
-        connection = _ready_connection(endpoint, _local_grpc.CONNECT_TIMEOUT)
+        try:
+            connection = _ready_connection(endpoint, _local_grpc.CONNECT_TIMEOUT)
+        except KilnUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001  (whatever failed, the caller is told kilnd is not there)
+            raise KilnUnavailable(f"kilnd at {endpoint.describe()} cannot be reached "
+                                  f"({type(error).__name__}: {error})") from None
         if connection is None and autostart and endpoint.is_user_default:
             connection = _autostart()
         if connection is not None:
@@ -150,13 +167,16 @@ def connect(endpoint=None, autostart=True):
     raise KilnUnavailable(f"kilnd is not reachable at {endpoint.describe()}{hint}")
 
 
-def forget():
-    """Drops the cached connection (after the service went away, or disable())."""
-    global _connection, _connection_configured
+def forget(shun_because=None):
+    """Drops the cached connection (after the service went away, or disable()).
+    With `shun_because` (why the process fell back), connect() refuses at
+    once for SHUN_SECONDS, saying so; without, that ends."""
+    global _connection, _connection_configured, _shunned
     with _lock_connection:
         if _connection is not None:
             _connection.close()
         _connection, _connection_configured = None, None
+        _shunned = None if shun_because is None else (time.monotonic() + SHUN_SECONDS, shun_because)
 
 
 def fall_back(reason):

@@ -8,6 +8,7 @@ import socket
 
 from kiln.service import api as _api
 from kiln.service import paths as _paths
+from kiln.service.local_grpc import MAX_MESSAGE
 from kiln.service.errors import KilnUnavailable, RpcError, StatusCode, status_code
 from kiln.service.grpc_runtime import grpc
 
@@ -17,6 +18,13 @@ from kiln.service.grpc_runtime import grpc
 # closes that way ("Got goaway [2] ... enter idle") to the program's stderr.
 # The next call connects again.
 _IDLE_MS = 60_000
+# A kilnd that stops answering (stopped, or a host gone) ends the calls it
+# holds by keepalive: a PING once a call has waited this long, and the
+# connection closed when its answer takes longer than the timeout. kilnd
+# allows PINGs this often during calls (server.cc); without data between them
+# gRPC sends two at most unless max_pings_without_data is 0.
+_KEEPALIVE_MS = 4000
+_KEEPALIVE_TIMEOUT_MS = 4000
 # grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, without importing grpc.experimental.
 _SINGLE_THREADED_UNARY_STREAM = "SingleThreadedUnaryStream"
 # gRPC's connectivity state of a channel with a live connection (grpc_connectivity_state).
@@ -112,8 +120,10 @@ class Channels:
     """grpc channels to the kilnd (or kilnds) of an endpoint, and the stub that calls them."""
 
     def __init__(self, endpoint):
-        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", -1),
                    ("grpc.client_idle_timeout_ms", _IDLE_MS),
+                   ("grpc.keepalive_time_ms", _KEEPALIVE_MS), ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
+                   ("grpc.http2.max_pings_without_data", 0),
                    # A LookupOrClaim stream's answers are read on the thread that
                    # asks for them, not by a thread gRPC starts for each call.
                    (_SINGLE_THREADED_UNARY_STREAM, 1)]

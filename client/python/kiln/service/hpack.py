@@ -130,17 +130,22 @@ class Decoder:
         self._table = []  # newest last
         self._size = 0
 
-    def decode(self, block):
+    def decode(self, block, max_list_size=None):
         """The (name, value) pairs of `block`, as str decoded from latin-1 so
-        that any octets come through; HpackError if it is not valid HPACK."""
+        that any octets come through; HpackError if it is not valid HPACK, or
+        if its header list's size (RFC 9113 6.5.2: each field's octets and 32)
+        passes `max_list_size`: fields indexed again and again make a small
+        block a large list."""
         block = bytes(block)
         headers = []
-        pos = 0
+        pos = list_size = 0
+        limit = float("inf") if max_list_size is None else max_list_size
         while pos < len(block):
             first = block[pos]
             if first & 0x80:  # indexed field
                 index, pos = _integer(block, pos, 7)
                 headers.append(self._field(index))
+                list_size += len(headers[-1][0]) + len(headers[-1][1]) + 32
             elif (first & 0xE0) == 0x20:  # dynamic table size update
                 if headers:
                     raise HpackError("dynamic table size update after a header field")
@@ -158,10 +163,13 @@ class Decoder:
                     name, pos = _string(block, pos)
                 value, pos = _string(block, pos)
                 headers.append((name, value))
+                list_size += len(name) + len(value) + 32
                 if first & 0x40:
                     self._table.append((name, value))
                     self._size += len(name) + len(value) + 32
                     self._evict()
+            if list_size > limit:
+                raise HpackError(f"a header list past {limit} bytes")
         return headers
 
     def _field(self, index):

@@ -22,26 +22,11 @@ import struct
 import threading
 import time
 
-from kiln.service import hpack
+from kiln.service import http2
 from kiln.service.errors import RpcError, StatusCode, status_code
 
-_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
-_END_STREAM = _ACK = 0x1
-_END_HEADERS, _PADDED, _PRIORITY = 0x4, 0x8, 0x20
-_SETTING_ENABLE_PUSH, _SETTING_INITIAL_WINDOW_SIZE, _SETTING_MAX_FRAME_SIZE = 2, 4, 5
-_FRAME_HEADER = struct.Struct(">HBBBI")  # a 24-bit length as 16 + 8 bits, type, flags, stream
-_SETTING = struct.Struct(">HI")
-_HTTP2_CANCEL = 8
-_DEFAULT_WINDOW = 65535
-_MAX_WINDOW = 2**31 - 1
-# kilnd may send frames this large: a 4 MB answer in 4 frames, not 256.
-_MAX_FRAME = 1 << 20
-# Where a connection's receive window is topped up again (it starts at the
-# most HTTP/2 allows, so kilnd never waits on this client).
-_REPLENISH_AFTER = 1 << 30
 # kilnd answers a local connection in milliseconds; a missing one fails at once.
-CONNECT_TIMEOUT = 2.0
+CONNECT_TIMEOUT = http2.TICK
 # Idle connections are closed by the client itself after this long, before
 # kilnd's idle limit (tcp_idle_seconds, 300 s by default, closing after half
 # of it at the earliest) does.
@@ -52,6 +37,10 @@ _IDLE_SECONDS = 60.0
 # close or GOAWAY from kilnd in between is caught as any other (Channel.start).
 _JUST_READ_SECONDS = 0.01
 _KEPT_IDLE = 4
+# The largest answer read: kilnd's own largest request (max_request_size's
+# default), which bounds what it stores and so what it answers. A peer that
+# announces more is refused before any of it is buffered.
+MAX_MESSAGE = 64 << 20
 
 # gRPC's mapping of an HTTP/2 stream error, and of an HTTP status without a gRPC one.
 _RESET_STATUS = {7: StatusCode.UNAVAILABLE, 8: StatusCode.CANCELLED, 11: StatusCode.RESOURCE_EXHAUSTED,
@@ -59,6 +48,7 @@ _RESET_STATUS = {7: StatusCode.UNAVAILABLE, 8: StatusCode.CANCELLED, 11: StatusC
 _HTTP_STATUS = {"400": StatusCode.INTERNAL, "401": StatusCode.UNAUTHENTICATED, "403": StatusCode.PERMISSION_DENIED,
                 "404": StatusCode.UNIMPLEMENTED, "429": StatusCode.UNAVAILABLE, "502": StatusCode.UNAVAILABLE,
                 "503": StatusCode.UNAVAILABLE, "504": StatusCode.UNAVAILABLE}
+_MESSAGE_PREFIX = struct.Struct(">BI")
 
 
 def serves(target):
@@ -78,11 +68,6 @@ def _address(target):
     if host.startswith("["):
         return _socket.AF_INET6, (host.strip("[]"), int(port))
     return _socket.AF_INET, ("127.0.0.1" if host == "localhost" else host, int(port))
-
-
-def _frame(kind, flags, stream, length=0):
-    """A frame's header; its payload of `length` bytes follows it."""
-    return _FRAME_HEADER.pack(length >> 8, length & 0xFF, kind, flags, stream)
 
 
 def _timeout_header(seconds):
@@ -113,180 +98,14 @@ def _percent_decoded(text):
     return raw.decode("utf-8", "replace")
 
 
-class _Closed(Exception):
-    """The connection cannot carry the call."""
+class _Connection(http2.Connection):
+    """A connection to kilnd carrying one gRPC call at a time."""
 
-
-class _Connection:
-    """One HTTP/2 connection to kilnd, carrying one call at a time."""
-
-    def __init__(self, address, timeout):
-        family, where = address
-        self.socket = _socket.socket(family, _socket.SOCK_STREAM)
-        try:
-            self.socket.settimeout(timeout)
-            self.timeout = timeout
-            self.socket.connect(where)
-            if family != getattr(_socket, "AF_UNIX", None):
-                self.socket.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-            settings = b"".join(_SETTING.pack(*setting) for setting in (
-                (_SETTING_ENABLE_PUSH, 0), (_SETTING_INITIAL_WINDOW_SIZE, _MAX_WINDOW),
-                (_SETTING_MAX_FRAME_SIZE, _MAX_FRAME)))
-            self.socket.sendall(b"".join((
-                _PREFACE, _frame(_SETTINGS, 0, 0, len(settings)), settings,
-                _frame(_WINDOW_UPDATE, 0, 0, 4), struct.pack(">I", _MAX_WINDOW - _DEFAULT_WINDOW))))
-        except BaseException:
-            self.socket.close()
-            raise
-        self.buffer, self.start = bytearray(), 0
-        self.decoder = hpack.Decoder()
-        self.peer_initial_window, self.peer_max_frame = _DEFAULT_WINDOW, 16384
-        self.send_window = _DEFAULT_WINDOW  # the connection's, toward kilnd
-        self.stream, self.next_stream, self.stream_send_window = 0, 1, 0
-        self.received, self.stream_received = 0, 0  # since the windows were last topped up
-        self.outgoing = []  # frames to send with the next write
+    def __init__(self, address, connect_timeout):
+        super().__init__(address, connect_timeout)
         self.early = None  # a frame of the call's answer, read while its request was still going out
-        self.settings_seen = False
-        self.last_stream_served = None  # from kilnd's GOAWAY
-        self.open = self.writable = True
         self.used_at = time.monotonic()
         self.read_at = None  # when usable() last found nothing from kilnd to stop it
-        # A forked child shares the socket with its parent: it must not write
-        # to it (nor shut it down), only close its own descriptor.
-        self.pid = os.getpid()
-
-    # -- bytes in and out --
-
-    def _flush(self):
-        if self.outgoing:
-            data, self.outgoing = b"".join(self.outgoing), []
-            if self.writable:
-                try:
-                    self.socket.sendall(data)
-                except OSError:
-                    # kilnd closed the connection: what it sent before it
-                    # (a GOAWAY saying which calls it started) is read next.
-                    self.writable = False
-
-    def _fill(self, count):
-        while len(self.buffer) - self.start < count:
-            if self.start:
-                del self.buffer[:self.start]
-                self.start = 0
-            chunk = self.socket.recv(max(262144, count))
-            if not chunk:
-                raise _Closed("kilnd closed the connection")
-            self.buffer += chunk
-
-    def _read_frame(self):
-        self._fill(9)
-        high, low, kind, flags, stream = _FRAME_HEADER.unpack_from(self.buffer, self.start)
-        length = high << 8 | low
-        if length > _MAX_FRAME:
-            raise _Closed(f"kilnd sent a {length}-byte frame, past the {_MAX_FRAME} this client allows")
-        self._fill(9 + length)
-        payload = bytes(self.buffer[self.start + 9:self.start + 9 + length])
-        self.start += 9 + length
-        return kind, flags, stream & 0x7FFFFFFF, payload
-
-    def _buffered_frame(self):
-        """The next frame if all of it has arrived, else None: reads without waiting."""
-        while True:
-            available = len(self.buffer) - self.start
-            if available >= 9:
-                high, low = _FRAME_HEADER.unpack_from(self.buffer, self.start)[:2]
-                if available >= 9 + (high << 8 | low):
-                    return self._read_frame()
-            self.socket.settimeout(0.0)
-            try:
-                chunk = self.socket.recv(262144)
-            except BlockingIOError:
-                return None  # nothing more has come
-            finally:
-                self.socket.settimeout(self.timeout)
-            if not chunk:
-                raise _Closed("kilnd closed the connection")
-            self.buffer += chunk
-
-    # -- frames of the connection, whichever call is on it --
-
-    def _connection_frame(self, kind, flags, stream, payload):
-        """Handles a frame about the connection (or a stream's send window);
-        False for one of a stream's own."""
-        if kind == _SETTINGS:
-            if not flags & _ACK:
-                for offset in range(0, len(payload) - 5, 6):
-                    setting, value = _SETTING.unpack_from(payload, offset)
-                    if setting == _SETTING_INITIAL_WINDOW_SIZE:
-                        self.stream_send_window += value - self.peer_initial_window
-                        self.peer_initial_window = value
-                    elif setting == _SETTING_MAX_FRAME_SIZE:
-                        self.peer_max_frame = value
-                self.outgoing.append(_frame(_SETTINGS, _ACK, 0))
-                self.settings_seen = True
-        elif kind == _PING:
-            if not flags & _ACK:
-                self.outgoing += (_frame(_PING, _ACK, 0, len(payload)), payload)
-        elif kind == _WINDOW_UPDATE:
-            increment = struct.unpack_from(">I", payload)[0] & 0x7FFFFFFF
-            if stream == 0:
-                self.send_window += increment
-            elif stream == self.stream:
-                self.stream_send_window += increment
-        elif kind == _GOAWAY:
-            self.last_stream_served = struct.unpack_from(">I", payload)[0] & 0x7FFFFFFF
-        elif stream == self.stream:
-            return False
-        elif kind in (_HEADERS, _CONTINUATION):
-            self._header_block(kind, flags, payload)  # of a stream this client reset: HPACK's state needs it
-        elif kind == _DATA:
-            self._count_received(len(payload), this_stream=False)
-        return True
-
-    def _header_block(self, kind, flags, payload):
-        if kind == _HEADERS:
-            payload = self._unpadded(flags, payload)
-            if flags & _PRIORITY:
-                payload = payload[5:]
-        block = payload
-        while not flags & _END_HEADERS:
-            kind, flags, _, payload = self._read_frame()
-            if kind != _CONTINUATION:
-                raise _Closed("kilnd broke a header block off (HTTP/2 protocol error)")
-            block += payload
-        try:
-            return self.decoder.decode(block)
-        except hpack.HpackError as error:
-            raise _Closed(f"kilnd's headers cannot be read ({error})") from None
-
-    @staticmethod
-    def _unpadded(flags, payload):
-        if flags & _PADDED:
-            padding = payload[0] if payload else 0
-            if 1 + padding > len(payload):
-                raise _Closed("kilnd sent a frame padded past its length (HTTP/2 protocol error)")
-            return payload[1:len(payload) - padding]
-        return payload
-
-    def _count_received(self, count, this_stream=True):
-        """Tops kilnd's windows up again long before they could run out."""
-        self.received += count
-        if this_stream:
-            self.stream_received += count
-        if self.received > _REPLENISH_AFTER:
-            self.outgoing += (_frame(_WINDOW_UPDATE, 0, 0, 4), struct.pack(">I", self.received))
-            self.received = 0
-        if self.stream_received > _REPLENISH_AFTER:
-            self.outgoing += (_frame(_WINDOW_UPDATE, 0, self.stream, 4), struct.pack(">I", self.stream_received))
-            self.stream_received = 0
-
-    # -- one call --
-
-    def wait_for_settings(self):
-        """kilnd's SETTINGS: its HTTP/2 server answers, not only its socket."""
-        while not self.settings_seen:
-            self._connection_frame(*self._read_frame())
-        self._flush()
 
     def usable(self):
         """Whether this idle connection can carry a call: open, recently used,
@@ -298,13 +117,9 @@ class _Connection:
         if self.read_at is not None and now - self.read_at < _JUST_READ_SECONDS:
             return True
         try:
-            frame = self._buffered_frame()
-            while frame is not None:
-                if not self._connection_frame(*frame):
-                    return False  # a frame of no call: nothing here is what this client expects
-                frame = self._buffered_frame()
-            self._flush()
-        except (OSError, _Closed):
+            if not self.read_idle():
+                return False  # a frame of no call: nothing here is what this client expects
+        except Exception:  # noqa: BLE001  (whatever kilnd did to it, a new connection carries the call)
             return False
         if self.last_stream_served is not None:
             return False
@@ -315,77 +130,52 @@ class _Connection:
         """Starts a call: its request, as far as kilnd's windows let it; returns
         early if kilnd answers before it has all of it."""
         self.read_at = None  # what kilnd sends from here on is this call's to read
-        if timeout != self.timeout:  # a system call each time under Windows: only when it changes
-            self.socket.settimeout(timeout)
-            self.timeout = timeout
-        self.stream, self.next_stream = self.next_stream, self.next_stream + 2
-        self.stream_send_window, self.stream_received = self.peer_initial_window, 0
         fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
                   ("content-type", "application/grpc"), ("te", "trailers")]
         if timeout is not None:
             fields.append(("grpc-timeout", _timeout_header(timeout)))
-        block = hpack.encode(fields + list(metadata))
-        self.outgoing += (_frame(_HEADERS, _END_HEADERS, self.stream, len(block)), block)
-        body = memoryview(struct.pack(">BI", 0, len(message)) + message)
-        sent = 0
-        while True:
-            allowed = min(self.send_window, self.stream_send_window, self.peer_max_frame, len(body) - sent)
-            if allowed <= 0 and sent < len(body):
-                self._flush()
-                kind, flags, stream, payload = self._read_frame()
-                if not self._connection_frame(kind, flags, stream, payload):
-                    self.early = (kind, flags, stream, payload)  # kilnd answered before taking it all
-                    return
-                continue
-            chunk = body[sent:sent + allowed]
-            sent += allowed
-            self.send_window -= allowed
-            self.stream_send_window -= allowed
-            ended = sent == len(body)
-            self.outgoing += (_frame(_DATA, _END_STREAM if ended else 0, self.stream, len(chunk)), chunk)
-            if ended:
-                break
-        self._flush()
+        body = _MESSAGE_PREFIX.pack(0, len(message)) + message
+        self.early = self.start_stream(fields + list(metadata), body,
+                                       None if timeout is None else time.monotonic() + timeout)
 
     def responses(self):
         """Each message of the answer; at its end, its status: RpcError unless OK."""
         data, headers_seen = bytearray(), False
         while True:
             if self.early is not None:
-                frame, self.early = self.early, None
+                found, self.early = self.early, None
             else:
-                self._flush()
-                frame = self._read_frame()
-            kind, flags, stream, payload = frame
-            if self._connection_frame(kind, flags, stream, payload):
-                continue
-            if kind == _RST_STREAM:
-                code = struct.unpack_from(">I", payload)[0]
-                raise RpcError(_RESET_STATUS.get(code, StatusCode.INTERNAL),
-                               f"kilnd reset the call (HTTP/2 error {code})")
-            if kind == _HEADERS:
-                fields = dict(self._header_block(kind, flags, payload))
+                found = self.next_frame()
+            kind, flags, payload = found
+            if kind == http2.RST_STREAM:
+                raise RpcError(_RESET_STATUS.get(payload, StatusCode.INTERNAL),
+                               f"kilnd reset the call (HTTP/2 error {payload})")
+            if kind == http2.HEADERS:
+                fields = dict(payload)
                 if not headers_seen and fields.get(":status", "200") != "200":
                     status = fields[":status"]
                     raise RpcError(_HTTP_STATUS.get(status, StatusCode.UNKNOWN), f"kilnd answered HTTP {status}")
                 headers_seen = True
-                if flags & _END_STREAM:
+                if flags & http2.END_STREAM:
                     self._end(fields)
                     return
-            elif kind == _DATA:
-                self._count_received(len(payload))
-                data += self._unpadded(flags, payload)
+            else:
+                data += payload
                 while len(data) >= 5:
-                    compressed, length = struct.unpack_from(">BI", data)
+                    compressed, length = _MESSAGE_PREFIX.unpack_from(data)
+                    if compressed:
+                        raise _Refused(StatusCode.INTERNAL, "kilnd sent a compressed message, which this client "
+                                                            "did not ask for")
+                    if length > MAX_MESSAGE:
+                        raise _Refused(StatusCode.RESOURCE_EXHAUSTED,
+                                       f"kilnd announced an answer of {length} bytes, past the {MAX_MESSAGE} "
+                                       "this client reads")
                     if len(data) < 5 + length:
                         break
-                    if compressed:
-                        raise RpcError(StatusCode.INTERNAL, "kilnd sent a compressed message, which this client "
-                                                            "did not ask for")
                     message = bytes(data[5:5 + length])
                     del data[:5 + length]
                     yield message
-                if flags & _END_STREAM:
+                if flags & http2.END_STREAM:
                     raise RpcError(StatusCode.INTERNAL, "kilnd ended the call without a status")
 
     @staticmethod
@@ -402,15 +192,11 @@ class _Connection:
         if self.pid != os.getpid():
             self.close()
             return
-        self.outgoing += (_frame(_RST_STREAM, 0, self.stream, 4), struct.pack(">I", _HTTP2_CANCEL))
-        self._flush()
-        # What kilnd sent of the call before it saw the reset is skipped by the
-        # next call on the connection (its headers decoded, for HPACK's state).
-        self.stream = 0
+        super().reset()
 
-    def close(self):
-        self.open = False
-        self.socket.close()
+
+class _Refused(RpcError):
+    """An answer this client will not read: the connection it is on goes."""
 
 
 class Channel:
@@ -442,7 +228,8 @@ class Channel:
                     return connection, True
                 connection.close()
         try:
-            return _Connection(self._address, CONNECT_TIMEOUT if timeout is None else min(timeout, CONNECT_TIMEOUT)), False
+            return _Connection(self._address, CONNECT_TIMEOUT if timeout is None else
+                               max(0.001, min(timeout, CONNECT_TIMEOUT))), False
         except OSError as error:
             with self._lock:
                 self._busy -= 1
@@ -473,7 +260,7 @@ class Channel:
                 return connection
             except BaseException as error:
                 self._drop(connection)
-                if reused and isinstance(error, (OSError, _Closed)) and not isinstance(error, _socket.timeout):
+                if reused and isinstance(error, (OSError, http2.Broken)) and not isinstance(error, http2.Unresponsive):
                     continue  # kilnd closed it while it was idle: a new connection
                 raise _status_of(error, self.target) from None
 
@@ -489,14 +276,15 @@ class Channel:
         return False
 
     def ready(self, timeout):
-        """Whether kilnd answers HTTP/2 within `timeout`."""
+        """Whether kilnd answers HTTP/2 within `timeout`: its SETTINGS, valid."""
+        deadline = time.monotonic() + timeout
         try:
             connection = _Connection(self._address, timeout)
         except OSError:
             return False
         try:
-            connection.wait_for_settings()
-        except (OSError, _Closed):
+            connection.wait_for_settings(deadline)
+        except Exception:  # noqa: BLE001  (whatever is at kilnd's address, it is not a kilnd that answers)
             connection.close()
             return False
         with self._lock:
@@ -512,13 +300,17 @@ class Channel:
 
 
 def _status_of(error, target):
-    if isinstance(error, RpcError):
-        return error
-    if isinstance(error, _socket.timeout):
-        return RpcError(StatusCode.DEADLINE_EXCEEDED, "kilnd did not answer in time")
-    if isinstance(error, (OSError, _Closed)):
+    """The RpcError a call raises for `error`: every failure of the transport is one."""
+    if isinstance(error, RpcError) or not isinstance(error, Exception):
+        return error  # KeyboardInterrupt, SystemExit: the program's own
+    if isinstance(error, http2.DeadlinePassed):
+        return RpcError(StatusCode.DEADLINE_EXCEEDED, f"kilnd at {target} did not answer within the call's deadline")
+    if isinstance(error, http2.Unresponsive):
+        return RpcError(StatusCode.UNAVAILABLE, f"kilnd at {target} stopped answering: {error}")
+    if isinstance(error, (OSError, http2.Broken)):
         return RpcError(StatusCode.UNAVAILABLE, f"the connection to kilnd at {target} failed ({error})")
-    return error
+    return RpcError(StatusCode.INTERNAL, f"the client's connection to kilnd at {target} failed "
+                                         f"({type(error).__name__}: {error})")
 
 
 class _UnaryMethod:
@@ -573,6 +365,9 @@ class _Call:
         except StopIteration:
             self._finish(connection, reusable=True)
             return None
+        except _Refused:
+            self._finish(connection, reusable=False)  # the rest of the answer would still come
+            raise
         except RpcError:
             self._finish(connection, reusable=True)  # kilnd ended the call; the connection goes on
             raise
@@ -600,7 +395,7 @@ class _Call:
                         raise RpcError(StatusCode.INTERNAL, "kilnd ended the call without an answer")
                     while self._next_message() is not None:
                         pass
-                    self._outcome = (self._deserialize(message), None)
+                    self._outcome = (self._decoded(message), None)
                 except RpcError as error:
                     self._outcome = (None, error)
             answer, error = self._outcome
@@ -616,7 +411,13 @@ class _Call:
             message = self._next_message()
         if message is None:
             raise StopIteration
-        return self._deserialize(message)
+        return self._decoded(message)
+
+    def _decoded(self, message):
+        try:
+            return self._deserialize(message)
+        except Exception as error:  # noqa: BLE001  (bytes from kilnd: never a traceback of the program's)
+            raise RpcError(StatusCode.INTERNAL, f"kilnd's answer cannot be read ({error})") from None
 
     def __del__(self):
         # As a grpc call does: one dropped unfinished ends at kilnd (a claim with it).

@@ -75,8 +75,10 @@ def _install():
         return False
     try:
         _service.connect()
-    except _service.KilnUnavailable as error:
-        _service.fall_back(str(error))
+    except Exception as error:  # noqa: BLE001  (every failure of Kiln's falls back)
+        reason = _describe_failure(error)
+        _service.forget(shun_because=reason)
+        _service.fall_back(reason)
         return False
     _install_stages_hook()
     _build_hook.claim(knobs)  # again after kiln.disable(), which released it
@@ -122,9 +124,10 @@ def _go_stock(error):
     rest of the process, with one warning; under KILN_STRICT, KilnUnavailable
     naming the cause instead."""
     global _installed
-    _service.forget()
+    reason = _describe_failure(error)
+    _service.forget(shun_because=reason)
     _installed = False
-    _service.fall_back(_describe_failure(error))
+    _service.fall_back(reason)
 
 
 def _stock_on_failure(method):

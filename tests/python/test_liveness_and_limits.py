@@ -1,0 +1,221 @@
+"""A kilnd that stops answering, or a peer in its place that breaks a rule or
+a limit of HTTP/2 or gRPC, costs a program seconds and bounded memory: the
+program gets stock Triton's kernels, exits 0 and sees one warning. A healthy
+kilnd's compile that takes minutes still completes through it.
+
+Real kilnd processes (stopped with SIGSTOP, or with their worker stopped) and
+the real triton package; the peers that break rules are scripted
+(hostile_peer.py), on the client's own transport (a Unix socket) and on
+grpcio's (TLS over TCP, a farm's path)."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+
+import pytest
+
+import hermetic
+from conftest import PROBE, Kilnd, probe_json
+from hostile_peer import BEHAVIOURS, NAMED, HostilePeer
+from kiln.service import api, local_grpc
+from kiln.service.errors import RpcError, StatusCode
+from test_remote_tls import new_ca, new_key_and_request, sign
+
+FALLBACK_WARNING = "compiling with stock Triton instead"
+# What a program may cost beyond stock's against any of them (the issue's bound).
+SECONDS_ALLOWED = 15.0
+RSS_ALLOWED_MIB = 300
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA the farm path's client trusts, and a certificate for 127.0.0.1 it signed."""
+    directory = tmp_path_factory.mktemp("pki")
+    new_ca(directory, "ca")
+    new_key_and_request(directory, "peer", "/CN=localhost")
+    sign(directory, "ca", "peer", "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    return directory
+
+
+def _measured(argv, env, directory, timeout=600):
+    """Runs `argv`: (exit status, stdout, stderr, seconds, peak RSS in MiB)."""
+    out, err = directory / "out", directory / "err"
+    started = time.monotonic()
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env)
+    killer = threading.Timer(timeout, process.kill)
+    killer.start()
+    try:
+        _, status, usage = os.wait4(process.pid, 0)
+    finally:
+        killer.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return (process.returncode, out.read_text(), err.read_text(), time.monotonic() - started,
+            usage.ru_maxrss / 1024)
+
+
+def _probe_env(tmp_path, **settings):
+    return dict(hermetic.stock_env(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
+                KILN_FILES_DIR=str(tmp_path / "kiln-files"), **settings)
+
+
+@pytest.fixture(scope="module")
+def stock_first(tmp_path_factory):
+    """Stock Triton's artifacts of the probe's first kernel (sm90), its time and peak RSS."""
+    directory = tmp_path_factory.mktemp("stock")
+    status, out, err, seconds, rss = _measured([sys.executable, str(PROBE), "first"], _probe_env(directory),
+                                               directory)
+    assert status == 0, err[-3000:]
+    return {"kernels": probe_json(subprocess.CompletedProcess([], 0, out))["kernels"], "seconds": seconds,
+            "rss": rss}
+
+
+def _asm(kernels):
+    return {name: kernel["asm"] for name, kernel in kernels.items()}
+
+
+# --- the client's transport alone: what each broken rule costs a call ------------
+
+# What the call's error names, on the client's own transport.
+_LOCAL_ERRORS = {
+    "silent-after-settings": "answered no PING",
+    "ping-every-second": "answered no PING",
+    "ping-flood": "a PING as its first frame, not its SETTINGS",
+    "ping-flood-after-settings": "frames in a row that were no answer",
+    "zero-window": "its flow-control window stayed shut",
+    "bad-settings": "SETTINGS_MAX_FRAME_SIZE of 0",
+    "bad-settings-window": "SETTINGS_INITIAL_WINDOW_SIZE of 2147483648",
+    "bad-settings-push": "SETTINGS_ENABLE_PUSH of 2",
+    "short-frame": "a WINDOW_UPDATE as its first frame, not its SETTINGS",
+    "truncated-frame": "answered no PING",
+    "endless-continuation": "a header block past the 65536 bytes",
+    "huge-header-list": "a header list past 65536 bytes",
+    "huge-message": "announced an answer of 2147483647 bytes",
+}
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_a_peer_breaking_a_rule_ends_a_call_in_seconds_with_an_error_naming_it(tmp_path, behaviour):
+    assert set(_LOCAL_ERRORS) == set(BEHAVIOURS)
+    with HostilePeer(behaviour, unix_path=tmp_path / "peer.sock") as peer:
+        channel = local_grpc.Channel(peer.target)
+        handshake_started = time.monotonic()
+        ready = channel.ready(2.0)
+        assert time.monotonic() - handshake_started < 3
+        # A peer whose first frames break a rule is no kilnd that answers.
+        assert ready is (behaviour not in ("ping-flood", "bad-settings", "bad-settings-window", "bad-settings-push",
+                                           "short-frame")), behaviour
+        tracemalloc.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(RpcError) as failed:
+                # No deadline of the caller's: the method's own (10 s) must not be what ends it.
+                api.KilnStub(channel).Lookup(api.LookupRequest(namespace="triton", key="ab" * 32), timeout=60)
+            seconds = time.monotonic() - started
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            channel.close()
+    assert seconds < 9, f"{behaviour}: {seconds:.1f} s"
+    assert peak < 16 << 20, f"{behaviour}: {peak >> 20} MiB"
+    assert failed.value.code() in (StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED), failed.value
+    assert _LOCAL_ERRORS[behaviour] in failed.value.details(), failed.value.details()
+
+
+def test_a_peer_that_answers_pings_but_not_the_call_is_ended_by_the_calls_deadline(tmp_path):
+    with HostilePeer("zero-window", unix_path=tmp_path / "peer.sock") as peer:
+        channel = local_grpc.Channel(peer.target)
+        started = time.monotonic()
+        with pytest.raises(RpcError) as late:
+            # Sent before the peer's SETTINGS shut its window: it answers PINGs, never the call.
+            api.KilnStub(channel).GetStats(api.GetStatsRequest(), timeout=3)
+        channel.close()
+    assert late.value.code() is StatusCode.DEADLINE_EXCEEDED, late.value
+    assert 2.9 < time.monotonic() - started < 5
+
+
+# --- programs: stock Triton's kernels, one warning, seconds and bounded memory ------
+
+@pytest.mark.parametrize("path", ["local", "farm"])
+@pytest.mark.parametrize("behaviour", NAMED)
+def test_a_program_whose_kilnd_breaks_a_rule_gets_stock_kernels_in_seconds(tmp_path, pki, stock_first, path,
+                                                                            behaviour):
+    if path == "local":
+        peer, settings = HostilePeer(behaviour, unix_path=tmp_path / "peer.sock"), {}
+    else:
+        peer = HostilePeer(behaviour, tls=(pki / "peer.pem", pki / "peer.key"))
+        settings = {"KILN_CA_FILE": str(pki / "ca.pem")}
+    with peer:
+        status, out, err, seconds, rss = _measured(
+            [sys.executable, str(PROBE), "first"],
+            _probe_env(tmp_path, KILN="1", KILN_ENDPOINT=peer.target, **settings), tmp_path, timeout=120)
+    assert status == 0, err[-3000:]
+    assert err.count(FALLBACK_WARNING) == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert _asm(probe_json(subprocess.CompletedProcess([], 0, out))["kernels"]) == _asm(stock_first["kernels"])
+    assert seconds < SECONDS_ALLOWED, f"{seconds:.1f} s (stock: {stock_first['seconds']:.1f} s)\n{err[-2000:]}"
+    assert rss < RSS_ALLOWED_MIB, f"{rss:.0f} MiB (stock: {stock_first['rss']:.0f} MiB)"
+
+
+# --- a real kilnd -------------------------------------------------------------------
+
+def test_a_kilnd_stopped_in_the_middle_of_the_suite_leaves_the_rest_to_stock_within_seconds(tmp_path,
+                                                                                             stock_suite):
+    stock_started = time.monotonic()
+    stock = subprocess.run([sys.executable, str(PROBE), "suite"], capture_output=True, text=True,
+                           env=_probe_env(tmp_path / "stock"), timeout=600)
+    stock_seconds = time.monotonic() - stock_started
+    assert stock.returncode == 0, stock.stderr[-3000:]
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}", "--compile-workers=1")
+    try:
+        kilnd.wait_for_workers_started(1)
+        started = time.monotonic()
+        program = subprocess.Popen([sys.executable, str(PROBE), "suite"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True,
+                                   env=_probe_env(tmp_path, KILN="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"))
+        while kilnd.stats().compiles < 3 and program.poll() is None:
+            time.sleep(0.05)
+        os.kill(kilnd.process.pid, signal.SIGSTOP)
+        stopped_after = time.monotonic() - started
+        try:
+            out, err = program.communicate(timeout=stock_seconds + 120)
+        finally:
+            os.kill(kilnd.process.pid, signal.SIGCONT)
+        seconds = time.monotonic() - started
+    finally:
+        kilnd.stop()
+    assert program.returncode == 0, err[-3000:]
+    assert stopped_after < seconds, "kilnd was stopped after the suite ended"
+    assert err.count(FALLBACK_WARNING) == 1 and "kilnd became unreachable" in err, err[-3000:]
+    assert _asm(probe_json(subprocess.CompletedProcess([], 0, out))["kernels"]) == _asm(stock_suite)
+    assert seconds < stock_seconds + SECONDS_ALLOWED, f"{seconds:.1f} s, stock {stock_seconds:.1f} s"
+
+
+def test_a_compile_that_takes_90_seconds_in_a_healthy_kilnd_completes_through_it(tmp_path, stock_first):
+    """kilnd's one worker is stopped for 90 s with the program's compile in its
+    hands: kilnd's gRPC answers the client's PINGs meanwhile, and the program
+    gets kilnd's kernel, with no fallback."""
+    kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}", "--compile-workers=1")
+    try:
+        kilnd.wait_for_workers_started(1)
+        (worker,) = kilnd.worker_pids()
+        os.kill(worker, signal.SIGSTOP)
+        held = threading.Timer(90, os.kill, (worker, signal.SIGCONT))
+        held.start()
+        program = subprocess.run([sys.executable, str(PROBE), "first"], capture_output=True, text=True, timeout=600,
+                                 env=_probe_env(tmp_path, KILN="1", KILN_STRICT="1",
+                                                KILN_ENDPOINT=f"unix:{kilnd.socket}"))
+        held.join()
+        assert program.returncode == 0, program.stderr[-3000:]
+        (kernel,) = probe_json(program)["kernels"].values()
+        stored = kilnd.stub.Lookup(api.LookupRequest(namespace="triton", key=kernel["metadata"]["hash"]))
+        compiles = kilnd.stats().compiles
+    finally:
+        kilnd.stop()
+    assert FALLBACK_WARNING not in program.stderr
+    assert compiles == 1 and stored.found
+    assert _asm(probe_json(program)["kernels"]) == _asm(stock_first["kernels"])
