@@ -221,8 +221,8 @@ def test_a_call_right_after_connected_reads_its_idle_connection_once(kilnd, monk
     stub.GetStats(api.GetStatsRequest(), timeout=10)
     reads = []
     connection_class = local_grpc._Connection
-    read = connection_class._buffered_frame
-    monkeypatch.setattr(connection_class, "_buffered_frame", lambda self: reads.append(1) or read(self))
+    read = connection_class.read_idle
+    monkeypatch.setattr(connection_class, "read_idle", lambda self: reads.append(1) or read(self))
     for _ in range(5):
         assert channel.connected() and reads
         reads.clear()

@@ -524,6 +524,8 @@ class Connection:
             while True:
                 found = self._stream_frame(self._wait_for_frame(self.deadline, liveness=True))
                 if found is not None:
+                    if found[1] & END_STREAM or found[0] == RST_STREAM:
+                        self.flush()  # what answers the peer (a PING's ACK) goes now, not with the next call
                     return found
         except _ProtocolError as error:
             self._fail(error)
