@@ -296,3 +296,23 @@ def test_cli_compile_shows_a_progress_line_on_a_terminal_and_plain_lines_otherwi
     assert plain.returncode == 0, plain.stderr
     # Not a terminal: only the results, one line each, no control characters.
     assert len(plain.stdout.splitlines()) == 3 and "\r" not in plain.stdout and "\x1b" not in plain.stdout
+
+
+def test_a_kilnd_that_stops_answering_ends_each_command_within_its_deadline(tmp_path):
+    """kilnd stopped (SIGSTOP): each attempt of a call ends by keepalive in
+    about 8 s, and the call, its retries included, by its deadline (30 s for a
+    quick one): not 15 minutes for a compile, nor 30 s an attempt."""
+    case = CASES["add_fp32"]
+    source = tmp_path / "add.ttir"
+    source.write_text(triton_frontend.run_frontend(case, GPUTarget("cuda", 90, 32)).ttir)
+    server = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}")
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        for args, seconds in ((("stats",), 35), (("compile", source, "--target", "cuda:90", "-o", tmp_path), 35)):
+            started = time.monotonic()
+            result = kiln(server, *args)
+            assert time.monotonic() - started < seconds, args
+            assert result.returncode == 3 and "is kilnd running" in result.stderr, (args, result.stderr)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()

@@ -56,6 +56,19 @@ def test_answers_of_megabytes_both_ways_come_back_byte_for_byte(stub):
     assert found.found and found.entry.blobs[0].data == data
 
 
+def test_a_request_larger_than_the_sockets_buffer_goes_out_whole_on_a_connection_read_while_idle(stub):
+    """A reused connection is read without waiting before it carries a call:
+    the request after that read is sent with a timeout again, not given up
+    part way (the call then waited for an answer to a request kilnd never had)."""
+    data = os.urandom(9 << 20)
+    for attempt in range(2):
+        assert stub.GetStats(api.GetStatsRequest(), timeout=10).entries >= 0
+        time.sleep(0.05)  # past the idle read's grace: the next call reads the connection first
+        stored = stub.Put(api.PutRequest(namespace="triton", key="cd" * 32, blobs=[api.blob("big.bin", data)]),
+                          timeout=60)
+        assert stored.stored_bytes == len(data), attempt
+
+
 def test_kilnds_status_and_message_reach_the_caller(stub):
     with pytest.raises(RpcError) as refused:
         stub.Put(api.PutRequest(namespace="", key="x"), timeout=10)

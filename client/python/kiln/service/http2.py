@@ -159,6 +159,12 @@ class Connection:
             data, self.outgoing = b"".join(self.outgoing), []
             if self.writable:
                 try:
+                    if self.socket_timeout != TICK:
+                        # A read without waiting, or one up to a deadline, left
+                        # a timeout too short to send in: sendall would give up
+                        # part way.
+                        self.socket.settimeout(TICK)
+                        self.socket_timeout = TICK
                     self.socket.sendall(data)
                 except OSError:
                     # The peer closed the connection, or takes nothing in:
@@ -224,7 +230,10 @@ class Connection:
             if now - self.ping_sent_at >= PING_TIMEOUT:
                 raise Unresponsive(f"kilnd answered no PING in {PING_TIMEOUT:.0f} s "
                                    f"and sent nothing for the call in {now - self.heard_at:.0f} s")
-        elif now - self.heard_at >= QUIET_SECONDS and self.writable:
+        elif now - self.heard_at >= QUIET_SECONDS:
+            # A connection that takes nothing more (kilnd stopped reading it)
+            # waits for the answer the same time, which only a kilnd that
+            # still answers sends.
             self.pings_sent += 1
             self.outgoing += (frame(PING, 0, 0, 8), self.pings_sent.to_bytes(8, "big"))
             self.ping_sent_at = now
