@@ -42,7 +42,7 @@ _FRAME_HEADER = struct.Struct(">HBBBI")  # a 24-bit length as 16 + 8 bits, type,
 _SETTING = struct.Struct(">HI")
 _UINT32 = struct.Struct(">I")
 _DEFAULT_WINDOW = 65535
-MAX_WINDOW = 2**31 - 1
+MAX_WINDOW = _LAST_STREAM = 2**31 - 1
 _MIN_FRAME, _MAX_FRAME_LIMIT = 16384, 2**24 - 1
 # kilnd may send frames this large: a 4 MB answer in 4 frames, not 256.
 MAX_FRAME = 1 << 20
@@ -449,7 +449,7 @@ class Connection:
         before it took all of the body, else None."""
         self.deadline = deadline
         self.stream, self.next_stream = self.next_stream, self.next_stream + 2
-        if self.stream > MAX_WINDOW:
+        if self.stream > _LAST_STREAM:
             raise Broken("the connection has used up its stream numbers")
         self.stream_send_window, self.stream_receive_window = self.peer_initial_window, MAX_WINDOW
         self.window_opened_at = self.heard_at = time.monotonic()
