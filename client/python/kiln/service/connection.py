@@ -94,7 +94,10 @@ def _autostart():
     ready = []
 
     def answers():
-        connection = _ready_connection(_paths.default_endpoint(), 0.5)
+        try:
+            connection = _ready_connection(_paths.default_endpoint(), 0.5)
+        except Exception:  # noqa: BLE001  (not the kilnd this process starts: it goes on waiting for that one)
+            return False
         if connection is not None:
             ready.append(connection)
         return connection is not None
@@ -148,8 +151,7 @@ def connect(endpoint=None, autostart=True):
         except KilnUnavailable:
             raise
         except Exception as error:  # noqa: BLE001  (whatever failed, the caller is told kilnd is not there)
-            raise KilnUnavailable(f"kilnd at {endpoint.describe()} cannot be reached "
-                                  f"({type(error).__name__}: {error})") from None
+            raise KilnUnavailable(f"kilnd at {endpoint.describe()} cannot be used ({error})") from None
         if connection is None and autostart and endpoint.is_user_default:
             connection = _autostart()
         if connection is not None:

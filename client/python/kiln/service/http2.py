@@ -74,6 +74,10 @@ class Unresponsive(Broken):
     """The peer stopped answering: a PING unanswered, or a request it takes none of."""
 
 
+class Misbehaved(Broken):
+    """The peer broke a rule of HTTP/2 or a limit of this client's."""
+
+
 class DeadlinePassed(Exception):
     """The call's deadline passed before the peer answered it."""
 
@@ -264,7 +268,7 @@ class Connection:
             except OSError:
                 pass
         self.close()
-        raise Broken(f"kilnd broke HTTP/2: {what} (error {error.code})") from None
+        raise Misbehaved(f"kilnd broke HTTP/2: {what} (error {error.code})") from None
 
     def close(self):
         self.open = False

@@ -276,7 +276,9 @@ class Channel:
         return False
 
     def ready(self, timeout):
-        """Whether kilnd answers HTTP/2 within `timeout`: its SETTINGS, valid."""
+        """Whether kilnd answers HTTP/2 within `timeout`: its SETTINGS, valid.
+        Raises http2.Misbehaved for a peer that answers, breaking a rule:
+        what listens there is no kilnd to wait for, nor to start another beside."""
         deadline = time.monotonic() + timeout
         try:
             connection = _Connection(self._address, timeout)
@@ -284,6 +286,9 @@ class Channel:
             return False
         try:
             connection.wait_for_settings(deadline)
+        except http2.Misbehaved:
+            connection.close()
+            raise
         except Exception:  # noqa: BLE001  (whatever is at kilnd's address, it is not a kilnd that answers)
             connection.close()
             return False
