@@ -180,7 +180,7 @@ void LimitTcpConnections(const ServerOptions& options, std::shared_ptr<Connectio
 
 // Clients check that kilnd still answers a call that waits (a compile, a
 // claim) with HTTP/2 PINGs: the Python client's own transport once a call has
-// been quiet for 2 s, gRPC keepalive every 4 s on a farm's. gRPC's default
+// been quiet for 2 s, gRPC keepalive every 2 s on a farm's. gRPC's default
 // policy takes a PING less than 5 minutes after another, with no data sent
 // between, for abuse, and after two such closes the connection: every compile
 // longer than a few seconds would fail. A PING a second is what kilnd allows;

@@ -37,11 +37,19 @@ constexpr absl::string_view kTlsScheme = "grpcs://";
 constexpr int kMaxAnswerBytes = 64 << 20;
 // A kilnd that stops answering ends a call that waits (a compile, an import)
 // by keepalive: a PING once the call has waited this long, the connection
-// closed if its answer takes longer than the timeout. kilnd allows a PING a
-// second during calls (service/server.cc); gRPC sends two at most without
-// data between them unless max_pings_without_data is 0.
-constexpr int kKeepaliveMs = 4000;
-constexpr int kKeepaliveTimeoutMs = 4000;
+// closed if its answer takes longer than the PING timeout (gRPC since 1.57
+// times keepalive PINGs by grpc.http2.ping_timeout_ms, a minute by default;
+// before, by keepalive_timeout_ms: both are set). kilnd allows a PING a second
+// during calls (service/server.cc); gRPC sends two at most without data
+// between them unless max_pings_without_data is 0. As the Python client's
+// (grpc_channel.py).
+constexpr int kKeepaliveMs = 2000;
+constexpr int kPingTimeoutMs = 3000;
+constexpr char kPingTimeoutArgument[] = "grpc.http2.ping_timeout_ms";
+// A handshake gives up after this long (gRPC's minimum connect timeout, 20 s
+// by default): a retry after a stopped kilnd's PING went unanswered connects
+// to a kernel that still accepts for it, and a kilnd that never answers.
+constexpr int kConnectTimeoutMs = 4000;
 
 ResolvedEndpoint ReadEndpointFile(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -307,7 +315,9 @@ void Client::Connect(ResolvedEndpoint resolved) {
   arguments.SetMaxReceiveMessageSize(kMaxAnswerBytes);
   arguments.SetMaxSendMessageSize(std::numeric_limits<int>::max());
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kPingTimeoutMs);
+  arguments.SetInt(kPingTimeoutArgument, kPingTimeoutMs);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kConnectTimeoutMs);
   arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (target->tcp) arguments.SetServiceConfigJSON(std::string(kFleetServiceConfig));
   if (!target->tls_name.empty()) arguments.SetSslTargetNameOverride(target->tls_name);

@@ -23,7 +23,7 @@ from conftest import PROBE, Kilnd, probe_json
 from hostile_peer import BEHAVIOURS, NAMED, HostilePeer
 from kiln.service import api, http2, local_grpc
 from kiln.service.errors import RpcError, StatusCode
-from test_remote_tls import new_ca, new_key_and_request, sign
+from test_remote_tls import new_ca, new_key_and_request, sign, tls_kilnd
 
 FALLBACK_WARNING = "compiling with stock Triton instead"
 # What a program may cost beyond stock's against any of them (the issue's bound).
@@ -38,7 +38,18 @@ def pki(tmp_path_factory):
     new_ca(directory, "ca")
     new_key_and_request(directory, "peer", "/CN=localhost")
     sign(directory, "ca", "peer", "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    # A farm kilnd's (tls_kilnd: server.pem, client certificates of farm-ca) and its client's.
+    new_ca(directory, "farm-ca")
+    new_key_and_request(directory, "server", "/CN=localhost")
+    sign(directory, "farm-ca", "server", "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    new_key_and_request(directory, "alpha", "/CN=alpha")
+    sign(directory, "farm-ca", "alpha")
     return directory
+
+
+def _farm_client_settings(pki, address):
+    return {"KILN_ENDPOINT": f"grpcs://{address}", "KILN_CA_FILE": str(pki / "farm-ca.pem"),
+            "KILN_CLIENT_CERT": str(pki / "alpha.pem"), "KILN_CLIENT_KEY": str(pki / "alpha.key")}
 
 
 def _measured(argv, env, directory, timeout=600):
@@ -220,4 +231,58 @@ def test_a_compile_that_takes_90_seconds_in_a_healthy_kilnd_completes_through_it
         kilnd.stop()
     assert FALLBACK_WARNING not in program.stderr
     assert compiles == 1 and stored.found
+    assert _asm(probe_json(program)["kernels"]) == _asm(stock_first["kernels"])
+
+
+def test_a_farm_kilnd_stopped_ends_a_call_that_may_wait_minutes_within_seconds(tmp_path, pki, monkeypatch):
+    """grpcio's keepalive, on a farm's path: a call with a compile's deadline
+    whose kilnd stops answering ends in seconds, its retry's handshake included."""
+    from kiln.service import connection, paths
+
+    kilnd, address = tls_kilnd(pki, tmp_path / "farm")
+    try:
+        for name, value in _farm_client_settings(pki, address).items():
+            monkeypatch.setenv(name, value)
+        farm = connection.Connection(paths.Endpoint(f"grpcs://{address}"))
+        farm.stub.GetStats(api.GetStatsRequest())  # connected, and served
+        os.kill(kilnd.process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            with pytest.raises(RpcError) as stopped:
+                farm.stub.Lookup(api.LookupRequest(namespace="triton", key="ab" * 32), timeout=900)
+            seconds = time.monotonic() - started
+        finally:
+            os.kill(kilnd.process.pid, signal.SIGCONT)
+        farm.close()
+    finally:
+        kilnd.stop()
+    assert stopped.value.code() is StatusCode.UNAVAILABLE, stopped.value
+    # A PING after 2 s of waiting, 3 s for its answer, 4 s for the retry's handshake.
+    assert seconds < 10.5, f"{seconds:.1f} s: {stopped.value.details()}"
+
+
+def test_a_farm_compile_that_takes_15_seconds_completes_through_kilnd_answering_the_pings(tmp_path, pki,
+                                                                                         stock_first):
+    """The farm's path pings a waiting call every 2 s; a farm kilnd allows it.
+    A kilnd that allowed gRPC's default, one in 5 min, would end the connection
+    at the third PING with GOAWAY "too_many_pings", which gRPC logs to the
+    program's stderr (its retry then completes the compile)."""
+    kilnd, address = tls_kilnd(pki, tmp_path / "farm", f"toolchain = {sys.executable}\ncompile_workers = 1\n")
+    try:
+        kilnd.wait_for_workers_started(1)
+        (worker,) = kilnd.worker_pids()
+        os.kill(worker, signal.SIGSTOP)
+        held = threading.Timer(15, os.kill, (worker, signal.SIGCONT))
+        held.start()
+        program = subprocess.run([sys.executable, str(PROBE), "first"], capture_output=True, text=True, timeout=300,
+                                 env=_probe_env(tmp_path, KILN="1", KILN_STRICT="1",
+                                                **_farm_client_settings(pki, address)))
+        held.join()
+        compiles = kilnd.stats().compiles
+    finally:
+        kilnd.stop()
+    assert program.returncode == 0, program.stderr[-3000:]
+    assert FALLBACK_WARNING not in program.stderr
+    assert "too_many_pings" not in program.stderr, program.stderr[-3000:]
+    assert compiles == 1
     assert _asm(probe_json(program)["kernels"]) == _asm(stock_first["kernels"])

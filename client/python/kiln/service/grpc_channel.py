@@ -20,11 +20,18 @@ from kiln.service.grpc_runtime import grpc
 _IDLE_MS = 60_000
 # A kilnd that stops answering (stopped, or a host gone) ends the calls it
 # holds by keepalive: a PING once a call has waited this long, and the
-# connection closed when its answer takes longer than the timeout. kilnd
-# allows PINGs this often during calls (server.cc); without data between them
-# gRPC sends two at most unless max_pings_without_data is 0.
-_KEEPALIVE_MS = 4000
-_KEEPALIVE_TIMEOUT_MS = 4000
+# connection closed when its answer takes longer than the PING timeout (gRPC
+# since 1.57 times a keepalive PING by grpc.http2.ping_timeout_ms, a minute by
+# default, not by keepalive_timeout_ms). kilnd allows PINGs this often during
+# calls (server.cc); without data between them gRPC sends two at most unless
+# max_pings_without_data is 0.
+_KEEPALIVE_MS = 2000
+_PING_TIMEOUT_MS = 3000
+# A connection's TLS and HTTP/2 handshake gives up after this long (gRPC's
+# minimum connect timeout, 20 s by default): the retry of a call whose kilnd
+# stopped connects again, to a kernel that still accepts for it and a kilnd
+# that never answers. Ample for a handshake's few round trips.
+_CONNECT_TIMEOUT_MS = 4000
 # grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, without importing grpc.experimental.
 _SINGLE_THREADED_UNARY_STREAM = "SingleThreadedUnaryStream"
 # gRPC's connectivity state of a channel with a live connection (grpc_connectivity_state).
@@ -122,7 +129,9 @@ class Channels:
     def __init__(self, endpoint):
         options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", -1),
                    ("grpc.client_idle_timeout_ms", _IDLE_MS),
-                   ("grpc.keepalive_time_ms", _KEEPALIVE_MS), ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
+                   ("grpc.keepalive_time_ms", _KEEPALIVE_MS), ("grpc.keepalive_timeout_ms", _PING_TIMEOUT_MS),
+                   ("grpc.http2.ping_timeout_ms", _PING_TIMEOUT_MS),
+                   ("grpc.min_reconnect_backoff_ms", _CONNECT_TIMEOUT_MS),
                    ("grpc.http2.max_pings_without_data", 0),
                    # A LookupOrClaim stream's answers are read on the thread that
                    # asks for them, not by a thread gRPC starts for each call.
@@ -176,12 +185,16 @@ class Channels:
             channel.close()
 
 
-def _translated(error):
+def _translated(error, timeout=None):
     if isinstance(error, grpc.FutureCancelledError):
         return RpcError(StatusCode.CANCELLED, "the call was cancelled")
     code = error.code() if callable(getattr(error, "code", None)) else None
-    return RpcError(status_code(code.value[0]) if code is not None else StatusCode.UNKNOWN,
-                    (error.details() if callable(getattr(error, "details", None)) else None) or str(error))
+    status = status_code(code.value[0]) if code is not None else StatusCode.UNKNOWN
+    details = (error.details() if callable(getattr(error, "details", None)) else None) or str(error)
+    if status is StatusCode.DEADLINE_EXCEEDED and timeout is not None:
+        # gRPC says only "Deadline Exceeded"; the warning a user reads says how long kilnd had.
+        details = f"kilnd gave no answer in {timeout:g} s ({details})"
+    return RpcError(status, details)
 
 
 class TranslatedChannel:
@@ -207,34 +220,36 @@ class _Method:
         try:
             return self._call(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as error:
-            raise _translated(error) from None
+            raise _translated(error, timeout) from None
 
     def future(self, request, timeout=None, metadata=None):
-        return _Future(self._call.future(request, timeout=timeout, metadata=metadata))
+        return _Future(self._call.future(request, timeout=timeout, metadata=metadata), timeout)
 
 
 class _StreamMethod(_Method):
     def __call__(self, request, timeout=None, metadata=None):
-        return _Stream(self._call(request, timeout=timeout, metadata=metadata))
+        return _Stream(self._call(request, timeout=timeout, metadata=metadata), timeout)
 
 
 class _Future:
-    def __init__(self, future):
+    def __init__(self, future, call_timeout):
         self._future = future
+        self._call_timeout = call_timeout
 
     def result(self, timeout=None):
         try:
             return self._future.result(timeout)
         except (grpc.RpcError, grpc.FutureCancelledError) as error:
-            raise _translated(error) from None
+            raise _translated(error, self._call_timeout) from None
 
     def cancel(self):
         return self._future.cancel()
 
 
 class _Stream:
-    def __init__(self, call):
+    def __init__(self, call, call_timeout):
         self._call = call
+        self._call_timeout = call_timeout
 
     def __iter__(self):
         return self
@@ -243,7 +258,7 @@ class _Stream:
         try:
             return next(self._call)
         except grpc.RpcError as error:
-            raise _translated(error) from None
+            raise _translated(error, self._call_timeout) from None
 
     def cancel(self):
         return self._call.cancel()
