@@ -207,3 +207,21 @@ SUITE = [
     _attention("attention_fp16_64", "fp16", 64, 64, 64),
     _attention("attention_bf16_128", "bf16", 128, 64, 64, num_warps=8, num_stages=2),
 ]
+
+# A user's program for its one GPU: the suite and nine more of the same kinds
+# (elementwise, reductions, softmax, layernorm, matmuls, attention), 24
+# kernels compiled one after another for one target.
+USER_PROGRAM = SUITE + [
+    _elementwise("add_fp32_256", add_kernel, "fp32", 256),
+    Case("gelu_bf16", gelu_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "BLOCK": "constexpr"},
+         {"BLOCK": 2048}, {"num_warps": 8}),
+    _rows("sum_rows_fp16", sum_rows_kernel, "fp16", 512),
+    _rows("softmax_bf16", softmax_kernel, "bf16", 2048),
+    Case("layernorm_fp32", layernorm_kernel,
+         {"x_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*fp32", "cols": "i32",
+          "stride": "i32", "eps": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 2048}, {"num_warps": 8}),
+    _matmul("matmul_fp16_64x128x64_s3", "fp16", 64, 128, 64, num_stages=3),
+    _matmul("matmul_bf16_32x64x32_s2", "bf16", 32, 64, 32, num_stages=2),
+    _matmul("matmul_fp16_128x64x32_s4_w8", "fp16", 128, 64, 32, num_stages=4, num_warps=8),
+    _attention("attention_fp16_32", "fp16", 64, 32, 32),
+]

@@ -1,0 +1,106 @@
+"""Where a first run's time goes with Kiln, phase by phase, for the first-run
+benches (bench/first_run_bench.py on Linux, bench/windows_first_run_bench.py
+under Wine): what each measures of kilnd's start, and of a run, and the table
+they print.
+
+  client      a process's import of Kiln's client and its connection to a
+              running kilnd (triton already imported)
+  kilnd       kilnd's start to its first answer, its toolchain probe (its log's
+              timestamps) and its first worker ready
+  per compile with kilnd up: a Compile call's median time in kilnd and
+              the worker's mean time per compile (kilnd's statistics), and
+              the run's whole difference to stock's, per kernel
+  launchers   launcher builds kilnd made for the run (a compile-only program
+              builds none)
+"""
+
+import re
+import statistics
+from datetime import datetime
+
+# How a client imports and connects, timed in a process of its own: argv[1]
+# is the endpoint ("" for the default, which the environment gives).
+CLIENT_START = '''
+import json, sys, time
+import triton
+started = time.perf_counter()
+from kiln.service import connection
+connection.connect(sys.argv[1] or None, autostart=False)
+print(json.dumps({"seconds": time.perf_counter() - started}))
+'''
+
+# kilnd's start, timed by a process that starts it (the client's autostart,
+# with this Python's toolchain): to its first answer, and to its first worker
+# ready (its statistics, asked every 20 ms; nothing else runs meanwhile).
+KILND_START = '''
+import json, time
+import triton
+from kiln.service import api, autostart, connection  # loaded before kilnd's start is timed
+started = time.perf_counter()
+kilnd = connection.connect()
+answered = time.perf_counter()
+while kilnd.stub.GetStats(api.GetStatsRequest()).workers_started < 1:
+    time.sleep(0.02)
+print(json.dumps({"answers": answered - started, "worker": time.perf_counter() - started}))
+'''
+
+_LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\]")
+
+
+def _logged_at(line):
+    found = _LOG_TIME.match(line)
+    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp() if found else None
+
+
+def probe_seconds(log_text):
+    """From kilnd's log: its toolchain probe's seconds (its start's line to
+    the probe's answer), None if the log has no probe."""
+    started = probed = None
+    for line in log_text.splitlines():
+        if started is None and "probing it in the background" in line:
+            started = _logged_at(line)
+        elif started is not None and "] toolchain: triton" in line:
+            probed = _logged_at(line)
+            break
+    return probed - started if started is not None and probed is not None else None
+
+
+def compile_overhead(stats):
+    """(Compile calls' median ms in kilnd, the worker's mean ms per compile,
+    launcher builds) from `kiln stats --json` after a run: kilnd keeps no
+    mean of a call's time, nor a median of the worker's."""
+    latency = {entry["method"]: entry for entry in stats.get("rpc_latency", [])}
+    compile_ms = latency.get("Compile", {}).get("p50_ms")
+    compiles = int(stats.get("compiles", 0))
+    worker_ms = 1e3 * stats.get("compile_seconds", 0.0) / compiles if compiles else None
+    return compile_ms, worker_ms, int(stats.get("launcher_builds", 0))
+
+
+class Phases:
+    """Phase figures gathered over a bench's rounds, for one shape of program."""
+
+    def __init__(self):
+        self.client, self.kilnd_answers, self.probe, self.worker = [], [], [], []
+        self.compile_ms, self.worker_ms, self.per_kernel_ms, self.launchers = [], [], [], []
+
+    def add_run(self, stats, seconds, stock_seconds, kernels):
+        compile_ms, worker_ms, launchers = compile_overhead(stats)
+        if compile_ms is not None:
+            self.compile_ms.append(compile_ms)
+        if worker_ms is not None:
+            self.worker_ms.append(worker_ms)
+        self.launchers.append(launchers)
+        self.per_kernel_ms.append(1e3 * (seconds - stock_seconds) / kernels)
+
+    def print(self, title):
+        def median(values, unit="s", scale=1.0):
+            return f"{statistics.median(values) * scale:7.1f} {unit}" if values else "      -  "
+        print(f"  where Kiln's time goes, {title} (medians):")
+        print(f"    client: import and connect              {median(self.client, 'ms', 1e3)}")
+        print(f"    kilnd: start to its first answer        {median(self.kilnd_answers, 'ms', 1e3)}")
+        print(f"    kilnd: its toolchain probe              {median(self.probe, 'ms', 1e3)}")
+        print(f"    kilnd: start to its first worker ready  {median(self.worker, 'ms', 1e3)}")
+        print(f"    per compile, kilnd up: Compile call p50 {median(self.compile_ms, 'ms')}, "
+              f"the worker's mean {median(self.worker_ms, 'ms')}")
+        print(f"    per kernel, kilnd up, against stock     {median(self.per_kernel_ms, 'ms')}")
+        print(f"    launcher builds                         {max(self.launchers, default=0)}")
