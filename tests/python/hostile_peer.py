@@ -3,7 +3,9 @@ a well-behaved peer (BEHAVIOURS), on a Unix socket (the client's own
 transport) or on TCP with TLS and ALPN h2 (grpcio's, a farm's path).
 
 A stand-in for a kilnd that is stuck, broken or hostile: what is tested is the
-client, which no real kilnd makes misbehave this way."""
+client, which no real kilnd makes misbehave this way. One more behaviour
+breaks no rule ("slow-reader": a large window, read slowly, then answered):
+a healthy kilnd on a loaded machine, which no real kilnd is made into on cue."""
 
 import socket
 import ssl
@@ -45,13 +47,17 @@ _OPENINGS = {
     "endless-continuation": settings(),
     "huge-header-list": settings(),
     "huge-message": settings(),
+    # 64 MiB windows, the stream's and the connection's; the request read at
+    # 16 KiB each 5 ms, then answered OK with an empty message.
+    "slow-reader": settings((4, 64 << 20)) + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 64 << 20)),
 }
-BEHAVIOURS = tuple(_OPENINGS)
+_HEALTHY = ("slow-reader",)
+BEHAVIOURS = tuple(name for name in _OPENINGS if name not in _HEALTHY)
 # The ones the acceptance names; the others are variants for the transport's own tests.
 NAMED = ("endless-continuation", "huge-header-list", "huge-message", "bad-settings", "zero-window", "ping-flood",
          "short-frame", "silent-after-settings", "ping-every-second")
 _ANSWERS_PINGS = {"zero-window", "huge-message", "endless-continuation", "huge-header-list", "ping-flood",
-                  "ping-flood-after-settings"}
+                  "ping-flood-after-settings", "slow-reader"}
 
 
 class HostilePeer:
@@ -158,6 +164,8 @@ class _Session:
                 kind, flags, stream = header[3], header[4], int.from_bytes(header[5:], "big") & 0x7FFFFFFF
                 payload = reader.read(length)
                 self._client_frame(kind, flags, stream, payload)
+                if kind == DATA and self.peer.behaviour == "slow-reader":
+                    time.sleep(0.005)
         except (OSError, ValueError):
             return
         finally:
@@ -216,6 +224,9 @@ class _Session:
             self.send(frame(HEADERS, END_HEADERS if len(pieces) == 1 else 0, stream, pieces[0]))
             for index, piece in enumerate(pieces[1:], 2):
                 self.send(frame(CONTINUATION, END_HEADERS if index == len(pieces) else 0, stream, piece))
+        elif behaviour == "slow-reader":
+            self.send(self._headers(stream, ok) + frame(DATA, 0, stream, b"\0" * 5)
+                      + self._headers(stream, [("grpc-status", "0")], END_HEADERS | END_STREAM))
         elif behaviour == "huge-message":
             self.send(self._headers(stream, ok))
             self._send_data(stream, struct.pack(">BI", 0, 2**31 - 1))

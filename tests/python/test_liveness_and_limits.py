@@ -139,6 +139,20 @@ def test_a_peer_breaking_a_rule_ends_a_call_in_seconds_with_an_error_naming_it(t
     assert _LOCAL_ERRORS[behaviour] in failed.value.details(), failed.value.details()
 
 
+def test_a_large_request_that_a_healthy_kilnd_reads_slowly_goes_out_whole_and_is_answered(tmp_path):
+    """16 MiB, read at about 3 MiB/s: the send takes seconds, but makes progress
+    every moment, which is what holds it (a send is not bounded as a whole)."""
+    with HostilePeer("slow-reader", unix_path=tmp_path / "peer.sock") as peer:
+        channel = local_grpc.Channel(peer.target)
+        assert channel.ready(2.0)
+        started = time.monotonic()
+        api.KilnStub(channel).Put(api.PutRequest(namespace="triton", key="cd" * 32,
+                                                 blobs=[api.blob("large", b"x" * (16 << 20))]), timeout=60)
+        seconds = time.monotonic() - started
+        channel.close()
+    assert seconds > 2.5, f"{seconds:.1f} s: the peer read the request faster than a send's tick"
+
+
 def test_a_peer_that_answers_pings_but_not_the_call_is_ended_by_the_calls_deadline(tmp_path):
     with HostilePeer("zero-window", unix_path=tmp_path / "peer.sock") as peer:
         channel = local_grpc.Channel(peer.target)

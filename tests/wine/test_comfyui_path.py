@@ -157,12 +157,13 @@ def per_user_config(wine, python_embeded):
 WINE_LOST_A_CHILD = "[WinError 1359] Internal error"
 
 
-def suite(wine, python, cache_dir, **env):
-    """The probe's suite (15 kernels, sm80 and sm90) in a process of its own, timed."""
+def suite(wine, python, cache_dir, mode="suite", **env):
+    """The probe's suite (15 kernels, sm80 and sm90; or another of its modes)
+    in a process of its own, timed."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     status, output = run_python(dict(wine, TRITON_CACHE_DIR=windows_path(cache_dir), **env), python,
-                                windows_path(PROBE), "suite")
+                                windows_path(PROBE), mode)
     if status != 0 and not env and WINE_LOST_A_CHILD in output:
         # Stock's run is the reference here, not what is tested: once in many
         # runs Wine's CreateProcess of ptxas.exe fails (ERROR_INTERNAL_ERROR:
@@ -174,7 +175,7 @@ def suite(wine, python, cache_dir, **env):
         cache_dir.mkdir()
         started = time.monotonic()
         status, output = run_python(dict(wine, TRITON_CACHE_DIR=windows_path(cache_dir)), python,
-                                    windows_path(PROBE), "suite")
+                                    windows_path(PROBE), mode)
     seconds = time.monotonic() - started
     assert status == 0, output[-6000:]
     return json.loads(output.strip().splitlines()[-1]), seconds

@@ -100,7 +100,10 @@ _STREAMING_METHODS = {
 # compile, or wait on another process's compile, may take minutes: they end at
 # kilnd's own compile limit (compile_timeout_seconds, 10 min) and a margin,
 # and a kilnd that stops answering ends them long before, by liveness (PINGs
-# on this machine's connection, gRPC keepalive on a farm's).
+# on this machine's connection, gRPC keepalive on a farm's). A claim's
+# LookupOrClaim has liveness only: kilnd holds the claim for as long as the
+# call lasts, and its holder may compile for longer than any deadline (an
+# inductor graph); its lookup's wait ends at kilnd's own compile limit.
 QUICK_DEADLINE = 10.0
 _WRITE_DEADLINE = 60.0
 _COMPILE_DEADLINE = 900.0
@@ -108,13 +111,13 @@ _DEADLINES = {
     "Put": _WRITE_DEADLINE, "PutMany": _WRITE_DEADLINE, "ListEntries": _WRITE_DEADLINE,
     "BuildLauncher": 300.0, "Evict": 300.0,
     "Compile": _COMPILE_DEADLINE, "CompileInductorKernel": _COMPILE_DEADLINE, "Prewarm": _COMPILE_DEADLINE,
-    "LookupOrClaim": _COMPILE_DEADLINE, "Verify": _COMPILE_DEADLINE,
+    "LookupOrClaim": None, "Verify": _COMPILE_DEADLINE,
 }
 
 
 class _WithDeadline:
     """A method of a channel whose calls get `seconds` as their deadline
-    unless the caller gives one."""
+    (None: none, liveness only) unless the caller gives one."""
 
     __slots__ = ("_method", "_seconds")
 

@@ -163,18 +163,32 @@ class Connection:
             data, self.outgoing = b"".join(self.outgoing), []
             if self.writable:
                 try:
-                    if self.socket_timeout != TICK:
-                        # A read without waiting, or one up to a deadline, left
-                        # a timeout too short to send in: sendall would give up
-                        # part way.
-                        self.socket.settimeout(TICK)
-                        self.socket_timeout = TICK
-                    self.socket.sendall(data)
+                    self._send_all(data)
                 except OSError:
                     # The peer closed the connection, or takes nothing in:
                     # what it sent before (a GOAWAY saying which calls it
                     # started) is read next.
                     self.writable = False
+
+    def _send_all(self, data):
+        """Sends all of `data`, for as long as the peer takes some of it at
+        least every SEND_STALL_SECONDS: not sendall, whose timeout bounds the
+        whole send, which a healthy kilnd reading a large request slowly
+        outlasts. Raises OSError (a timeout) once the peer stalls."""
+        if self.socket_timeout != TICK:
+            # A read without waiting, or one up to a deadline, left a timeout
+            # too short to send in.
+            self.socket.settimeout(TICK)
+            self.socket_timeout = TICK
+        view, progress_at = memoryview(data), time.monotonic()
+        while view:
+            try:
+                sent = self.socket.send(view)
+            except _socket.timeout:
+                if time.monotonic() - progress_at >= SEND_STALL_SECONDS:
+                    raise
+                continue
+            view, progress_at = view[sent:], time.monotonic()
 
     def _buffered_frame(self):
         """(kind, flags, stream, payload) of the next frame if all of it is in, else None."""
@@ -223,7 +237,14 @@ class Connection:
                 return found
             self.flush()
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            expired = deadline is not None and now >= deadline
+            unanswered = liveness and self.ping_sent_at is not None and now - self.ping_sent_at >= PING_TIMEOUT
+            if (expired or unanswered) and self._receive(0):
+                # What already came is read before a clock is judged: an
+                # answer read late (a future's result asked for after its
+                # deadline, a PING's answer after a long send) still counts.
+                continue
+            if expired:
                 raise DeadlinePassed()
             if liveness:
                 self._check_liveness(now)
@@ -365,7 +386,10 @@ class Connection:
         else:
             self._idle_frame()
             return
-        self.window_opened_at = time.monotonic()
+        if self.send_window > 0 and self.stream_send_window > 0:
+            # Progress only where bytes may go out: a trickle of updates to one
+            # window while the other stays shut would hold the request forever.
+            self.window_opened_at = time.monotonic()
 
     def _header_block(self, kind, flags, stream, payload):
         """The header list of a HEADERS frame and the CONTINUATION frames after it."""
