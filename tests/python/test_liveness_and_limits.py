@@ -271,8 +271,9 @@ def test_a_farm_kilnd_stopped_ends_a_call_that_may_wait_minutes_within_seconds(t
     finally:
         kilnd.stop()
     assert stopped.value.code() is StatusCode.UNAVAILABLE, stopped.value
-    # A PING after 2 s of waiting, 3 s for its answer, 4 s for the retry's handshake.
-    assert seconds < 10.5, f"{seconds:.1f} s: {stopped.value.details()}"
+    # A PING after 2 s of waiting, 3 s for its answer, 4 s for the retry's
+    # handshake: 9-10 s (a PING timed by gRPC's default took 75 s).
+    assert seconds < 13, f"{seconds:.1f} s: {stopped.value.details()}"
 
 
 def test_a_farm_compile_that_takes_15_seconds_completes_through_kilnd_answering_the_pings(tmp_path, pki,
