@@ -15,6 +15,9 @@ each round:
             first day): the client starts kilnd, which probes this Python
   kiln-up   Kiln with the user's kilnd running (started just before, on an
             empty data dir) and its worker up, none of the program stored
+  kiln-warm a second process, with an empty Triton cache, through kiln-up's
+            kilnd: it must compile nothing (the bench stops if kilnd compiled
+            anything for it)
 
 Printed: each kind's median seconds and its ratio to stock's, and where
 Kiln's time goes (bench/first_run_phases.py). The Windows counterpart is
@@ -40,7 +43,7 @@ from first_run_phases import (CLIENT_START, KILND_START, SHAPES, Phases, print_r
                               probe_seconds)
 
 PROBE = ROOT / "tests" / "python" / "client_probe.py"
-KINDS = ("stock", "kiln-new", "kiln-up")
+KINDS = ("stock", "kiln-new", "kiln-up", "kiln-warm")
 
 
 class Run:
@@ -81,28 +84,40 @@ class Run:
 
 
 def program(run, mode):
+    """(seconds, the probe's report) of one run of the program."""
     started = time.monotonic()
-    run.python(str(PROBE), mode)
-    return time.monotonic() - started
+    report = run.python(str(PROBE), mode)
+    return time.monotonic() - started, report
 
 
 def round_of(shape, index, work, build_dir, phases):
     mode, kernels = SHAPES[shape]
     seconds = {}
     for kind in KINDS:
+        if kind == "kiln-warm":  # kiln-up's kilnd, a new Triton cache
+            run.env["TRITON_CACHE_DIR"] = str(run.dir / "second-triton-cache")
+            compiled_before = int(run.stats()["compiles"])
+            seconds[kind], report = program(run, mode)
+            compiled = int(run.stats()["compiles"]) - compiled_before
+            if compiled or report["frontend_runs"]:
+                sys.exit(f"{shape}: a second process ran Triton's frontend {report['frontend_runs']} times and had "
+                         f"kilnd compile {compiled} kernels; it must compile nothing")
+            run.stop_kilnd()
+            continue
         run = Run(work, f"{shape}-{kind}-{index}", build_dir, kiln=kind != "stock")
         if kind == "kiln-up":
             started = run.python("-c", KILND_START)
             phases.kilnd_answers.append(started["answers"])
             phases.worker.append(started["worker"])
             phases.client.append(run.python("-c", CLIENT_START, "")["seconds"])
-        seconds[kind] = program(run, mode)
+        seconds[kind], _ = program(run, mode)
         if kind == "kiln-up":
             phases.add_run(run.stats(), seconds[kind], seconds["stock"], kernels)
         if kind != "stock":
             probed = probe_seconds(run.kilnd_log())
             if probed is not None:
                 phases.probe.append(probed)
+        if kind == "kiln-new":
             run.stop_kilnd()
     return seconds
 

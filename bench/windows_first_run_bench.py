@@ -19,7 +19,9 @@ Kinds, taking turns in each round:
                remembers, the client's memos) and none of the suite
   kiln-up      Kiln with kilnd.exe running (as a service would be), its
                worker up, none of the suite stored
-  kiln-warm    Kiln, the suite stored: a new process with an empty Triton cache
+  kiln-warm    Kiln, the suite stored: a new process with an empty Triton cache,
+               which must compile nothing (the bench stops if it ran Triton's
+               frontend, or kilnd.exe compiled anything for it)
 Then a compile-only warmup of a 16-config autotuned GEMM (Autotuner.warmup,
 with a driver that stands in for an sm90), new configs each round: stock,
 and Kiln with kilnd.exe running.
@@ -187,9 +189,15 @@ def main():
                 forget_the_suite()
                 if phases is not None:
                     phases.client.append(python_json("-c", CLIENT_START, "")["seconds"])
+            compiled_before = int(stats()["compiles"]) if kind == "kiln-warm" else 0
             result, seconds = comfy.suite(env, python, cache, mode, **kiln_env)
             if kind == "kiln-up" and phases is not None:
                 phases.add_run(stats(), seconds, stock_seconds, kernels)
+            if kind == "kiln-warm":  # a second process through the same kilnd.exe compiles nothing
+                compiled = int(stats()["compiles"]) - compiled_before
+                if compiled or result["frontend_runs"]:
+                    sys.exit(f"{shape}: a second process ran Triton's frontend {result['frontend_runs']} times "
+                             f"and had kilnd.exe compile {compiled} kernels; it must compile nothing")
             return seconds
 
         def warmup(kind, round_index):
