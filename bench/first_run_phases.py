@@ -36,7 +36,8 @@ print(json.dumps({"seconds": time.perf_counter() - started}))
 # with this Python's toolchain): to its first answer, and to its first worker
 # ready (its statistics, asked every 20 ms; nothing else runs meanwhile).
 KILND_START = '''
-import json, time
+import json, os, time
+os.environ["KILN_EARLY_START"] = "0"  # not started as triton's JIT loads: by the connect timed here
 import triton
 from kiln.service import api, autostart, connection  # loaded before kilnd's start is timed
 started = time.perf_counter()
