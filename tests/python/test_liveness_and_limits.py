@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -256,6 +257,22 @@ def test_a_compile_that_takes_90_seconds_in_a_healthy_kilnd_completes_through_it
     assert _asm(probe_json(program)["kernels"]) == _asm(stock_first["kernels"])
 
 
+def _threads_stopped(pid, seconds=5):
+    """Waits until every thread of `pid` is stopped (a thread in an
+    uninterruptible wait stops only as it ends); their states, as /proc says."""
+    deadline = time.monotonic() + seconds
+    while True:
+        states = {}
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states[task.name] = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue  # ended meanwhile
+        if all(state in "tT" for state in states.values()) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.01)
+
+
 def test_a_farm_kilnd_stopped_ends_a_call_that_may_wait_minutes_within_seconds(tmp_path, pki, monkeypatch):
     """grpcio's keepalive, on a farm's path: a call with a compile's deadline
     whose kilnd stops answering ends in seconds, its retry's handshake included."""
@@ -268,10 +285,13 @@ def test_a_farm_kilnd_stopped_ends_a_call_that_may_wait_minutes_within_seconds(t
         farm = connection.Connection(paths.Endpoint(f"grpcs://{address}"))
         farm.stub.GetStats(api.GetStatsRequest())  # connected, and served
         os.kill(kilnd.process.pid, signal.SIGSTOP)
+        states = _threads_stopped(kilnd.process.pid)
         started = time.monotonic()
         try:
             with pytest.raises(RpcError) as stopped:
-                farm.stub.Lookup(api.LookupRequest(namespace="triton", key="ab" * 32), timeout=900)
+                answer = farm.stub.Lookup(api.LookupRequest(namespace="triton", key="ab" * 32), timeout=900)
+                pytest.fail(f"a stopped kilnd answered in {time.monotonic() - started:.2f} s: {answer!r}; "
+                            f"its threads' states before the call: {states}")
             seconds = time.monotonic() - started
         finally:
             os.kill(kilnd.process.pid, signal.SIGCONT)
