@@ -58,13 +58,13 @@ def _isolated(root):
 
 
 # Kiln's settings in every test's processes, unless a test sets its own:
-# KILN_FIRST_COMPILE_HERE=0, because the tests count the kernels kilnd
-# compiles, and a process's first kernel compiled in the process itself
-# (kiln/triton/first_compile.py) would take one from each count; and
+# KILN_FIRST_COMPILE_HERE=0 and KILN_COMPILE_HERE=0, because the tests count
+# the kernels kilnd compiles, and a program's compiles run in the program
+# itself (kiln/triton/compiled_here.py) would take them from each count; and
 # KILN_COMPILE_HERE_WHEN_BUSY=0 for the same counts of compiles ahead, which
 # would otherwise go to kilnd or not by the machine's cores. The tests of
 # these turn them on; benches leave Kiln's defaults.
-TEST_SETTINGS = {"KILN_FIRST_COMPILE_HERE": "0", "KILN_COMPILE_HERE_WHEN_BUSY": "0"}
+TEST_SETTINGS = {"KILN_FIRST_COMPILE_HERE": "0", "KILN_COMPILE_HERE": "0", "KILN_COMPILE_HERE_WHEN_BUSY": "0"}
 
 
 def apply_test_settings():

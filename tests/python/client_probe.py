@@ -412,7 +412,7 @@ def _note_client_import(path):
 def _hold_client_load():
     """Holds the import of kilnd's client (kiln.triton.remote) until the probe's
     mode has run, 60 s at most: every compile meanwhile is one that Kiln
-    runs while its client loads (kiln/triton/first_compile), however fast the
+    runs while its client loads (kiln/triton/compiled_here), however fast the
     machine. Held in the module's execution, not in a finder, which Python
     asks under its global import lock. Returns (the event that lets it go
     on, a list that has an item once the module is loaded)."""

@@ -31,7 +31,7 @@ class KilnCacheManager(CacheManager):
         self._local = not (override or dump) and _triton_versions.supported()
         self._override, self._dump = override, dump
         self._over_kilnd = None
-        self._here = None  # the CompileGroup of a first compile run here (first_compile)
+        self._here = None  # the CompileGroup of a first compile run here (compiled_here)
 
     def _kilnd(self):
         if self._over_kilnd is None:
@@ -43,10 +43,10 @@ class KilnCacheManager(CacheManager):
     def get_group(self, filename):
         files = _index.lookup("triton", self._hex, filename) if self._local else None
         if files is None and self._local:
-            from kiln.triton import first_compile as _first_compile  # not for a process whose kernels are all hits
+            from kiln.triton import compiled_here as _compiled_here  # not for a process whose kernels are all hits
 
-            files = _first_compile.lookup(self._hex, filename)  # compiled here: kilnd may not have it yet
-            if files is None and _first_compile.take():
+            files = _compiled_here.lookup(self._hex, filename)  # compiled here: kilnd may not have it yet
+            if files is None and _compiled_here.take():
                 from kiln.triton import frontend as _frontend
 
                 self._here = _frontend.begin(self._hex)
@@ -74,12 +74,12 @@ class KilnCacheManager(CacheManager):
     def put_group(self, filename, group):
         if self._here is None:
             return self._kilnd().put_group(filename, group)
-        from kiln.triton import first_compile as _first_compile
+        from kiln.triton import compiled_here as _compiled_here
         from kiln.triton import frontend as _frontend
 
         here, self._here = self._here, None
         _frontend.finish(here)
-        _first_compile.store(self._hex, here.made, group)
+        _compiled_here.store(self._hex, here.made, group)
         known_texts(group, here.made)  # not read back by the CompiledKernel made of it
         return None
 

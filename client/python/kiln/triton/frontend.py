@@ -52,7 +52,8 @@ class CompileGroup:
         self.output = None  # what the frontend showed: {"stdout": str, "warnings": [dict]}
         self.recorded_by_kilnd = False  # kilnd stored the result: put_group sends nothing
         self.frontend_read_device = ""  # "cuda:90" (or "none") if the frontend asked for this machine's GPU
-        self.compiled_here = False  # by this process's Triton, every stage stock's (first_compile)
+        self.compiled_here = False  # by this process's Triton, every stage stock's (compiled_here)
+        self.key_inputs = None  # kiln.v1.KeyInputs (JSON bytes) of a compile here, stored with it
 
     def end_claim(self):
         """Ends the claim (if held): waiters in other processes stop waiting now."""

@@ -35,6 +35,7 @@ from kiln.service import api as _api
 from kiln.service import connection as _service
 from kiln.service import paths as _paths
 from kiln.triton import build_hook as _build_hook
+from kiln.triton import compiled_here as _compiled_here
 from kiln.triton import early_launchers as _early_launchers
 from kiln.triton import frontend as _frontend
 from kiln.triton import key_inputs as _key_inputs
@@ -196,7 +197,9 @@ class RemoteCacheManager(CacheManager):
         if not response.found:
             if getattr(getattr(knobs, "build", None), "impl", None) is _build_hook.build:
                 _early_launchers.start(_stub())  # built while the kernel compiles
-            return None  # the stages hook sends the compile to kilnd
+            # The stages hook sends the compile to kilnd, or runs it here.
+            self._group.compiled_here = compiles_here()
+            return None
         files = _hit_files("triton", self._hex, response.entry)
         if filename not in files:
             return None
@@ -251,6 +254,11 @@ class RemoteCacheManager(CacheManager):
                 # (it writes them once stored): this process's own files are
                 # scratch, for Triton's CompiledKernel here, and go at its exit.
                 return None
+            if compile_group is not None and compile_group.compiled_here and _kilnd_serves_files():
+                # The same, once a thread has put it; kilnd's claim ends then.
+                claim, compile_group.claim = compile_group.claim, None
+                _compiled_here.store(self._hex, _blobs_compiled_here(compile_group, group), group, claim)
+                return None
             for name, path in group.items():  # no longer this process's alone
                 if _files.is_scratch(path):
                     group[name] = self._files[name] = _files.promote(path, name, compile_group.made[name])
@@ -280,6 +288,15 @@ class RemoteCacheManager(CacheManager):
         _index.record("triton", self._hex, indexed)
 
 
+def compiles_here():
+    """Whether a compile that missed runs in this process, kilnd storing it
+    after (compiled_here): the program's own (not a compile ahead, which
+    kilnd's workers run beside the program), where kilnd serves this process
+    the files of what it stores."""
+    return (os.environ.get("KILN_COMPILE_HERE", "1") != "0" and not _compile_threads.in_compile_thread()
+            and _kilnd_serves_files())
+
+
 def _kilnd_serves_files():
     """Whether kilnd serves this process its files (its own account, locally):
     then a compile's files are scratch, this process's alone (put_group)."""
@@ -288,6 +305,19 @@ def _kilnd_serves_files():
 
 def _output_blob(output):
     return _api.blob(_index.OUTPUT_BLOB, _frontend.encode(output))
+
+
+def _blobs_compiled_here(compile_group, group):
+    """What kilnd stores of a kernel compiled here: Triton's files, what its
+    frontend showed, what its key came from (for `kiln prewarm` and a bundle's
+    untrusted import, which compile it again from its TTIR)."""
+    made = compile_group.made
+    blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
+    if _frontend.worth_keeping(compile_group.output):
+        blobs.append(_output_blob(compile_group.output))
+    if compile_group.key_inputs is not None:
+        blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, compile_group.key_inputs))
+    return blobs
 
 
 # --- the stages hook ---------------------------------------------------------
@@ -324,9 +354,10 @@ _INPUT_STAGE = {"source": "STAGE_TTIR", "ttgir": "STAGE_TTGIR", "llir": "STAGE_L
 
 def store_compiled_here(hex_key, made):
     """Stores in kilnd a kernel this process compiled with its own Triton
-    (first_compile): kilnd serves its files, and indexes them, to the next process."""
-    _stub().Put(_api.PutRequest(namespace="triton", key=hex_key, blobs=[
-        _api.blob(name, data) for name, data in made.items()], serve_as_files=True))
+    (compiled_here; `made`: {file name: bytes}, or its kiln.v1.Blobs): kilnd
+    serves its files, and indexes them, to the next process."""
+    blobs = [_api.blob(name, data) for name, data in made.items()] if isinstance(made, dict) else made
+    _stub().Put(_api.PutRequest(namespace="triton", key=hex_key, blobs=blobs, serve_as_files=True))
 
 
 # Triton's compilation knobs that keep them here when set (3.4 and 3.5 lack the
@@ -382,8 +413,12 @@ class _RemoteCompile:
     def _run(self, ext, module, metadata):
         if self.group is not None and self.group.hex != metadata["hash"]:
             self.group = None  # not the compile this thread looked up last
-        if self.group is not None and self.group.compiled_here:
-            self.stock = True  # run here while this client loaded, on another thread (first_compile)
+        if self.group is not None and self.group.compiled_here and not self.stock:
+            self.stock = True  # compiled_here: every stage here, as stock runs them
+            try:
+                self.group.key_inputs = self._key_inputs(*self._request_basics())
+            except Exception as error:  # noqa: BLE001  (stored without them: never the kernel's failure)
+                log.debug("no key inputs for %s: %s", self.group.hex, error)
         if ext == _FIRST_STAGE_IN_KILND_AHEAD and not self.stock and self._frontend_goes(module, metadata):
             self.first_in_kilnd = ext
         if self.stock or self.order.index(ext) < self.order.index(self.first_in_kilnd):
@@ -428,15 +463,29 @@ class _RemoteCompile:
         text = next((data for name, data in made.items() if name.endswith("." + input_ext)), None)
         return text.decode() if text is not None else str(module)
 
+    def _request_basics(self):
+        """(Triton's key, the target, the options as JSON, the environment's
+        cache-invalidating variables) of this compile."""
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        from kiln.triton.versions import triton_key
+
+        return (triton_key(), self.backend.target, json.dumps(self.options.__dict__),
+                get_cache_invalidating_env_vars())
+
+    def _key_inputs(self, triton_key, target, options_json, env):
+        """kiln.v1.KeyInputs (JSON bytes) of this compile, or None."""
+        return _key_inputs.recorded_for_prewarm(
+            self.group.hex, triton_key, {"backend": target.backend, "arch": str(target.arch), "warp_size": target.warp_size},
+            options_json, env, self.group.frontend_read_device)
+
     def _client_artifacts(self, triton_key, target, options_json, env):
         if self.group is None:
             return []
         blobs = [_api.blob(name, data) for name, data in self.group.made.items() if not name.endswith(".json")]
         if _frontend.worth_keeping(self.group.output):
             blobs.append(_output_blob(self.group.output))
-        key_inputs = _key_inputs.recorded_for_prewarm(
-            self.group.hex, triton_key, {"backend": target.backend, "arch": str(target.arch), "warp_size": target.warp_size},
-            options_json, env, self.group.frontend_read_device)
+        key_inputs = self._key_inputs(triton_key, target, options_json, env)
         if key_inputs is not None:
             blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, key_inputs))
         return blobs
@@ -445,21 +494,16 @@ class _RemoteCompile:
         """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
         if it failed, _NO_WORKER_READY when kilnd compiled nothing, else None
         with self.artifacts and `metadata` filled in."""
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-
-        from kiln.triton.versions import triton_key
-
-        target = self.backend.target
-        options_json, env = json.dumps(self.options.__dict__), get_cache_invalidating_env_vars()
+        triton_key, target, options_json, env = self._request_basics()
         ahead = _compile_threads.in_compile_thread()
         here_when_busy = ahead and _compile_threads.compile_here_when_kilnd_is_busy()
         request = _api.CompileRequest(
-            triton_key=triton_key(), stage=_api.STAGE[_INPUT_STAGE[input_ext]],
+            triton_key=triton_key, stage=_api.STAGE[_INPUT_STAGE[input_ext]],
             ir=self._input_text(input_ext, module),
             target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
             options_json=options_json, env=env, namespace="triton", cache_key=metadata["hash"],
             local_python_executable=sys.executable, metadata_json=json.dumps(metadata, default=vars),
-            client_artifacts=self._client_artifacts(triton_key(), target, options_json, env),
+            client_artifacts=self._client_artifacts(triton_key, target, options_json, env),
             tool_paths=tool_paths(), requester=requester(),
             # A program's own compile does not wait for kilnd's worker to start
             # (kilnd just started): compiled here, it costs what stock's does.

@@ -21,7 +21,7 @@ def stages(*args):
     (backend, stages, options, language, ...), Kiln's stages where Kiln is
     active."""
     # Not imported: never activated, nothing of Kiln's compiles here. Still
-    # being imported by another thread (first_compile): not active yet.
+    # being imported by another thread (compiled_here): not active yet.
     hook = getattr(sys.modules.get("kiln.triton.remote"), "stages_hook", None)
     return None if hook is None else hook(*args)
 
