@@ -351,6 +351,57 @@ def _leave_the_allocator_as_hashing_does():
         bytes(1 << 20)  # the first mmap'd and freed; the second from the heap, where it stays free
 
 
+def _computed_once(function):
+    """functools.lru_cache, for a value the prefetch may be computing as the
+    program asks for it: the program waits for that computation, not runs its
+    own beside it."""
+    computing = threading.Lock()
+    computed = functools.lru_cache()(function)
+
+    @functools.lru_cache()
+    def once(*args, **kwargs):
+        with computing:
+            return computed(*args, **kwargs)
+
+    clear_once = once.cache_clear
+
+    def cache_clear():
+        clear_once()
+        computed.cache_clear()
+
+    once.cache_clear = cache_clear
+    return once
+
+
+def prefetch(triton_module):
+    """Starts what every process's first kernel waits for, on a thread, once
+    `import triton` is done: triton_key() and `ptxas --version` (twice: the
+    tool's release, then the backend's key). A program's first kernel comes
+    after its other imports and its setup (seconds, in ComfyUI), or at once:
+    either way it finds them computed, or waits for the rest. Stock computes
+    them inside that first compile: under Wine, 0.3 s for the key and 0.3-0.7 s
+    for ptxas on the first day, when there are no memos; with memos, stat()s
+    of Triton's files and of ptxas. KILN_PREFETCH=0 turns it off."""
+    if os.environ.get("KILN_PREFETCH", "1") == "0":
+        return
+    try:
+        threading.Thread(target=_prefetch, name="kiln prefetch", daemon=True).start()
+    except RuntimeError:  # no new threads at interpreter shutdown: computed when asked
+        pass
+
+
+def _prefetch():
+    try:
+        _triton_versions.triton_key()
+        from triton.backends.nvidia import compiler as nvidia_compiler
+
+        # For the default target's ptxas, which serves every target but
+        # Blackwell's where TRITON_PTXAS_BLACKWELL_PATH names another binary.
+        nvidia_compiler.get_ptxas_version()
+    except Exception as error:  # noqa: BLE001  (the program's own call computes it, and meets the error)
+        log.debug("prefetch: %s", error)
+
+
 def install_triton_key(cache_module):
     """triton_key() of the module that defines it (triton/versions), remembered
     for this Triton install."""
@@ -363,7 +414,7 @@ def install_triton_key(cache_module):
 
     cache_info = getattr(original, "cache_info", None)
 
-    @functools.lru_cache()
+    @_computed_once
     def triton_key():
         if cache_info is not None and cache_info().currsize:  # computed in this process already
             return original()
@@ -394,7 +445,7 @@ def install_tool_versions(knobs_module):
     # one's cache (as stock's) then asks the tool again.
     run_tool = getattr(original, "__wrapped__", original)
 
-    @functools.lru_cache()
+    @_computed_once
     def from_path(path):
         fingerprint = file_fingerprint(path)
         if fingerprint is None:
@@ -423,7 +474,7 @@ def install_ptxas_version(nvidia_compiler):
     version_signature = inspect.signature(run_ptxas)
     ptxas_takes_arch = _triton_versions.ptxas_is_per_arch(nvidia_compiler)
 
-    @functools.lru_cache()
+    @_computed_once
     def get_ptxas_version(*args, **kwargs):
         if getattr(knobs.nvidia, "mock_ptx_version", None) is not None:
             return run_ptxas(*args, **kwargs)
