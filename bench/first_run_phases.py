@@ -7,9 +7,11 @@ they print.
               running kilnd (triton already imported)
   kilnd       kilnd's start to its first answer, its toolchain probe (its log's
               timestamps) and its first worker ready
-  per compile with kilnd up: a Compile call's median time in kilnd and
-              the worker's mean time per compile (kilnd's statistics), and
-              the run's whole difference to stock's, per kernel
+  per compile with kilnd up: the median time in kilnd of each call a
+              compile makes (a program's own: LookupOrClaim, and a thread's
+              Put; Compile where kilnd's worker compiles), the kernels kilnd
+              compiled and its worker's mean time per compile (kilnd's
+              statistics), and the run's whole difference to stock's, per kernel
   launchers   launcher builds kilnd made for the run (a compile-only program
               builds none)
 """
@@ -69,15 +71,19 @@ def probe_seconds(log_text):
     return probed - started if started is not None and probed is not None else None
 
 
-def compile_overhead(stats):
-    """(Compile calls' median ms in kilnd, the worker's mean ms per compile,
-    launcher builds) from `kiln stats --json` after a run: kilnd keeps no
-    mean of a call's time, nor a median of the worker's."""
+def call_overhead(stats):
+    """({method: its median ms in kilnd} of the calls a program's compile
+    makes, the worker's mean ms per compile, kilnd's compiles, launcher
+    builds) from `kiln stats --json` after a run: kilnd keeps no mean of a
+    call's time, nor a median of the worker's. A program's own compile asks
+    LookupOrClaim and compiles in the program, which a thread of it puts
+    (Put); a Compile is kilnd's worker compiling for it."""
     latency = {entry["method"]: entry for entry in stats.get("rpc_latency", [])}
-    compile_ms = latency.get("Compile", {}).get("p50_ms")
+    call_ms = {method: latency[method]["p50_ms"] for method in ("LookupOrClaim", "Put", "Compile")
+               if method in latency}
     compiles = int(stats.get("compiles", 0))
     worker_ms = 1e3 * stats.get("compile_seconds", 0.0) / compiles if compiles else None
-    return compile_ms, worker_ms, int(stats.get("launcher_builds", 0))
+    return call_ms, worker_ms, compiles, int(stats.get("launcher_builds", 0))
 
 
 class Phases:
@@ -85,14 +91,16 @@ class Phases:
 
     def __init__(self):
         self.client, self.kilnd_answers, self.probe, self.worker = [], [], [], []
-        self.compile_ms, self.worker_ms, self.per_kernel_ms, self.launchers = [], [], [], []
+        self.call_ms, self.worker_ms, self.per_kernel_ms, self.launchers = {}, [], [], []
+        self.compiled_in_kilnd = []
 
     def add_run(self, stats, seconds, stock_seconds, kernels):
-        compile_ms, worker_ms, launchers = compile_overhead(stats)
-        if compile_ms is not None:
-            self.compile_ms.append(compile_ms)
+        call_ms, worker_ms, compiles, launchers = call_overhead(stats)
+        for method, ms in call_ms.items():
+            self.call_ms.setdefault(method, []).append(ms)
         if worker_ms is not None:
             self.worker_ms.append(worker_ms)
+        self.compiled_in_kilnd.append(compiles)
         self.launchers.append(launchers)
         self.per_kernel_ms.append(1e3 * (seconds - stock_seconds) / kernels)
 
@@ -104,8 +112,11 @@ class Phases:
         print(f"    kilnd: start to its first answer        {median(self.kilnd_answers, 'ms', 1e3)}")
         print(f"    kilnd: its toolchain probe              {median(self.probe, 'ms', 1e3)}")
         print(f"    kilnd: start to its first worker ready  {median(self.worker, 'ms', 1e3)}")
-        print(f"    per compile, kilnd up: Compile call p50 {median(self.compile_ms, 'ms')}, "
-              f"the worker's mean {median(self.worker_ms, 'ms')}")
+        print(f"    per compile, kilnd up: calls' p50 in kilnd: LookupOrClaim "
+              f"{median(self.call_ms.get('LookupOrClaim', []), 'ms')}, Put (a thread's) "
+              f"{median(self.call_ms.get('Put', []), 'ms')}, Compile {median(self.call_ms.get('Compile', []), 'ms')}")
+        print(f"    kilnd up: compiled in kilnd            {max(self.compiled_in_kilnd, default=0):5d}, "
+              f"its worker's mean {median(self.worker_ms, 'ms')}")
         print(f"    per kernel, kilnd up, against stock     {median(self.per_kernel_ms, 'ms')}")
         print(f"    launcher builds                         {max(self.launchers, default=0)}")
 

@@ -153,6 +153,47 @@ def test_a_changed_ptxas_is_asked_its_version_again(tmp_path):
     assert changed["backend_hash"] != first["backend_hash"]
 
 
+# Imports triton, then works 2 s before its first compile asks for the ptxas
+# version and the Triton key, as a program sets up before its first kernel.
+LATE_ASKER = r"""
+import json, time
+import triton
+from triton.backends.nvidia.compiler import get_ptxas_version
+from triton.runtime.cache import triton_key
+time.sleep(2)
+asked = time.time()
+version = get_ptxas_version()
+key = triton_key()
+print(json.dumps({"asked": asked, "version": version, "key": key}))
+"""
+
+
+def test_the_ptxas_version_and_the_key_are_worked_out_as_triton_imports_not_when_first_asked(tmp_path):
+    """On a thread (the prefetch), the first day too: `ptxas --version` (the
+    tool's release, then the backend's key) runs before the program asks, and
+    once each, as stock runs it; KILN_PREFETCH=0 leaves both to the first ask."""
+    ptxas, runs = tmp_path / "ptxas", tmp_path / "ptxas-runs"
+    _fake_ptxas(ptxas, "12.8")
+    ptxas.write_text(ptxas.read_text().replace("#!/bin/sh\n", f"#!/bin/sh\ndate +%s.%N >>{runs}\n", 1))
+
+    def run(name, **settings):
+        runs.unlink(missing_ok=True)
+        environment = dict(hermetic.stock_env(), KILN="1", KILN_FILES_DIR=str(tmp_path / name),
+                           KILN_ENDPOINT=f"unix:{tmp_path / 'no-kilnd.sock'}", TRITON_PTXAS_PATH=str(ptxas),
+                           TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), **settings)
+        done = subprocess.run([sys.executable, "-c", LATE_ASKER], capture_output=True, text=True, env=environment,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1]), [float(line) for line in runs.read_text().split()]
+
+    prefetched, ran = run("prefetched")
+    assert len(ran) == 2 and max(ran) < prefetched["asked"], (ran, prefetched["asked"])
+    asked, ran_when_asked = run("asked", KILN_PREFETCH="0")
+    assert len(ran_when_asked) == 2 and min(ran_when_asked) >= asked["asked"]
+    assert (prefetched["version"], prefetched["key"]) == (asked["version"], asked["key"])
+    assert "release 12.8," in prefetched["version"]
+
+
 def _tree(root):
     (root / "pkg" / "__pycache__").mkdir(parents=True)
     (root / "pkg" / "module.py").write_text("x = 1\n")

@@ -10,8 +10,9 @@ TRITON = (
     ("triton.knobs", "kiln.triton.memos:install_tool_versions"),
     ("triton.backends.nvidia.compiler", "kiln.triton.memos:install_ptxas_version"),
     ("triton.runtime.build", "kiln.triton.memos:install_platform_key"),
-    # ... and started on a thread as soon as Triton is imported.
-    ("triton", "kiln.triton.memos:prefetch"),
+    # ... and computed on a thread as Triton imports (after install_tool_versions).
+    ("triton.knobs", "kiln.triton.memos:prefetch"),
+    ("triton", "kiln.triton.memos:note_triton_imported"),
     # Kernels of one launcher source share the module loaded first.
     ("triton.backends.nvidia.driver", "kiln.triton.loaded_launchers:install"),
     # Kernels from Kiln's cache read their IR texts only when asked.

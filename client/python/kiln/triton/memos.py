@@ -373,31 +373,47 @@ def _computed_once(function):
     return once
 
 
-def prefetch(triton_module):
-    """Starts what every process's first kernel waits for, on a thread, once
-    `import triton` is done: triton_key() and `ptxas --version` (twice: the
-    tool's release, then the backend's key). A program's first kernel comes
-    after its other imports and its setup (seconds, in ComfyUI), or at once:
-    either way it finds them computed, or waits for the rest. Stock computes
-    them inside that first compile: under Wine, 0.3 s for the key and 0.3-0.7 s
-    for ptxas on the first day, when there are no memos; with memos, stat()s
-    of Triton's files and of ptxas. KILN_PREFETCH=0 turns it off."""
+# What the prefetch waits for, as `import triton` goes on: the nvidia backend's
+# compiler module (get_ptxas_version), then the whole package (triton_key()).
+_nvidia_compiler_imported = threading.Event()
+_triton_imported = threading.Event()
+# However long an import takes, the prefetch never waits longer than this
+# (a Triton with no nvidia backend never imports its compiler).
+_PREFETCH_WAIT_SECONDS = 120
+
+
+def prefetch(knobs_module):
+    """Starts what every process's first kernel waits for, on a thread, as
+    soon as Triton's knobs are imported: `ptxas --version` twice (the tool's
+    release, while the rest of Triton imports; then the backend's key, once
+    its module is imported) and triton_key() (once `import triton` is done).
+    Stock runs them inside the first compile: under Wine `import triton` takes
+    1.1-2.1 s, the key 0.3 s and ptxas 0.3-0.7 s on the first day, when there
+    are no memos; with memos, stat()s of Triton's files and of ptxas. A
+    program's first kernel then finds them computed, or waits for the rest.
+    KILN_PREFETCH=0 turns it off."""
     if os.environ.get("KILN_PREFETCH", "1") == "0":
         return
     try:
-        threading.Thread(target=_prefetch, name="kiln prefetch", daemon=True).start()
+        threading.Thread(target=_prefetch, args=(knobs_module,), name="kiln prefetch", daemon=True).start()
     except RuntimeError:  # no new threads at interpreter shutdown: computed when asked
         pass
 
 
-def _prefetch():
-    try:
-        _triton_versions.triton_key()
-        from triton.backends.nvidia import compiler as nvidia_compiler
+def note_triton_imported(_triton_module):
+    """The installer _after_import runs once `import triton` is done."""
+    _triton_imported.set()
 
-        # For the default target's ptxas, which serves every target but
+
+def _prefetch(knobs_module):
+    try:
+        # The default target's ptxas, which serves every target but
         # Blackwell's where TRITON_PTXAS_BLACKWELL_PATH names another binary.
-        nvidia_compiler.get_ptxas_version()
+        knobs_module.nvidia.ptxas  # noqa: B018  (its release: NvidiaTool.from_path, remembered)
+        if _nvidia_compiler_imported.wait(_PREFETCH_WAIT_SECONDS) and _warm_ptxas_version is not None:
+            _warm_ptxas_version()
+        if _triton_imported.wait(_PREFETCH_WAIT_SECONDS):
+            _triton_versions.triton_key()
     except Exception as error:  # noqa: BLE001  (the program's own call computes it, and meets the error)
         log.debug("prefetch: %s", error)
 
@@ -464,7 +480,16 @@ def install_tool_versions(knobs_module):
 
 def install_ptxas_version(nvidia_compiler):
     """The nvidia backend's get_ptxas_version (`ptxas --version`, which enters
-    every kernel's cache key), remembered for each ptxas binary."""
+    every kernel's cache key), remembered for each ptxas binary; the prefetch
+    may ask for it from now on."""
+    try:
+        _remember_ptxas_version(nvidia_compiler)
+    finally:
+        _nvidia_compiler_imported.set()
+
+
+def _remember_ptxas_version(nvidia_compiler):
+    global _warm_ptxas_version
     original = getattr(nvidia_compiler, "get_ptxas_version", None)
     if original is None or getattr(original, "_kiln_memo", False):
         return
@@ -474,21 +499,48 @@ def install_ptxas_version(nvidia_compiler):
     version_signature = inspect.signature(run_ptxas)
     ptxas_takes_arch = _triton_versions.ptxas_is_per_arch(nvidia_compiler)
 
-    @_computed_once
-    def get_ptxas_version(*args, **kwargs):
-        if getattr(knobs.nvidia, "mock_ptx_version", None) is not None:
-            return run_ptxas(*args, **kwargs)
+    def remembered_version(*args, **kwargs):
+        """The version of the ptxas these arguments name, from its memo, else
+        run (None where ptxas cannot be fingerprinted)."""
         bound = version_signature.bind(*args, **kwargs)
         bound.apply_defaults()
         tool = nvidia_compiler.get_ptxas(*bound.args) if ptxas_takes_arch else nvidia_compiler.get_ptxas()
         fingerprint = file_fingerprint(tool.path)
         if fingerprint is None:
-            return run_ptxas(*args, **kwargs)
+            return None
         # The output depends on the binary alone: one memo serves every arch it compiles for.
-        return remembered(f"ptxas --version\0{tool.path}", fingerprint, lambda: run_ptxas(*args, **kwargs))
+        name = f"ptxas --version\0{tool.path}"
+        with _lock_of(name):  # the prefetch may be running it: its memo, not a second run
+            return remembered(name, fingerprint, lambda: run_ptxas(*args, **kwargs))
+
+    @functools.lru_cache()
+    def get_ptxas_version(*args, **kwargs):
+        if getattr(knobs.nvidia, "mock_ptx_version", None) is not None:
+            return run_ptxas(*args, **kwargs)
+        version = remembered_version(*args, **kwargs)
+        return run_ptxas(*args, **kwargs) if version is None else version
+
+    def warm():
+        """The default target's memo, not get_ptxas_version's cache: stock
+        fills that at the first compile, and the mock knob, or the
+        TRITON_PTXAS_PATH that inductor sets to torch's own ptxas, may change
+        before it."""
+        if getattr(knobs.nvidia, "mock_ptx_version", None) is None:
+            remembered_version()
 
     get_ptxas_version._kiln_memo = True
     nvidia_compiler.get_ptxas_version = get_ptxas_version
+    _warm_ptxas_version = warm
+
+
+_warm_ptxas_version = None  # the prefetch's, once the nvidia backend's compiler is imported
+_memo_locks = {}
+_memo_locks_lock = threading.Lock()
+
+
+def _lock_of(name):
+    with _memo_locks_lock:
+        return _memo_locks.setdefault(name, threading.Lock())
 
 
 def install_platform_key(build_module):
