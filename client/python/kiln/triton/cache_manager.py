@@ -46,7 +46,7 @@ class KilnCacheManager(CacheManager):
             from kiln.triton import compiled_here as _compiled_here  # not for a process whose kernels are all hits
 
             files = _compiled_here.lookup(self._hex, filename)  # compiled here: kilnd may not have it yet
-            if files is None and _compiled_here.take():
+            if files is None and _compiled_here.take(_load_client):
                 from kiln.triton import frontend as _frontend
 
                 self._here = _frontend.begin(self._hex)
@@ -82,6 +82,14 @@ class KilnCacheManager(CacheManager):
         _compiled_here.store(self._hex, here.made, group)
         known_texts(group, here.made)  # not read back by the CompiledKernel made of it
         return None
+
+
+def _load_client():
+    """kilnd's client, loaded and connected (compiled_here's storer): its put of
+    a kernel compiled here; None where the process fell back to stock."""
+    from kiln.triton import remote as _triton
+
+    return _triton.store_compiled_here if _triton.active() else None
 
 
 def claim_knob():

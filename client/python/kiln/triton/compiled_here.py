@@ -63,10 +63,12 @@ _compiled_here = {}
 _EXIT_WAIT_SECONDS = 5.0
 
 
-def take():
+def take(load_client):
     """Whether this compile, one that missed the local index, runs here: the
     process's first, or any while the client of kilnd is still loading; the
-    first starts the loading."""
+    first starts the loading, by `load_client()`: the function that puts a
+    kernel into kilnd once the client is loaded and connected, or None where
+    the process fell back to stock Triton."""
     global _loading
     if _loaded or os.environ.get("KILN_FIRST_COMPILE_HERE", "1") == "0":
         return False
@@ -79,7 +81,7 @@ def take():
             return False
         if not _loading:
             _loading = True
-            _start_storer()
+            _start_storer(load_client)
     # A compile thread's turn ends now, not with its frontend: a compile here is
     # Triton's own, stages and all, which let go of the GIL, so the next
     # thread's compile runs beside it. A benchmark still waits for it.
@@ -94,20 +96,21 @@ def _kilnd_serves_files_here():
     return _paths.served_files_dir() is not None or _early_start.starting()
 
 
-def _start_storer():
+def _start_storer(load_client):
     """Holding _lock."""
     global _storer
-    _storer = threading.Thread(target=_load_and_store, name="kiln-store-compiled-here", daemon=True)
+    _storer = threading.Thread(target=_load_and_store, args=(load_client,), name="kiln-store-compiled-here",
+                               daemon=True)
     _storer.start()
 
 
-def store(hex_key, made, group, claim=None):
+def store(hex_key, made, group, claim=None, load_client=None):
     """Has the storer put a compile's files into kilnd (`made`: {file name:
     bytes}, or the kiln.v1.Blobs to put), once the client is connected, then
     end `claim` (the compile's LookupOrClaim call, if this process holds the
     kernel's claim): a process waiting on it then finds the kernel stored.
     `group` ({file name: path}) is this process's copy, which lookup() finds
-    meanwhile."""
+    meanwhile. `load_client`: as take()'s, for a storer not started yet."""
     global _storing
     with _to_store:
         _compiled_here[hex_key] = dict(group)
@@ -116,7 +119,7 @@ def store(hex_key, made, group, claim=None):
             _queued.append((hex_key, made, claim))
             _storing += 1
             if _storer is None:  # the client was loaded by a compile through it, not a first compile
-                _start_storer()
+                _start_storer(load_client)
             _to_store.notify_all()
     if not queued and claim is not None:
         claim.cancel()
@@ -128,15 +131,14 @@ def lookup(hex_key, name):
     return files if files is not None and name in files else None
 
 
-def _load_and_store():
+def _load_and_store(load_client):
     global _loaded, _gave_up, _storing
     try:
-        from kiln.triton import remote
-
-        connected = remote.active()  # False: it fell back to stock, with its one warning
+        put = load_client()  # None: it fell back to stock, with its one warning
     except Exception as error:  # noqa: BLE001  (never the program's: the next compile loads it again, and says why)
         log.debug("the client of kilnd did not load: %s", error)
-        connected = False
+        put = None
+    connected = put is not None
     with _to_store:
         _loaded, _gave_up = True, not connected
         if _gave_up:
@@ -155,7 +157,7 @@ def _load_and_store():
                 return
             hex_key, made, claim = _queued.pop(0)
         try:
-            remote.store_compiled_here(hex_key, made)
+            put(hex_key, made)
         except Exception as error:  # noqa: BLE001  (kilnd compiles it again when next asked)
             log.debug("a kernel compiled here was not stored in kilnd: %s", error)
         finally:

@@ -257,7 +257,8 @@ class RemoteCacheManager(CacheManager):
             if compile_group is not None and compile_group.compiled_here and _kilnd_serves_files():
                 # The same, once a thread has put it; kilnd's claim ends then.
                 claim, compile_group.claim = compile_group.claim, None
-                _compiled_here.store(self._hex, _blobs_compiled_here(compile_group, group), group, claim)
+                _compiled_here.store(self._hex, _blobs_compiled_here(compile_group, group), group, claim,
+                                     lambda: store_compiled_here)
                 return None
             for name, path in group.items():  # no longer this process's alone
                 if _files.is_scratch(path):
