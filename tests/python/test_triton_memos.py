@@ -23,10 +23,12 @@ from test_triton_versions import VERSIONS, python_of
 # (Python's audit events: every open() and every subprocess).
 PROGRAM = r"""
 import json, os, sys
-opened, spawned = [], []
+opened, records, spawned = [], [], []
 def audit(event, args):
     if event == "open" and isinstance(args[0], str) and os.path.basename(args[0]).startswith("libtriton."):
         opened.append(args[0])
+    elif event == "open" and isinstance(args[0], str) and os.path.basename(args[0]) == "RECORD":
+        records.append(args[0])
     elif event == "subprocess.Popen":
         argv = args[1]
         spawned.append(os.path.basename(str(argv[0] if isinstance(argv, (list, tuple)) else argv).split()[0]))
@@ -43,7 +45,7 @@ key = triton_key()
 print(json.dumps({"triton_key": key, "ptxas_version": get_ptxas_version(), "platform_key": platform_key(),
                   "ptxas_release": knobs.nvidia.ptxas.version,
                   "backend_hash": CUDABackend(GPUTarget("cuda", 90, 32)).hash(),
-                  "read_libtriton": bool(opened), "spawned": spawned, "kilnd_client_imported": "kiln.service.connection" in sys.modules}))
+                  "read_libtriton": bool(opened), "read_record": bool(records), "spawned": spawned, "kilnd_client_imported": "kiln.service.connection" in sys.modules}))
 """
 
 
@@ -75,13 +77,16 @@ def test_a_second_process_takes_triton_key_the_ptxas_version_and_the_platform_ke
     stock = _run(tmp_path, kiln=False, python=python)
     assert stock["read_libtriton"] and {"ptxas", "file"} <= set(stock["spawned"])
 
+    # Nothing remembered yet: the key is stock's, its library's digest taken
+    # from the wheel's RECORD (kiln/triton/recorded_key.py), not hashed.
     first = _run(tmp_path, kiln=True, python=python)
     assert _values(first) == _values(stock)
-    assert first["read_libtriton"] and "ptxas" in first["spawned"]  # nothing remembered yet
+    assert first["read_record"] and not first["read_libtriton"], "triton_key() hashed libtriton"
+    assert "ptxas" in first["spawned"]
 
     second = _run(tmp_path, kiln=True, python=python)
     assert _values(second) == _values(stock)
-    assert not second["read_libtriton"], "triton_key() hashed libtriton again"
+    assert not second["read_libtriton"] and not second["read_record"], "triton_key() was worked out again"
     assert second["spawned"] == [], "ptxas --version or file ran again"
 
     # Stock Triton's test knob still wins over a memo.
@@ -103,12 +108,13 @@ def test_a_process_whose_files_dir_is_fresh_takes_the_memos_from_the_local_kilnd
     kilnd = Kilnd(tmp_path / "kilnd")
     try:
         first = _run(tmp_path, kiln=True, kilnd=kilnd, files="first")
-        assert first["read_libtriton"] and "ptxas" in first["spawned"]
+        assert first["read_record"] and "ptxas" in first["spawned"]
         assert _serve_kilnds_memos_now(kilnd) >= 3  # triton_key, ptxas --version, platform_key (tool releases)
 
         fresh = _run(tmp_path, kiln=True, kilnd=kilnd, files="fresh")
         assert _values(fresh) == _values(first)
-        assert not fresh["read_libtriton"], "triton_key() hashed libtriton though kilnd had its memo"
+        assert not fresh["read_libtriton"] and not fresh["read_record"], \
+            "triton_key() was worked out though kilnd had its memo"
         assert fresh["spawned"] == [], "ptxas --version or file ran though kilnd had their memos"
         assert not fresh["kilnd_client_imported"], "kilnd's memos were not read as its files"
 

@@ -51,6 +51,7 @@ import time
 from kiln.local import files as _files
 from kiln.local import index as _index
 from kiln.service import paths as _paths
+from kiln.triton import recorded_key as _recorded_key
 from kiln.triton import versions as _triton_versions
 
 log = logging.getLogger("kiln")
@@ -440,7 +441,12 @@ def install_triton_key(cache_module):
         # The libtriton it hashes depends on the interpreter's extension suffix.
         name = f"triton_key\0{triton_dir}\0{sysconfig.get_config_var('EXT_SUFFIX')}"
         hashed = []
-        key = remembered(name, fingerprint, lambda: hashed.append(True) or original())
+
+        def compute():
+            key = _recorded_key.key_without_hashing_libtriton(original)
+            return key if key is not None else hashed.append(True) or original()
+
+        key = remembered(name, fingerprint, compute)
         if not hashed:
             _leave_the_allocator_as_hashing_does()
         return key
