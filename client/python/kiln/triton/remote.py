@@ -273,19 +273,14 @@ class RemoteCacheManager(CacheManager):
     def _index_group(self, compile_group, group):
         """Records the group in this client's own index (and shares it with
         kilnd where Triton compiled it here)."""
-        output_blob, indexed = None, dict(group)
-        if compile_group is not None and _frontend.worth_keeping(compile_group.output):
-            output_blob = _output_blob(compile_group.output)
-            indexed[output_blob.name] = _files.materialize(output_blob.name, output_blob.data,
-                                                           output_blob.sha256)
+        indexed, output_blobs = dict(group), _frontend_and_key_blobs(compile_group)
+        for blob in output_blobs:
+            indexed[blob.name] = _files.materialize(blob.name, blob.data, blob.sha256)
         if compile_group is None or not compile_group.recorded_by_kilnd:
             # Triton compiled in this process (a flow Kiln leaves stock): share it.
             made = compile_group.made if compile_group is not None else {}
-            blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
-            if output_blob is not None:
-                blobs.append(output_blob)
-            _stub().Put(_api.PutRequest(namespace="triton", key=self._hex, blobs=blobs,
-                                        serve_as_files=True))
+            _stub().Put(_api.PutRequest(namespace="triton", key=self._hex,
+                                        blobs=_file_blobs(made, group) + output_blobs, serve_as_files=True))
         _index.record("triton", self._hex, indexed)
 
 
@@ -304,21 +299,27 @@ def _kilnd_serves_files():
     return _paths.served_files_dir() is not None and _files.wanted_as_served_files()
 
 
-def _output_blob(output):
-    return _api.blob(_index.OUTPUT_BLOB, _frontend.encode(output))
+def _file_blobs(made, group):
+    """Triton's files of a kernel: as made in this process, or read from `group`'s paths."""
+    return [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
+
+
+def _frontend_and_key_blobs(compile_group, key_inputs=None):
+    """What kilnd keeps of a kernel beside Triton's files: what its frontend
+    showed (where worth keeping: a hit shows it again), and what its key came
+    from (for `kiln prewarm` and a bundle's untrusted import, which compile it
+    again from its TTIR)."""
+    blobs = []
+    if compile_group is not None and _frontend.worth_keeping(compile_group.output):
+        blobs.append(_api.blob(_index.OUTPUT_BLOB, _frontend.encode(compile_group.output)))
+    if key_inputs is not None:
+        blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, key_inputs))
+    return blobs
 
 
 def _blobs_compiled_here(compile_group, group):
-    """What kilnd stores of a kernel compiled here: Triton's files, what its
-    frontend showed, what its key came from (for `kiln prewarm` and a bundle's
-    untrusted import, which compile it again from its TTIR)."""
-    made = compile_group.made
-    blobs = [_api.blob(name, made.get(name) or _files.read(path)) for name, path in group.items()]
-    if _frontend.worth_keeping(compile_group.output):
-        blobs.append(_output_blob(compile_group.output))
-    if compile_group.key_inputs is not None:
-        blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, compile_group.key_inputs))
-    return blobs
+    """What kilnd stores of a kernel compiled here."""
+    return _file_blobs(compile_group.made, group) + _frontend_and_key_blobs(compile_group, compile_group.key_inputs)
 
 
 # --- the stages hook ---------------------------------------------------------
@@ -484,12 +485,7 @@ class _RemoteCompile:
         if self.group is None:
             return []
         blobs = [_api.blob(name, data) for name, data in self.group.made.items() if not name.endswith(".json")]
-        if _frontend.worth_keeping(self.group.output):
-            blobs.append(_output_blob(self.group.output))
-        key_inputs = self._key_inputs(triton_key, target, options_json, env)
-        if key_inputs is not None:
-            blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, key_inputs))
-        return blobs
+        return blobs + _frontend_and_key_blobs(self.group, self._key_inputs(triton_key, target, options_json, env))
 
     def _compile(self, input_ext, module, metadata):
         """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
