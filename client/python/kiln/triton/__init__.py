@@ -6,7 +6,8 @@ lookup for a kernel kilnd has), the build hook and the stages hook
 loaded_launchers), the frontend's guard and replay (frontend), what a key is
 made of (key_inputs), IR texts read when asked (deferred_texts), an autotuned
 kernel's configs compiled at once (autotune_ahead), what stock works out again
-in every process (memos), and where each part of Triton is (versions).
+in every process (memos; recorded_key for a first day's key), and where each
+part of Triton is (versions).
 
 This module itself is imported at interpreter start under KILN=1: it holds only
 what kiln's activation and the hooks ask before Triton is imported."""
