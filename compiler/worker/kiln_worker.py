@@ -178,14 +178,49 @@ def client_environment(env):
 
 # --- where the Tritons this worker runs differ (3.4 to 3.9) ----------------------
 
+_triton_key = None
+
+
 def triton_key():
     """The key of this Triton install, part of every kernel's key: in
-    triton.runtime.cache from 3.5, in triton.compiler.compiler before."""
+    triton.runtime.cache from 3.5, in triton.compiler.compiler before.
+    Stock's hashes libtriton (400 MB on Linux, 0.3 s), and kilnd's first
+    start asks for it in its toolchain's probe, on a core that the user's
+    program is compiling on: libtriton's digest is read from the wheel's
+    RECORD instead, where Kiln's client can vouch for the record
+    (_key_from_record)."""
+    global _triton_key
+    if _triton_key is None:
+        try:
+            from triton.runtime.cache import triton_key as key_of_install
+        except ImportError:  # Triton 3.4
+            from triton.compiler.compiler import triton_key as key_of_install
+        _triton_key = _key_from_record(key_of_install) or key_of_install()
+    return _triton_key
+
+
+def _key_from_record(key_of_install):
+    """key_of_install() with libtriton's SHA-256 taken from the wheel's RECORD,
+    by the client's kiln/triton/recorded_key.py (stock's own function, run
+    with stand-ins for the library's bytes); None where the record cannot be
+    trusted or no client is installed. Every toolchain that a client
+    registers has one: it is the client's own Python. The file is loaded on
+    its own, not as part of the kiln package, which _without_kiln undid."""
+    import importlib.util
+
     try:
-        from triton.runtime.cache import triton_key as key_of_install
-    except ImportError:  # Triton 3.4
-        from triton.compiler.compiler import triton_key as key_of_install
-    return key_of_install()
+        kiln = importlib.util.find_spec("kiln")
+        folders = list(kiln.submodule_search_locations or ()) if kiln is not None else []
+        path = next((os.path.join(folder, "triton", "recorded_key.py") for folder in folders
+                     if os.path.isfile(os.path.join(folder, "triton", "recorded_key.py"))), None)
+        if path is None:
+            return None
+        spec = importlib.util.spec_from_file_location("_kiln_recorded_key", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.key_without_hashing_libtriton(key_of_install)
+    except Exception:  # noqa: BLE001  (another client's file, or none: stock's key, hashed)
+        return None
 
 
 def can_print_ptxas_log(knobs):

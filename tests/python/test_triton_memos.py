@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import time
 import pytest
 
 import hermetic
-from conftest import BUILD, Kilnd
+from conftest import BUILD, REPO, Kilnd
 from kiln.service import api as _api
 from kiln.triton import memos as _triton_memos
 from test_triton_versions import VERSIONS, python_of
@@ -92,6 +93,40 @@ def test_a_second_process_takes_triton_key_the_ptxas_version_and_the_platform_ke
     # Stock Triton's test knob still wins over a memo.
     mocked = _run(tmp_path, kiln=True, python=python, TRITON_MOCK_PTX_VERSION="12.3.0")
     assert mocked["ptxas_version"] == "12.3.0"
+
+
+# kiln_worker.py as kilnd runs it (python -I), saying on stderr each time it opens libtriton.
+WORKER_UNDER_AUDIT = """
+import os, runpy, sys
+def audit(event, args):
+    if event == "open" and isinstance(args[0], str) and os.path.basename(args[0]).startswith("libtriton."):
+        os.write(2, b"opened libtriton\\n")
+sys.addaudithook(audit)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _worker_hello(python):
+    """The worker's answer to kilnd's probe (the hello job), and its stderr."""
+    header = json.dumps({"op": "hello"}).encode()
+    result = subprocess.run([python, "-I", "-c", WORKER_UNDER_AUDIT, str(REPO / "compiler" / "worker" / "kiln_worker.py")],
+                            input=struct.pack("<I", len(header)) + header, capture_output=True,
+                            env=hermetic.stock_env(), timeout=300)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    (length,) = struct.unpack("<I", result.stdout[:4])
+    return json.loads(result.stdout[4:4 + length]), result.stderr.decode(errors="replace")
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_kilnds_probe_of_a_toolchain_takes_triton_key_from_the_record_not_by_hashing_libtriton(tmp_path, python):
+    """A kilnd's first start probes its toolchain on a core that the user's
+    first program compiles on: its worker reads libtriton's digest from the
+    wheel's RECORD, as the client does, and gets stock's key."""
+    stock = _run(tmp_path, kiln=False, python=python)
+    hello, stderr = _worker_hello(python)
+    assert hello["ok"] and hello["triton_key"] == stock["triton_key"]
+    assert "opened libtriton" not in stderr, "the worker hashed libtriton"
 
 
 def _serve_kilnds_memos_now(kilnd):
