@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/byte_size.h"
 
 namespace kiln {
 namespace {
@@ -78,8 +79,8 @@ absl::Status BundleWriter::Add(const v1::BundleEntry& entry) {
   const size_t size = entry.ByteSizeLong();
   if (size > kMaxBundleEntryBytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s/%s takes %d bytes, over a bundle entry's limit of %d", entry.namespace_(), entry.key(),
-        size, kMaxBundleEntryBytes));
+        "%s/%s takes %s, over a bundle entry's limit of %s", entry.namespace_(), entry.key(),
+        FormatByteSize(size), FormatByteSize(kMaxBundleEntryBytes)));
   }
   Write(Length(static_cast<uint32_t>(size)));
   Write(entry.SerializeAsString());

@@ -1,7 +1,7 @@
 // kiln: command-line client of kilnd.
 //
 // Exit codes a script can rely on:
-//   0 success, 1 cache miss (get), 2 bad usage or input, 3 kilnd unreachable,
+//   0 success, 1 cache miss (get) or nothing exported, 2 bad usage or input, 3 kilnd unreachable,
 //   4 any other error reported by kilnd, 5 a kernel failed to compile.
 
 #include <algorithm>
@@ -66,18 +66,22 @@ constexpr const char* kUsageText =
     "  put NAMESPACE KEY NAME=FILE ...  store files as one cache entry\n"
     "  get NAMESPACE KEY [-o DIR]       fetch an entry; writes its blobs into DIR\n"
     "  misses [--last N] [--json]       the latest compiles and what was new for each\n"
-    "  export FILE [--namespace NS] [--since 24h] [--sign KEY.pem]\n"
+    "  export FILE [--namespace NS] [--since 24h] [--sign KEY.pem] [--strict]\n"
     "                                   write this user's entries (all, or one namespace,\n"
     "                                   or those stored lately) to a bundle file; never\n"
     "                                   the client's memos, which hold for this machine only;\n"
-    "                                   --sign: an Ed25519 private key (PEM) signs it\n"
+    "                                   --sign: an Ed25519 private key (PEM) signs it. An\n"
+    "                                   entry over the bundle entry limit is left out and\n"
+    "                                   counted (--strict: fails the export); nothing to\n"
+    "                                   write exits 1 and writes no file\n"
     "  import FILE [--replace]          kilnd checks all of a bundle, then stores what it may:\n"
     "                                   signed by a key of its trusted_bundle_keys, its entries\n"
     "                                   (never native code); otherwise only Triton kernels,\n"
     "                                   which kilnd compiles; all or nothing. --replace: a\n"
     "                                   trusted bundle replaces entries that differ\n"
-    "  push FILE REGISTRY/REPO:TAG      publish a bundle to an OCI registry (docker's login,\n"
-    "                                   or $KILN_REGISTRY_TOKEN; CAs: SSL_CERT_FILE)\n"
+    "  push FILE REGISTRY/REPO:TAG      publish a bundle to an OCI registry (docker's login:\n"
+    "                                   its credential helpers or auths; or $KILN_REGISTRY_TOKEN;\n"
+    "                                   CAs: SSL_CERT_FILE)\n"
     "  pull REGISTRY/REPO[:TAG|@sha256:HEX] [-o FILE] [--replace]\n"
     "                                   fetch a bundle, its digests checked, and import it\n"
     "                                   (or only write it to FILE)\n"
@@ -90,8 +94,8 @@ constexpr const char* kUsageText =
     "kilnd: grpcs://HOST:PORT, with $KILN_CA_FILE, $KILN_CLIENT_CERT and $KILN_CLIENT_KEY\n"
     "and/or $KILN_TOKEN_FILE. A fleet: kilnds comma-separated (HOST:PORT,HOST:PORT), calls go\n"
     "round robin and move on when one is gone.\n"
-    "Exit codes: 0 ok, 1 miss, 2 usage or bad input, 3 kilnd unreachable, 4 service error,\n"
-    "            5 a kernel failed to compile.\n";
+    "Exit codes: 0 ok, 1 miss (or nothing exported), 2 usage or bad input, 3 kilnd\n"
+    "            unreachable, 4 service error, 5 a kernel failed to compile.\n";
 
 // `context` (e.g. the target) goes before the message when given.
 int Fail(const absl::Status& status, absl::string_view context = "") {
@@ -395,6 +399,23 @@ absl::StatusOr<absl::Duration> ParseAge(const std::string& text) {
       absl::StrFormat("--since '%s': write an age such as 90m, 24h or 7d", text));
 }
 
+// Entries an export could not write (over the bundle entry limit): said once,
+// in the summary, rather than once each.
+struct LeftOut {
+  int count = 0;
+  uint64_t bytes = 0;
+  std::string first;  // the first one's reason
+
+  void Add(const absl::Status& why, uint64_t entry_bytes) {
+    if (count++ == 0) first = std::string(why.message());
+    bytes += entry_bytes;
+  }
+  std::string Summary() const {
+    return absl::StrFormat("left out %d %s (%s), first: %s", count, count == 1 ? "entry" : "entries",
+                           kiln::FormatByteSize(bytes), first);
+  }
+};
+
 // The Python client's memos (kiln/triton/memos.py): values fingerprinted by
 // this machine's files, which no other machine's files ever match.
 constexpr absl::string_view kMachineLocalNamespace = "kiln-memos";
@@ -403,9 +424,12 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
   kiln::v1::ListEntriesRequest request;
   std::string file;
   std::string sign_key;
+  bool strict = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const bool has_value = i + 1 < args.size();
-    if (args[i] == "--namespace" && has_value) {
+    if (args[i] == "--strict") {
+      strict = true;
+    } else if (args[i] == "--namespace" && has_value) {
       request.set_namespace_(args[++i]);
     } else if (args[i] == "--since" && has_value) {
       absl::StatusOr<absl::Duration> age = ParseAge(args[++i]);
@@ -432,7 +456,8 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
       kiln::BundleWriter::Create(file, signer.has_value() ? &*signer : nullptr);
   if (!bundle.ok()) return Fail(bundle.status());
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // of the entries written
+  LeftOut left_out;
   do {
     absl::StatusOr<kiln::v1::ListEntriesResponse> page = client.ListEntries(request);
     if (!page.ok()) return Fail(page.status());
@@ -446,24 +471,41 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
       kiln::v1::BundleEntry out;
       out.set_namespace_(listed.namespace_());
       out.set_key(listed.key());
+      uint64_t entry_bytes = 0;
       for (const kiln::v1::Blob& blob : (*entry)->blobs()) {
         *out.add_blobs() = blob;
-        bytes += blob.data().size();
+        entry_bytes += blob.data().size();
       }
       if (absl::Status added = bundle->Add(out); !added.ok()) {
         progress.Clear();
-        std::cerr << "kiln: left out: " << added.message() << "\n";
+        left_out.Add(added, entry_bytes);
+        if (strict) return Fail(added, "export --strict: nothing written");
         continue;
       }
+      bytes += entry_bytes;
       progress.Update(absl::StrFormat("exporting: %d entries, %s", bundle->entries(),
                                       kiln::FormatByteSize(bytes)));
     }
     request.set_after(page->next_after());
   } while (request.after() != 0);
+  if (bundle->entries() == 0) {
+    // A publisher's CI would push an empty bundle as if it were the cache.
+    progress.Clear();
+    std::cerr << "kiln: export: nothing written to " << file << ": "
+              << (left_out.count == 0 ? "no entries matched (is this the kilnd that compiled them? "
+                                        "check --namespace and --since)"
+                                      : left_out.Summary())
+              << "\n";
+    return kMiss;
+  }
   if (absl::Status written = bundle->Finish(); !written.ok()) return Fail(written);
-  progress.Print(absl::StrFormat("exported %d entries (%s) to %s%s", bundle->entries(),
-                                 kiln::FormatByteSize(bytes), file,
+  std::error_code error;
+  const uint64_t file_size = fs::file_size(file, error);
+  progress.Print(absl::StrFormat("exported %d entries (%s of blobs, a %s file) to %s%s", bundle->entries(),
+                                 kiln::FormatByteSize(bytes),
+                                 error ? "?" : kiln::FormatByteSize(file_size), file,
                                  signer.has_value() ? ", signed by key " + signer->id() : ""));
+  if (left_out.count > 0) std::cout << "  " << left_out.Summary() << "\n";
   return kOk;
 }
 

@@ -39,7 +39,8 @@ def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compi
         exported = kiln(source, "export", bundle, "--sign", private)
         assert exported.returncode == 0, exported.stderr
         only_inductor = kiln(source, "export", tmp_path / "none.kilnbundle", "--namespace", "inductor")
-        assert only_inductor.returncode == 0 and "exported 0 entries" in only_inductor.stdout
+        assert only_inductor.returncode == 1 and "nothing written" in only_inductor.stderr, only_inductor
+        assert "no entries matched" in only_inductor.stderr and not (tmp_path / "none.kilnbundle").exists()
         recent = kiln(source, "export", tmp_path / "recent.kilnbundle", "--since", "1h")
         assert recent.returncode == 0 and recent.stdout.split()[1] == exported.stdout.split()[1]
     finally:
@@ -185,6 +186,73 @@ def test_a_bundle_signed_at_export_names_its_key_and_imports(tmp_path):
         assert got.returncode == 0 and (tmp_path / "out" / "k.cubin").read_bytes() == blob.read_bytes()
     finally:
         target.stop()
+
+
+def test_an_export_says_what_it_left_out_and_writes_no_empty_bundle(tmp_path):
+    """Entries over the bundle entry limit are left out: counted in the summary,
+    which gives the file's true size, and an export left with nothing writes
+    no file and fails, rather than hand a publisher's CI an empty bundle."""
+    source = Kilnd(tmp_path / "source")
+    try:
+        big = tmp_path / "big.bin"
+        big.write_bytes(os.urandom(40 << 20))  # over the 32 MiB entry limit
+        for key in ("big-1", "big-2", "big-3"):
+            assert kiln(source, "put", "triton", key, f"k.cubin={big}").returncode == 0
+        bundle = tmp_path / "out.kilnbundle"
+        nothing = kiln(source, "export", bundle)
+        assert nothing.returncode == 1, nothing
+        assert "nothing written" in nothing.stderr and "left out 3 entries (120.0 MiB)" in nothing.stderr, nothing.stderr
+        assert "32.0 MiB" in nothing.stderr  # the limit, named in the first one's reason
+        assert not bundle.exists() and not bundle.with_name(bundle.name + ".partial").exists()
+
+        small = tmp_path / "small.bin"
+        small.write_bytes(os.urandom(5000))
+        assert kiln(source, "put", "triton", "small", f"k.cubin={small}").returncode == 0
+        some = kiln(source, "export", bundle)
+        assert some.returncode == 0, some.stderr
+        size = bundle.stat().st_size
+        assert size < 10000 and "exported 1 entries (4.9 KiB of blobs" in some.stdout, some.stdout
+        assert "left out 3 entries (120.0 MiB)" in some.stdout
+        bundle.unlink()
+
+        strict = kiln(source, "export", bundle, "--strict")
+        assert strict.returncode != 0 and "export --strict: nothing written" in strict.stderr, strict
+        assert not bundle.exists() and not bundle.with_name(bundle.name + ".partial").exists()
+    finally:
+        source.stop()
+
+
+def test_kernels_a_client_compiled_itself_while_kilnd_had_no_worker_import_from_a_strangers_bundle(
+        tmp_path, stock_suite):  # noqa: F811
+    """A process's compiles that find kilnd with no worker up yet run in the
+    process, which puts them: they carry what their keys came from, so a
+    kilnd that does not trust the bundle compiles every one again from its
+    TTIR, as it does the kernels it compiled itself."""
+    base = hermetic.stock_env()
+    # No toolchain given: the first compile registers the client's Python in
+    # the background, and compiles in the client meanwhile.
+    source = Kilnd(tmp_path / "source")
+    try:
+        run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_COMPILE_HERE="0", KILN_ENDPOINT=f"unix:{source.socket}",
+                       TRITON_CACHE_DIR=str(tmp_path / "c1"), KILN_FILES_DIR=str(tmp_path / "f1")), "suite")
+        assert source.stats().compiles < 30  # some compiled in the client
+        exported = kiln(source, "export", tmp_path / "suite.kilnbundle")
+        assert exported.returncode == 0, exported.stderr
+    finally:
+        source.stop()
+    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={sys.executable}")
+    try:
+        imported = kiln(stranger, "import", tmp_path / "suite.kilnbundle")
+        assert imported.returncode == 0, imported.stderr
+        assert import_counts(imported.stdout)["kernels compiled by kilnd"] == 30, imported.stdout
+        assert "refused" not in imported.stdout and "not compiled" not in imported.stdout, imported.stdout
+        result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
+                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
+                                      "suite"))
+        assert result["kernels"] == stock_suite
+        assert stranger.stats().compiles == 30 and compile_calls(stranger) == 0
+    finally:
+        stranger.stop()
 
 
 def peak_rss_mib(pid):
