@@ -46,11 +46,32 @@ def of_current_compile(key_hex, api):
         return None
 
 
-def recorded_for_prewarm(key_hex, triton_key, target, options_json, env, frontend_read_device):
-    """kiln.v1.KeyInputs (JSON bytes) of the compile asking for `key_hex`, or None."""
+def recorded_for_prewarm(key_hex, frontend_read_device):
+    """kiln.v1.KeyInputs (JSON bytes) of the compile asking for `key_hex`, or
+    None: stored with a kernel, for `kiln prewarm` and a bundle's untrusted
+    import, which compile it again from its TTIR. Read from compile()'s frame
+    whole, so that a kernel compiled before Kiln's stages hook was installed
+    (a process's first, compiled_here) has them too."""
     frame = compile_frame()
-    key = frame.f_locals.get("key") if frame is not None else None
-    if not isinstance(key, str) or hashlib.sha256(key.encode()).hexdigest() != key_hex:
+    if frame is None:
         return None
-    return json.dumps({"key": key, "triton_key": triton_key, "target": target, "options_json": options_json, "env": env,
-                       "frontend_read_device": frontend_read_device}).encode()
+    inputs = frame.f_locals
+    try:
+        key, backend, options = inputs["key"], inputs["backend"], inputs["options"]
+        if not isinstance(key, str) or hashlib.sha256(key.encode()).hexdigest() != key_hex:
+            return None
+        env = inputs.get("env_vars")
+        if env is None:
+            from triton._C.libtriton import get_cache_invalidating_env_vars
+
+            env = get_cache_invalidating_env_vars()
+        from kiln.triton.versions import triton_key
+
+        target = backend.target
+        return json.dumps({"key": key, "triton_key": triton_key(),
+                           "target": {"backend": target.backend, "arch": str(target.arch),
+                                      "warp_size": target.warp_size},
+                           "options_json": json.dumps(options.__dict__), "env": env,
+                           "frontend_read_device": frontend_read_device}).encode()
+    except Exception:  # noqa: BLE001  (a Triton of other shapes: stored without them, never a failed compile)
+        return None

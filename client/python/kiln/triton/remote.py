@@ -35,6 +35,7 @@ from kiln.service import api as _api
 from kiln.service import connection as _service
 from kiln.service import paths as _paths
 from kiln.triton import build_hook as _build_hook
+from kiln.triton import cache_manager as _cache_manager
 from kiln.triton import compiled_here as _compiled_here
 from kiln.triton import early_launchers as _early_launchers
 from kiln.triton import frontend as _frontend
@@ -273,7 +274,8 @@ class RemoteCacheManager(CacheManager):
     def _index_group(self, compile_group, group):
         """Records the group in this client's own index (and shares it with
         kilnd where Triton compiled it here)."""
-        indexed, output_blobs = dict(group), _frontend_and_key_blobs(compile_group)
+        key_inputs = compile_group.key_inputs if compile_group is not None else None
+        indexed, output_blobs = dict(group), _frontend_and_key_blobs(compile_group, key_inputs)
         for blob in output_blobs:
             indexed[blob.name] = _files.materialize(blob.name, blob.data, blob.sha256)
         if compile_group is None or not compile_group.recorded_by_kilnd:
@@ -305,16 +307,8 @@ def _file_blobs(made, group):
 
 
 def _frontend_and_key_blobs(compile_group, key_inputs=None):
-    """What kilnd keeps of a kernel beside Triton's files: what its frontend
-    showed (where worth keeping: a hit shows it again), and what its key came
-    from (for `kiln prewarm` and a bundle's untrusted import, which compile it
-    again from its TTIR)."""
-    blobs = []
-    if compile_group is not None and _frontend.worth_keeping(compile_group.output):
-        blobs.append(_api.blob(_index.OUTPUT_BLOB, _frontend.encode(compile_group.output)))
-    if key_inputs is not None:
-        blobs.append(_api.blob(_index.KEY_INPUTS_BLOB, key_inputs))
-    return blobs
+    """cache_manager.kept_beside's, as blobs."""
+    return [_api.blob(name, data) for name, data in _cache_manager.kept_beside(compile_group, key_inputs).items()]
 
 
 def _blobs_compiled_here(compile_group, group):
@@ -417,10 +411,7 @@ class _RemoteCompile:
             self.group = None  # not the compile this thread looked up last
         if self.group is not None and self.group.compiled_here and not self.stock:
             self.stock = True  # compiled_here: every stage here, as stock runs them
-            try:
-                self.group.key_inputs = self._key_inputs(*self._request_basics())
-            except Exception as error:  # noqa: BLE001  (stored without them: never the kernel's failure)
-                log.debug("no key inputs for %s: %s", self.group.hex, error)
+            self._record_key_inputs()
         if ext == _FIRST_STAGE_IN_KILND_AHEAD and not self.stock and self._frontend_goes(module, metadata):
             self.first_in_kilnd = ext
         if self.stock or self.order.index(ext) < self.order.index(self.first_in_kilnd):
@@ -445,10 +436,18 @@ class _RemoteCompile:
                 # This kernel compiles here, as stock's would, and reaches
                 # kilnd with put_group; kilnd's worker serves the next ones.
                 self.stock = True
+                self._record_key_inputs()
                 return self.original[ext](module, metadata)
             if kernel_error is not None:
                 _raise_compile_error(kernel_error)  # the kernel's own failure, as stock raises it
         return self.artifacts[ext]
+
+    def _record_key_inputs(self):
+        """Keeps what this compile's key came from, for the put of a kernel
+        compiled here: without them, `kiln prewarm` and a bundle's untrusted
+        import could not compile it again from its TTIR."""
+        if self.group is not None:
+            self.group.key_inputs = _key_inputs.recorded_for_prewarm(self.group.hex, self.group.frontend_read_device)
 
     def _frontend_goes(self, ttir, metadata):
         """Whether this compile ahead sends its frontend's TTIR to kilnd: the
@@ -475,17 +474,12 @@ class _RemoteCompile:
         return (triton_key(), self.backend.target, json.dumps(self.options.__dict__),
                 get_cache_invalidating_env_vars())
 
-    def _key_inputs(self, triton_key, target, options_json, env):
-        """kiln.v1.KeyInputs (JSON bytes) of this compile, or None."""
-        return _key_inputs.recorded_for_prewarm(
-            self.group.hex, triton_key, {"backend": target.backend, "arch": str(target.arch), "warp_size": target.warp_size},
-            options_json, env, self.group.frontend_read_device)
-
-    def _client_artifacts(self, triton_key, target, options_json, env):
+    def _client_artifacts(self):
         if self.group is None:
             return []
         blobs = [_api.blob(name, data) for name, data in self.group.made.items() if not name.endswith(".json")]
-        return blobs + _frontend_and_key_blobs(self.group, self._key_inputs(triton_key, target, options_json, env))
+        return blobs + _frontend_and_key_blobs(
+            self.group, _key_inputs.recorded_for_prewarm(self.group.hex, self.group.frontend_read_device))
 
     def _compile(self, input_ext, module, metadata):
         """Has kilnd compile from `input_ext` on; returns the kernel's CompileError
@@ -500,7 +494,7 @@ class _RemoteCompile:
             target=_api.Target(backend=target.backend, arch=str(target.arch), warp_size=target.warp_size),
             options_json=options_json, env=env, namespace="triton", cache_key=metadata["hash"],
             local_python_executable=sys.executable, metadata_json=json.dumps(metadata, default=vars),
-            client_artifacts=self._client_artifacts(triton_key, target, options_json, env),
+            client_artifacts=self._client_artifacts(),
             tool_paths=tool_paths(), requester=requester(),
             # A program's own compile does not wait for kilnd's worker to start
             # (kilnd just started): compiled here, it costs what stock's does.
