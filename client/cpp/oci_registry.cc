@@ -1,5 +1,6 @@
 #include "oci_registry.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "https_client.h"
+#include "registry_auth.h"
 
 namespace kiln {
 namespace {
@@ -55,142 +57,49 @@ std::string Field(const google::protobuf::Struct& object, const std::string& nam
   return found == object.fields().end() ? "" : found->second.string_value();
 }
 
-// `docker login`'s credentials for `registry` ("user:password", base64), if any.
-std::optional<std::string> DockerCredentials(const std::string& registry) {
-  fs::path config;
-  if (const char* dir = std::getenv("DOCKER_CONFIG"); dir != nullptr && *dir != '\0') {
-    config = fs::path(dir) / "config.json";
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    config = fs::path(home) / ".docker" / "config.json";
-  } else if (const char* profile = std::getenv("USERPROFILE"); profile != nullptr) {
-    config = fs::path(profile) / ".docker" / "config.json";
-  }
-  absl::StatusOr<std::string> text = platform::ReadWholeFile(config);
-  if (!text.ok()) return std::nullopt;
-  absl::StatusOr<google::protobuf::Struct> parsed = ParseJson(*text, config.string());
-  if (!parsed.ok()) return std::nullopt;
-  auto auths = parsed->fields().find("auths");
-  if (auths == parsed->fields().end()) return std::nullopt;
-  for (const auto& [name, entry] : auths->second.struct_value().fields()) {
-    absl::string_view host = name;
-    absl::ConsumePrefix(&host, "https://");
-    host = host.substr(0, host.find('/'));
-    if (host != registry) continue;
-    const std::string auth = Field(entry.struct_value(), "auth");
-    if (!auth.empty()) return auth;
-  }
-  return std::nullopt;
-}
-
-// "Bearer realm=\"...\",service=\"...\"" as its scheme and parameters.
-std::pair<std::string, std::map<std::string, std::string>> ParseChallenge(absl::string_view header) {
-  const size_t space = header.find(' ');
-  std::pair<std::string, std::map<std::string, std::string>> challenge;
-  challenge.first = absl::AsciiStrToLower(header.substr(0, space));
-  if (space == absl::string_view::npos) return challenge;
-  for (absl::string_view part : absl::StrSplit(header.substr(space + 1), ',')) {
-    const size_t equals = part.find('=');
-    if (equals == absl::string_view::npos) continue;
-    absl::string_view value = absl::StripAsciiWhitespace(part.substr(equals + 1));
-    absl::ConsumePrefix(&value, "\"");
-    absl::ConsumeSuffix(&value, "\"");
-    challenge.second[absl::AsciiStrToLower(absl::StripAsciiWhitespace(part.substr(0, equals)))] =
-        std::string(value);
-  }
-  return challenge;
-}
-
-std::string UrlEncode(absl::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += c;
-    } else {
-      absl::StrAppendFormat(&out, "%%%02X", static_cast<unsigned char>(c));
-    }
-  }
-  return out;
-}
-
-// Requests to one repository of one registry, answering its authentication
-// challenge once and keeping what it gave.
+// Requests to one repository of one registry for one operation, logged in
+// as its challenges ask (registry_auth.h).
 class RegistrySession {
  public:
-  explicit RegistrySession(const OciReference& reference) : reference_(reference) {
-    if (const char* token = std::getenv("KILN_REGISTRY_TOKEN"); token != nullptr && *token != '\0') {
-      authorization_ = absl::StrCat("Bearer ", token);
-    }
-  }
+  RegistrySession(const OciReference& reference, std::string actions)
+      : reference_(reference),
+        auth_(reference.registry, reference.repository, std::move(actions), SendTokenRequest) {}
 
   std::string Url(absl::string_view path) const {
     return absl::StrCat("https://", reference_.registry, "/v2/", reference_.repository, path);
   }
 
-  absl::StatusOr<HttpsResponse> Send(HttpsRequest request) {
-    HttpsRequest first = request;
-    if (!authorization_.empty()) first.headers.emplace_back("Authorization", authorization_);
-    ASSIGN_OR_RETURN(HttpsResponse response, SendHttps(first));
+  absl::StatusOr<HttpsResponse> Send(const HttpsRequest& request) {
+    ASSIGN_OR_RETURN(HttpsResponse response, SendHttps(Authorized(request)));
     if (response.status != 401) return response;
-    RETURN_IF_ERROR(Authenticate(response.Header("www-authenticate")));
-    request.headers.emplace_back("Authorization", authorization_);
-    ASSIGN_OR_RETURN(response, SendHttps(request));
-    if (response.status == 401) {
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "%s refused the credentials for %s: log in again (docker login %s), or set "
-          "KILN_REGISTRY_TOKEN",
-          reference_.registry, reference_.repository, reference_.registry));
+    RETURN_IF_ERROR(auth_.Answer(response.Header("www-authenticate")));
+    ASSIGN_OR_RETURN(response, SendHttps(Authorized(request)));
+    if (response.status == 401 || response.status == 403) {
+      return auth_.Refusal(response.status, response.Header("www-authenticate"));
     }
     return response;
   }
 
  private:
-  absl::Status Authenticate(const std::string& challenge_header) {
-    const auto [scheme, parameters] = ParseChallenge(challenge_header);
-    const std::optional<std::string> credentials = DockerCredentials(reference_.registry);
-    const std::string login = absl::StrFormat(
-        "%s asks for a login: `docker login %s` (kiln reads the credentials it keeps in "
-        "$DOCKER_CONFIG/config.json or ~/.docker/config.json, not a credential helper), or "
-        "set KILN_REGISTRY_TOKEN to a bearer token",
-        reference_.registry, reference_.registry);
-    if (scheme == "basic") {
-      if (!credentials.has_value()) return absl::UnauthenticatedError(login);
-      authorization_ = absl::StrCat("Basic ", *credentials);
-      return absl::OkStatus();
+  HttpsRequest Authorized(HttpsRequest request) {
+    if (std::string authorization = auth_.Authorization(); !authorization.empty()) {
+      request.headers.emplace_back("Authorization", std::move(authorization));
     }
-    if (scheme != "bearer" || !parameters.contains("realm")) {
-      return absl::UnauthenticatedError(absl::StrFormat(
-          "%s asks for authentication kiln does not speak (%s)", reference_.registry,
-          challenge_header));
-    }
-    std::string url = parameters.at("realm");
-    std::vector<std::string> query;
-    for (const char* name : {"service", "scope"}) {
-      if (auto found = parameters.find(name); found != parameters.end()) {
-        query.push_back(absl::StrCat(name, "=", UrlEncode(found->second)));
-      }
-    }
-    if (!query.empty()) absl::StrAppend(&url, "?", absl::StrJoin(query, "&"));
-    HttpsRequest token_request;
-    token_request.url = url;
-    if (credentials.has_value()) {
-      token_request.headers.emplace_back("Authorization", absl::StrCat("Basic ", *credentials));
-    }
-    ASSIGN_OR_RETURN(HttpsResponse answer, SendHttps(token_request));
-    if (answer.status == 401 || answer.status == 403) return absl::UnauthenticatedError(login);
-    if (answer.status != 200) {
-      return absl::UnavailableError(
-          absl::StrFormat("%s's token service answered %d", reference_.registry, answer.status));
-    }
-    ASSIGN_OR_RETURN(google::protobuf::Struct token, ParseJson(answer.body, "the token answer"));
-    std::string value = Field(token, "token");
-    if (value.empty()) value = Field(token, "access_token");
-    if (value.empty()) return absl::DataLossError("the token answer holds no token");
-    authorization_ = absl::StrCat("Bearer ", value);
-    return absl::OkStatus();
+    return request;
+  }
+
+  static absl::StatusOr<TokenAnswer> SendTokenRequest(const TokenRequest& request) {
+    HttpsRequest https;
+    https.method = request.method;
+    https.url = request.url;
+    https.headers = request.headers;
+    https.body = request.body;
+    ASSIGN_OR_RETURN(HttpsResponse response, SendHttps(https));
+    return TokenAnswer{response.status, std::move(response.body)};
   }
 
   const OciReference& reference_;
-  std::string authorization_;
+  RegistryAuth auth_;
 };
 
 absl::Status Unexpected(const HttpsResponse& response, absl::string_view what) {
@@ -222,7 +131,7 @@ absl::Status PushBlob(RegistrySession& session, const OciReference& reference,
     return Unexpected(started, "starting an upload");
   }
   std::string url = Resolve(reference, started.Header("location"));
-  absl::StrAppend(&url, absl::StrContains(url, '?') ? "&" : "?", "digest=", UrlEncode(digest));
+  absl::StrAppend(&url, absl::StrContains(url, '?') ? "&" : "?", "digest=", UrlEncodeComponent(digest));
   HttpsRequest upload;
   upload.method = "PUT";
   upload.url = url;
@@ -299,7 +208,7 @@ absl::StatusOr<PushedBundle> PushBundle(const fs::path& file, uint64_t entries,
     return absl::InvalidArgumentError(
         absl::StrCat(reference.ToString(), ": push to a tag (REGISTRY/REPOSITORY:TAG)"));
   }
-  RegistrySession session(reference);
+  RegistrySession session(reference, "pull,push");
   PushedBundle pushed;
   ASSIGN_OR_RETURN(const std::string layer_digest, FileDigest(file, pushed.bytes));
   const std::string config = absl::StrFormat(R"({"entries":%d,"signed_by":"%s"})", entries, signed_by);
@@ -326,7 +235,7 @@ absl::StatusOr<PushedBundle> PushBundle(const fs::path& file, uint64_t entries,
 
 absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::path& file,
                                        const std::function<void(uint64_t)>& received) {
-  RegistrySession session(reference);
+  RegistrySession session(reference, "pull");
   HttpsRequest get;
   get.url = session.Url(
       absl::StrCat("/manifests/", reference.digest.empty() ? reference.tag : reference.digest));
@@ -358,9 +267,17 @@ absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::
   const google::protobuf::Struct& layer = layers->second.list_value().values(0).struct_value();
   const std::string layer_digest = Field(layer, "digest");
   const auto size_field = layer.fields().find("size");
-  const auto expected_size = size_field == layer.fields().end()
-                                 ? uint64_t{0}
-                                 : static_cast<uint64_t>(size_field->second.number_value());
+  // JSON numbers are doubles: a size is a whole number no larger than 2^53
+  // (a negative or NaN one cast to uint64_t would be undefined behaviour).
+  const double size_value = size_field == layer.fields().end() ? -1 : size_field->second.number_value();
+  if (size_field == layer.fields().end() ||
+      size_field->second.kind_case() != google::protobuf::Value::kNumberValue || !std::isfinite(size_value) ||
+      size_value < 0 || size_value > 9007199254740992.0 || size_value != std::floor(size_value)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the manifest gives its layer no valid size; nothing was fetched (was it pushed by `kiln push`?)",
+        reference.ToString()));
+  }
+  const auto expected_size = static_cast<uint64_t>(size_value);
 
   const fs::path partial = fs::path(file.string() + ".partial");
   std::ofstream out(partial, std::ios::binary | std::ios::trunc);

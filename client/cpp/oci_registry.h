@@ -10,11 +10,8 @@
 //   config:   application/vnd.kiln.bundle.config.v1+json  {"entries": N, "signed_by": "KEY ID"}
 //   layer:    application/vnd.kiln.bundle.v1              the bundle file
 //
-// Spoken over the distribution API with https_client.h. Authentication as
-// docker's: the credentials `docker login` keeps in $DOCKER_CONFIG/config.json
-// (or ~/.docker/config.json; its "auth" entries, not credential helpers), used
-// for Basic and for the token a Bearer challenge's realm hands out, or a
-// bearer token of the caller's own in $KILN_REGISTRY_TOKEN.
+// Spoken over the distribution API with https_client.h, logged in as docker
+// does (registry_auth.h).
 
 #include <cstdint>
 #include <filesystem>

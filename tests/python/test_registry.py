@@ -3,6 +3,7 @@ docker-registry on loopback, with TLS (certificates this test makes) and
 htpasswd logins; a real kilnd imports what is pulled; skopeo reads what Kiln
 pushed."""
 
+import base64
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import registry_server
+import token_server
 from bundle_files import publisher_key, write_bundle
 from conftest import Kilnd
 from test_bundle import KILN, import_counts, trusting
@@ -98,7 +100,8 @@ def test_without_a_login_or_with_a_wrong_one_push_and_pull_say_what_to_do(tmp_pa
     env = dict(os.environ, SSL_CERT_FILE=str(ca), DOCKER_CONFIG=str(tmp_path / "no-docker"))
     env.pop("KILN_REGISTRY_TOKEN", None)
     refused = kiln(env, "push", bundle, f"{address}/team/one:v1")
-    assert refused.returncode != 0 and f"asks for a login: `docker login {address}`" in refused.stderr, refused.stderr
+    assert refused.returncode != 0 and "asks for a login to push to team/one, and none was found" in refused.stderr
+    assert f"`docker login {address}`" in refused.stderr, refused.stderr
     wrong = dict(env, DOCKER_CONFIG=str(registry_server.docker_config(tmp_path / "wrong", address, password="nope")))
     refused = kiln(wrong, "pull", f"{address}/team/one:v1", "-o", tmp_path / "x.kilnbundle")
     assert refused.returncode != 0 and "refused the credentials" in refused.stderr, refused.stderr
@@ -108,3 +111,115 @@ def test_without_a_login_or_with_a_wrong_one_push_and_pull_say_what_to_do(tmp_pa
     assert "SSL_CERT_FILE" in refused.stderr
     bad = kiln(env, "pull", "not-a-reference", "-o", tmp_path / "x.kilnbundle")
     assert bad.returncode == 2 and "REGISTRY/REPOSITORY:TAG" in bad.stderr
+
+
+# --- a registry that hands out tokens (Docker Hub's, GHCR's, Quay's, Harbor's way) ---------
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    server = registry_server.start(tmp_path_factory.mktemp("token-registry"), token=True)
+    yield server
+    server.stop()
+
+
+def _token_env(tmp_path, registry, **docker):
+    """kiln's environment: the test CA, and a $DOCKER_CONFIG with `docker` in it
+    (none: no login at all)."""
+    env = dict(os.environ, SSL_CERT_FILE=str(registry.ca), DOCKER_CONFIG=str(tmp_path / "no-docker"))
+    env.pop("KILN_REGISTRY_TOKEN", None)
+    if docker:
+        folder = tmp_path / f"docker-{len(list(tmp_path.glob('docker-*')))}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(docker))
+        env["DOCKER_CONFIG"] = str(folder)
+    return env
+
+
+def _auth(user, password):
+    return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_a_login_traded_for_a_token_pushes_anyone_pulls_a_public_repository_and_a_private_one_asks_for_a_login(
+        tmp_path, token_registry):
+    address = token_registry.address
+    bundle = tmp_path / "kernels.kilnbundle"
+    write_bundle(bundle, [("triton", f"k{i}", {"k.cubin": os.urandom(3000)}) for i in range(3)])
+    publisher = _token_env(tmp_path, token_registry,
+                           auths={address: _auth(token_server.USER, token_server.PASSWORD)})
+    asked_before = len(token_registry.tokens.asked)
+    for repository in ("team/kernels", "public/kernels", "private/kernels"):
+        pushed = kiln(publisher, "push", bundle, f"{address}/{repository}:v1")
+        assert pushed.returncode == 0, pushed.stderr
+    # The registry challenges a push's first request (a HEAD) for pull alone:
+    # one token for pull and push together serves all of it, asked for once.
+    assert token_registry.tokens.scopes_asked()[asked_before:] == [
+        [f"repository:{repository}:pull,push"] for repository in ("team/kernels", "public/kernels", "private/kernels")]
+
+    # skopeo, another client, reads the manifest through the same token service.
+    certs = tmp_path / "skopeo-certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_bytes(token_registry.ca.read_bytes())
+    manifest = json.loads(subprocess.run(
+        ["skopeo", "inspect", "--raw", "--creds", f"{token_server.USER}:{token_server.PASSWORD}", "--cert-dir",
+         str(certs), f"docker://{address}/team/kernels:v1"], check=True, capture_output=True, text=True,
+        timeout=120).stdout)
+    assert manifest["layers"][0]["digest"] == "sha256:" + hashlib.sha256(bundle.read_bytes()).hexdigest()
+
+    anyone = _token_env(tmp_path, token_registry)
+    public = kiln(anyone, "pull", f"{address}/public/kernels:v1", "-o", tmp_path / "public.kilnbundle")
+    assert public.returncode == 0, public.stderr
+    assert (tmp_path / "public.kilnbundle").read_bytes() == bundle.read_bytes()
+    private = kiln(anyone, "pull", f"{address}/private/kernels:v1", "-o", tmp_path / "private.kilnbundle")
+    assert private.returncode != 0 and not (tmp_path / "private.kilnbundle").exists()
+    assert f"{address} asks for a login to pull from private/kernels, and none was found" in private.stderr
+    assert f"docker login {address}" in private.stderr and "refused" not in private.stderr, private.stderr
+
+
+def test_a_login_that_may_only_pull_is_told_it_may_not_push_and_a_wrong_password_is_refused(tmp_path, token_registry):
+    address = token_registry.address
+    bundle = tmp_path / "one.kilnbundle"
+    write_bundle(bundle, [("triton", "one", {"k.cubin": b"cubin"})])
+    reader = _token_env(tmp_path, token_registry,
+                        auths={address: _auth(token_server.READER, token_server.READER_PASSWORD)})
+    refused = kiln(reader, "push", bundle, f"{address}/team/reader-push:v1")
+    assert refused.returncode != 0, refused.stdout
+    assert f"user {token_server.READER}" in refused.stderr and "may not push to team/reader-push" in refused.stderr
+    assert "refused the credentials" not in refused.stderr, refused.stderr
+
+    wrong = _token_env(tmp_path, token_registry, auths={address: _auth(token_server.USER, "nope")})
+    refused = kiln(wrong, "push", bundle, f"{address}/team/wrong:v1")
+    assert refused.returncode != 0 and f"{address} refused the credentials" in refused.stderr, refused.stderr
+    assert f"user {token_server.USER}" in refused.stderr and f"docker login {address}" in refused.stderr
+
+
+def test_logins_come_from_docker_credential_helpers_and_identity_tokens(tmp_path, token_registry):
+    address = token_registry.address
+    bundle = tmp_path / "helped.kilnbundle"
+    write_bundle(bundle, [("triton", "helped", {"k.cubin": os.urandom(2000)})])
+    helpers = token_server.helper_script(tmp_path / "bin", "kilntest", {address: (token_server.USER, token_server.PASSWORD)})
+    token_server.helper_script(tmp_path / "bin", "empty", {})
+    path = f"{helpers}{os.pathsep}{os.environ['PATH']}"
+
+    # credHelpers names a helper for this registry; credsStore, one for all.
+    for docker in ({"credHelpers": {address: "kilntest"}, "credsStore": "empty"}, {"credsStore": "kilntest"}):
+        env = dict(_token_env(tmp_path, token_registry, auths={address: {}}, **docker), PATH=path)
+        pushed = kiln(env, "push", bundle, f"{address}/private/helped:v1")
+        assert pushed.returncode == 0, (docker, pushed.stderr)
+        pulled = kiln(env, "pull", f"{address}/private/helped:v1", "-o", tmp_path / "helped-back.kilnbundle")
+        assert pulled.returncode == 0 and (tmp_path / "helped-back.kilnbundle").read_bytes() == bundle.read_bytes()
+
+    # The helper keeps nothing for this registry: as with no login at all.
+    env = dict(_token_env(tmp_path, token_registry, credsStore="empty"), PATH=path)
+    none = kiln(env, "pull", f"{address}/private/helped:v1", "-o", tmp_path / "x.kilnbundle")
+    assert none.returncode != 0 and "none was found" in none.stderr, none.stderr
+    # A helper that is not there is named, with what to do.
+    env = _token_env(tmp_path, token_registry, credsStore="not-installed")
+    missing = kiln(env, "pull", f"{address}/private/helped:v1", "-o", tmp_path / "x.kilnbundle")
+    assert missing.returncode != 0 and "docker-credential-not-installed cannot be run" in missing.stderr, missing.stderr
+
+    # An identity token (a refresh token that `docker login` kept) is traded through OAuth2's form.
+    env = _token_env(tmp_path, token_registry, auths={address: {"identitytoken": token_server.IDENTITY_TOKEN}})
+    asked_before = len(token_registry.tokens.asked)
+    pulled = kiln(env, "pull", f"{address}/private/helped:v1", "-o", tmp_path / "identity.kilnbundle")
+    assert pulled.returncode == 0, pulled.stderr
+    assert [method for method, *_ in token_registry.tokens.asked[asked_before:]] == ["POST"]
