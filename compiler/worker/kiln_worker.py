@@ -670,6 +670,11 @@ def restore_loop_names(text):
         out[end] = "%s})%s : (%s) -> (%s)%s" % (indent, " " + closing.group("attrs") if closing.group("attrs") else "",
                                                 ", ".join([iv_type] * 3 + types), ", ".join(types),
                                                 closing.group("loc") or "")
+        if not types:
+            # A loop that carries nothing prints no scf.yield: the parser of
+            # its custom form adds it, at the loop's location, and the generic
+            # form must have it written.
+            out[end] = "%s  scf.yield%s\n%s" % (indent, closing.group("loc") or "", out[end])
     return "\n".join(out)
 
 

@@ -698,6 +698,7 @@ def main():
               "first-sm89-twice": lambda: suite(kernel_suite.SUITE[:1], (89, 89)),
               "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),
               "user-program": lambda: suite(kernel_suite.USER_PROGRAM, (90,)),
+              "loops-carrying-nothing": lambda: suite(kernel_suite.LOOPS_CARRYING_NOTHING, (90,)),
               "device-dependent": device_dependent, "early-launcher": early_launcher,
               "deferred-texts": deferred_texts, "text-gone": text_gone,
               "hit-gone": lambda: hit_gone(sys.argv[2]),

@@ -142,6 +142,24 @@ def where_warning_kernel(out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + tl.arange(0, BLOCK), tl.where(a, 1.0, 2.0))
 
 
+@triton.jit
+def rmsnorm_gelu_kernel(x, w, y, N, eps, BLOCK: tl.constexpr):
+    """Its second loop carries no value: its frontend TTIR prints no scf.yield
+    there (a kernel that a bundle's untrusted import once failed to parse)."""
+    row = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for off in range(0, N, BLOCK):
+        cols = off + tl.arange(0, BLOCK)
+        v = tl.load(x + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc += v * v
+    r = 1.0 / tl.sqrt(tl.sum(acc, 0) / N + eps)
+    for off in range(0, N, BLOCK):
+        cols = off + tl.arange(0, BLOCK)
+        m = cols < N
+        v = tl.load(x + row * N + cols, mask=m, other=0.0).to(tl.float32) * r * tl.load(w + cols, mask=m).to(tl.float32)
+        tl.store(y + row * N + cols, (0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))).to(tl.float16), mask=m)
+
+
 if cuda_capability_geq is not None:
     @triton.jit
     def device_dependent_kernel(out_ptr, BLOCK: tl.constexpr):
@@ -224,4 +242,13 @@ USER_PROGRAM = SUITE + [
     _matmul("matmul_bf16_32x64x32_s2", "bf16", 32, 64, 32, num_stages=2),
     _matmul("matmul_fp16_128x64x32_s4_w8", "fp16", 128, 64, 32, num_stages=4, num_warps=8),
     _attention("attention_fp16_32", "fp16", 64, 32, 32),
+]
+
+# Kernels outside the suite, for the tests of what kilnd makes of a kernel's
+# recorded TTIR (bundle imports, prewarm).
+LOOPS_CARRYING_NOTHING = [
+    Case(f"rmsnorm_gelu_{block}", rmsnorm_gelu_kernel,
+         {"x": "*fp16", "w": "*fp16", "y": "*fp16", "N": "i32", "eps": "fp32", "BLOCK": "constexpr"},
+         {"BLOCK": block})
+    for block in (1024, 4096)
 ]

@@ -255,6 +255,33 @@ def test_kernels_a_client_compiled_itself_while_kilnd_had_no_worker_import_from_
         stranger.stop()
 
 
+def test_a_kernel_whose_loop_carries_nothing_compiles_from_a_strangers_bundle_into_stocks_bytes(tmp_path):
+    """Its recorded TTIR, rewritten so that its loops keep their names
+    (kiln_worker.restore_loop_names), still has the loop's terminator."""
+    base = hermetic.stock_env()
+    stock = probe_json(run_probe(dict(base, TRITON_CACHE_DIR=str(tmp_path / "stock")), "loops-carrying-nothing"))
+    source = Kilnd(tmp_path / "source", f"--toolchain={sys.executable}")
+    try:
+        run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{source.socket}",
+                       TRITON_CACHE_DIR=str(tmp_path / "c1"), KILN_FILES_DIR=str(tmp_path / "f1")), "loops-carrying-nothing")
+        assert kiln(source, "export", tmp_path / "loops.kilnbundle").returncode == 0
+    finally:
+        source.stop()
+    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={sys.executable}")
+    try:
+        imported = kiln(stranger, "import", tmp_path / "loops.kilnbundle")
+        assert imported.returncode == 0, imported.stderr
+        assert import_counts(imported.stdout)["kernels compiled by kilnd"] == 2, imported.stdout
+        assert "not compiled" not in imported.stdout, imported.stdout
+        result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
+                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
+                                      "loops-carrying-nothing"))
+        assert result["kernels"] == stock["kernels"]
+        assert stranger.stats().compiles == 2 and compile_calls(stranger) == 0
+    finally:
+        stranger.stop()
+
+
 def peak_rss_mib(pid):
     """A process's peak resident memory so far (VmHWM), in MiB."""
     status = Path(f"/proc/{pid}/status").read_text()
