@@ -458,11 +458,15 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
   uint64_t bytes = 0;  // of the entries written
   LeftOut left_out;
+  int memos = 0;  // the client's, left out
   do {
     absl::StatusOr<kiln::v1::ListEntriesResponse> page = client.ListEntries(request);
     if (!page.ok()) return Fail(page.status());
     for (const kiln::v1::ListedEntry& listed : page->entries()) {
-      if (listed.namespace_() == kMachineLocalNamespace) continue;
+      if (listed.namespace_() == kMachineLocalNamespace) {
+        ++memos;
+        continue;
+      }
       // Each entry is read as a client would: kilnd checks every blob's digest.
       absl::StatusOr<std::optional<kiln::v1::CacheEntry>> entry =
           client.Lookup(listed.namespace_(), listed.key());
@@ -491,11 +495,13 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
   if (bundle->entries() == 0) {
     // A publisher's CI would push an empty bundle as if it were the cache.
     progress.Clear();
-    std::cerr << "kiln: export: nothing written to " << file << ": "
-              << (left_out.count == 0 ? "no entries matched (is this the kilnd that compiled them? "
-                                        "check --namespace and --since)"
-                                      : left_out.Summary())
-              << "\n";
+    std::string why = left_out.Summary();
+    if (left_out.count == 0 && memos > 0) {
+      why = absl::StrFormat("only the client's memos matched (%d), which hold for this machine only", memos);
+    } else if (left_out.count == 0) {
+      why = "no entries matched (is this the kilnd that compiled them? check --namespace and --since)";
+    }
+    std::cerr << "kiln: export: nothing written to " << file << ": " << why << "\n";
     return kMiss;
   }
   if (absl::Status written = bundle->Finish(); !written.ok()) return Fail(written);
