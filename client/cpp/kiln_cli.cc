@@ -882,6 +882,12 @@ int main(int argc, char** argv) {
       {"prewarm", Prewarm}, {"push", Push},         {"pull", Pull}};
   const auto found = commands.find(command);
   if (found == commands.end()) return Usage(absl::StrFormat("unknown command '%s'", command));
+  // A question about the command starts nothing and asks no kilnd.
+  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
+    std::cout << kUsageText;
+    return kOk;
+  }
   // A pull into a file (-o) needs no kilnd.
   const bool needs_kilnd = StartsKilnd(command) &&
                            !(command == "pull" && std::find(args.begin(), args.end(), "-o") != args.end());

@@ -144,6 +144,10 @@ def test_commands_that_need_kilnd_start_the_users_own_once_between_racing_client
         named = subprocess.run([str(KILN), *map(str, compile_args)], capture_output=True, text=True, timeout=60,
                                env=dict(env, KILN_ENDPOINT=f"unix:{runtime / 'kiln' / 'kilnd.sock'}"))
         assert named.returncode == 3, named.stderr
+        # A question about a command starts nothing either.
+        for command in ("pull", "push", "compile", "import", "export"):
+            helped = subprocess.run([str(KILN), command, "--help"], env=env, capture_output=True, text=True, timeout=60)
+            assert helped.returncode == 0 and "usage: kiln" in helped.stdout, (command, helped.stderr)
         assert not kilnd_processes_with("XDG_RUNTIME_DIR", str(runtime))
 
         clis = [subprocess.Popen([str(KILN), "compile", str(source), "--target", f"cuda:{arch}", "-o",
