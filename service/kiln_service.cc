@@ -492,6 +492,14 @@ void KilnService::StartPrewarm(const Caller& caller, v1::PrewarmRequest request,
           return finish(valid);
         }
         response->set_key(plan->compile.cache_key());
+        // A kernel stored already under the key its target's clients look up
+        // (their own compile, an earlier prewarm, a trusted import) is not
+        // compiled again: kilnd's record of compiles (shared.compile) has no
+        // entry for what a client compiled itself.
+        if (store_.Lookup(CompileAliasNamespace(caller, plan->compile), plan->compile.cache_key()).ok()) {
+          response->mutable_compile()->set_cache_hit(true);
+          return finish(absl::OkStatus());
+        }
         // The compile request lives until the compile is answered.
         auto compile = std::make_shared<v1::CompileRequest>(std::move(plan->compile));
         StartCompile(caller, *compile, response->mutable_compile(),

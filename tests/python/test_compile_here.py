@@ -34,6 +34,11 @@ def test_a_programs_kernels_compile_in_it_and_reach_the_next_process_and_a_prewa
         assert again["kernels"] == sm80 and again["frontend_runs"] == 0
         assert recorder.stats().compiles == 0
         assert kiln(recorder, "export", bundle).returncode == 0
+        # For the target it was recorded for, the bundle's kernels are there already: none compiles again.
+        again = kiln(recorder, "prewarm", bundle, "--target", "cuda:80")
+        assert f"prewarmed {len(sm80)} kernels for 1 targets: 0 compiled, {len(sm80)} already cached" in again.stdout, \
+            again.stdout + again.stderr
+        assert recorder.stats().compiles == 0
         # Turned off, the program's compiles are kilnd's again.
         off = probe_json(run_probe(_env(tmp_path, recorder, "off", KILN_COMPILE_HERE="0"), "first-sm89-twice"))
         assert off["frontend_runs"] == 1 and compile_calls(recorder) == 1
