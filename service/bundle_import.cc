@@ -146,6 +146,7 @@ class TrustedStore {
   absl::Status Add(v1::BundleEntry&& entry) {
     batch_bytes_ += entry.ByteSizeLong();
     cache::ArtifactStore::EntryInput& input = batch_.emplace_back();
+    bundle_namespaces_.push_back(entry.namespace_());
     input.ns = context_.scoped(entry.namespace_());
     input.key = entry.key();
     for (v1::Blob& blob : *entry.mutable_blobs()) {
@@ -161,6 +162,9 @@ class TrustedStore {
       return Abandon(finished);
     }
     done_ = true;
+    if (context_.stored) {
+      for (const auto& [ns, key] : stored_) context_.stored(ns, key);
+    }
     return absl::OkStatus();
   }
 
@@ -171,7 +175,10 @@ class TrustedStore {
       return Abandon(absl::UnavailableError("kilnd is stopping"));
     }
     std::vector<std::string> names;
+    std::vector<std::pair<std::string, std::string>> entries;  // bundle namespace, key
     for (const auto& input : batch_) names.push_back(absl::StrCat(input.ns, " ", input.key));
+    for (size_t i = 0; i < batch_.size(); ++i) entries.emplace_back(bundle_namespaces_[i], batch_[i].key);
+    bundle_namespaces_.clear();
     std::vector<cache::ArtifactStore::ImportedAs> how;
     const std::vector<absl::Status> results =
         context_.store.PutMany(std::move(batch_), &mode_, &how);
@@ -185,6 +192,7 @@ class TrustedStore {
       switch (how[i]) {
         case cache::ArtifactStore::ImportedAs::kStored:
           response_.set_stored(response_.stored() + 1);
+          if (stored_.size() < kServedAheadOfImport) stored_.push_back(std::move(entries[i]));
           break;
         case cache::ArtifactStore::ImportedAs::kUnchanged:
           response_.set_unchanged(response_.unchanged() + 1);
@@ -195,6 +203,7 @@ class TrustedStore {
         case cache::ArtifactStore::ImportedAs::kReplaced:
           response_.set_conflicts(response_.conflicts() + 1);
           response_.set_replaced(response_.replaced() + 1);
+          if (stored_.size() < kServedAheadOfImport) stored_.push_back(std::move(entries[i]));
           break;
       }
     }
@@ -216,7 +225,10 @@ class TrustedStore {
   v1::ImportBundleResponse& response_;
   cache::ArtifactStore::ImportMode mode_;
   std::vector<cache::ArtifactStore::EntryInput> batch_;
+  std::vector<std::string> bundle_namespaces_;  // of batch_'s entries, as the bundle names them
   size_t batch_bytes_ = 0;
+  // What the import stored (bundle namespace, key), for context_.stored.
+  std::vector<std::pair<std::string, std::string>> stored_;
   bool done_ = false;  // finished, or taken back
 };
 

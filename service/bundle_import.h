@@ -54,7 +54,17 @@ struct BundleImportContext {
   std::function<void(v1::PrewarmRequest, std::function<void(absl::Status)> done)> compile;
   std::vector<Ed25519PublicKey> trusted_keys;
   bool replace = false;
+  // Once a trusted import has committed: each entry it stored (its bundle
+  // namespace and key), up to kServedAheadOfImport of them, for kilnd to
+  // serve to its local clients as files ahead of their lookups. A client's
+  // first compile looks only there (compiled_here.py): without them, the
+  // first kernel of every process after a pull was compiled again.
+  std::function<void(const std::string& bundle_ns, const std::string& key)> stored;
 };
+
+// What `stored` is told of an import at most: a bundle's kernels a process
+// asks for first are few, and a lookup serves the rest when asked.
+inline constexpr size_t kServedAheadOfImport = 256;
 
 // Imports the bundle file `bundle`. It is read whole first: a damaged
 // bundle, an entry a Put would refuse, or a signature that does not verify

@@ -133,6 +133,17 @@ class KilnService::ImportBundleCall final
             },
         .trusted_keys = *std::move(keys),
         .replace = replace_,
+        // Served before the import answers: the process started after it
+        // finds them.
+        .stored =
+            [this](const std::string& bundle_ns, const std::string& key) {
+              if (!caller_.same_local_user) return;  // only kilnd's own user reads served files
+              const absl::Status served = service_.store_.ServeAsFiles(
+                  ScopedNamespace(caller_, bundle_ns), key, cache::ArtifactStore::AsFiles{bundle_ns});
+              if (!served.ok() && !absl::IsNotFound(served)) {
+                spdlog::warn("import: {}/{} not served as files: {}", bundle_ns, key, served.message());
+              }
+            },
     };
     absl::StatusOr<v1::ImportBundleResponse> imported = ImportBundleFile(context, spool_);
     if (imported.ok()) {

@@ -54,10 +54,15 @@ def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compi
         assert imported.returncode == 0, imported.stderr
         assert f"{count} entries, signed by key {key_id}, which kilnd trusts" in imported.stdout, imported.stdout
         assert import_counts(imported.stdout)["stored"] == count
+        # Kiln's defaults: a process's first compile (and later ones) in the process.
         result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{target.socket}",
-                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
+                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2"),
+                                           KILN_FIRST_COMPILE_HERE="1", KILN_COMPILE_HERE="1"),
                                       "suite"))
         assert result["kernels"] == stock_suite
+        # Nor did the process: its first compile looks only at the files kilnd
+        # serves it, which the import wrote.
+        assert result["frontend_runs"] == 0, result["frontend_runs"]
         stats = target.stats()
         assert stats.compiles == 0 and compile_calls(target) == 0 and stats.hits >= 30
         again = kiln(target, "import", bundle)  # nothing new: each entry is there with the same bytes
