@@ -245,17 +245,24 @@ def test_kernels_a_client_compiled_itself_while_kilnd_had_no_worker_import_from_
         assert exported.returncode == 0, exported.stderr
     finally:
         source.stop()
+    assert import_as_a_stranger(tmp_path, tmp_path / "suite.kilnbundle", "suite", 30)["kernels"] == stock_suite
+
+
+def import_as_a_stranger(tmp_path, bundle, probe_mode, kernels):
+    """Imports `bundle` into a kilnd that trusts no key: each of its `kernels`
+    kernels compiles there, none refused or failed. Returns what a client
+    then compiles through it (client_probe.py `probe_mode`), which is all hits."""
     stranger = Kilnd(tmp_path / "stranger", f"--toolchain={sys.executable}")
     try:
-        imported = kiln(stranger, "import", tmp_path / "suite.kilnbundle")
+        imported = kiln(stranger, "import", bundle)
         assert imported.returncode == 0, imported.stderr
-        assert import_counts(imported.stdout)["kernels compiled by kilnd"] == 30, imported.stdout
+        assert import_counts(imported.stdout)["kernels compiled by kilnd"] == kernels, imported.stdout
         assert "refused" not in imported.stdout and "not compiled" not in imported.stdout, imported.stdout
-        result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
-                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
-                                      "suite"))
-        assert result["kernels"] == stock_suite
-        assert stranger.stats().compiles == 30 and compile_calls(stranger) == 0
+        result = probe_json(run_probe(dict(hermetic.stock_env(), KILN="1", KILN_STRICT="1",
+                                           KILN_ENDPOINT=f"unix:{stranger.socket}", TRITON_CACHE_DIR=str(tmp_path / "c2"),
+                                           KILN_FILES_DIR=str(tmp_path / "f2")), probe_mode))
+        assert stranger.stats().compiles == kernels and compile_calls(stranger) == 0
+        return result
     finally:
         stranger.stop()
 
@@ -272,19 +279,8 @@ def test_a_kernel_whose_loop_carries_nothing_compiles_from_a_strangers_bundle_in
         assert kiln(source, "export", tmp_path / "loops.kilnbundle").returncode == 0
     finally:
         source.stop()
-    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={sys.executable}")
-    try:
-        imported = kiln(stranger, "import", tmp_path / "loops.kilnbundle")
-        assert imported.returncode == 0, imported.stderr
-        assert import_counts(imported.stdout)["kernels compiled by kilnd"] == 2, imported.stdout
-        assert "not compiled" not in imported.stdout, imported.stdout
-        result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
-                                           TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2")),
-                                      "loops-carrying-nothing"))
-        assert result["kernels"] == stock["kernels"]
-        assert stranger.stats().compiles == 2 and compile_calls(stranger) == 0
-    finally:
-        stranger.stop()
+    imported = import_as_a_stranger(tmp_path, tmp_path / "loops.kilnbundle", "loops-carrying-nothing", 2)
+    assert imported["kernels"] == stock["kernels"]
 
 
 def peak_rss_mib(pid):
