@@ -24,7 +24,10 @@ namespace {
 
 constexpr size_t kKeptBodyBytes = 1 << 20;
 constexpr size_t kMaxHeaderBytes = 64 << 10;
+// A response's header lines (or its trailer's): registries send a dozen.
+constexpr int kMaxHeaderLines = 256;
 constexpr size_t kChunkBytes = 1 << 20;
+
 
 std::string OpenSslError() {
   const unsigned long code = ERR_get_error();
@@ -142,6 +145,30 @@ absl::StatusOr<std::unique_ptr<Connection>> Connect(const HttpsUrl& url,
   return connection;
 }
 
+// A header (or trailer) section's lines into `headers` (names in lower case;
+// none kept when null). A section over kMaxHeaderBytes or kMaxHeaderLines, or
+// a line holding a bare CR or LF (which another parser would take for a line
+// of its own: a Location smuggling a header), is refused.
+absl::Status ReadHeaderLines(Connection& connection, std::map<std::string, std::string>* headers) {
+  size_t bytes = 0;
+  for (int lines = 0;; ++lines) {
+    ASSIGN_OR_RETURN(std::string line, connection.ReadLine());
+    if (line.empty()) return absl::OkStatus();
+    bytes += line.size() + 2;
+    if (lines >= kMaxHeaderLines || bytes > kMaxHeaderBytes) {
+      return absl::DataLossError(absl::StrFormat(
+          "the server sent more than %d header lines or %d KiB of them", kMaxHeaderLines, kMaxHeaderBytes >> 10));
+    }
+    if (line.find_first_of("\r\n") != std::string::npos) {
+      return absl::DataLossError("the server sent a header line holding a bare CR or LF");
+    }
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || headers == nullptr) continue;
+    (*headers)[absl::AsciiStrToLower(line.substr(0, colon))] =
+        std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+  }
+}
+
 absl::Status ReadBody(Connection& connection, const HttpsResponse& response,
                       const std::function<absl::Status(absl::string_view)>& use) {
   if (absl::AsciiStrToLower(response.Header("transfer-encoding")) == "chunked") {
@@ -160,11 +187,11 @@ absl::Status ReadBody(Connection& connection, const HttpsResponse& response,
         RETURN_IF_ERROR(use(data));
       }
       ASSIGN_OR_RETURN(std::string end_of_chunk, connection.ReadLine());
+      if (!end_of_chunk.empty()) {
+        return absl::DataLossError("the server sent a chunk that does not end where its size says");
+      }
     }
-    while (true) {  // trailers
-      ASSIGN_OR_RETURN(std::string line, connection.ReadLine());
-      if (line.empty()) return absl::OkStatus();
-    }
+    return ReadHeaderLines(connection, nullptr);  // trailers
   }
   const std::string length_text = response.Header("content-length");
   uint64_t length = 0;
@@ -207,6 +234,17 @@ absl::StatusOr<HttpsUrl> ParseHttpsUrl(absl::string_view url) {
 absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request,
                                         std::chrono::seconds idle_timeout) {
   ASSIGN_OR_RETURN(HttpsUrl url, ParseHttpsUrl(request.url));
+  // What is written goes out as it is: a CR, LF or NUL in it (a Location, a
+  // token from elsewhere) would end a line early and add one of its own.
+  const auto breaks_lines = [](absl::string_view text) {
+    return text.find_first_of(absl::string_view("\r\n\0", 3)) != absl::string_view::npos;
+  };
+  bool clean = !breaks_lines(request.method) && !breaks_lines(request.url);
+  for (const auto& [name, value] : request.headers) clean = clean && !breaks_lines(name) && !breaks_lines(value);
+  if (!clean) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a request to %s:%s would hold a CR, LF or NUL in its URL or a header; not sent", url.host, url.port));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Connection> connection, Connect(url, idle_timeout));
   uint64_t body_size = request.body.size();
   std::ifstream body_file;
@@ -243,14 +281,7 @@ absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request,
       !absl::SimpleAtoi(parts[1], &response.status)) {
     return absl::DataLossError(absl::StrCat("not an HTTP response: ", status_line.substr(0, 80)));
   }
-  while (true) {
-    ASSIGN_OR_RETURN(std::string line, connection->ReadLine());
-    if (line.empty()) break;
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    response.headers[absl::AsciiStrToLower(line.substr(0, colon))] =
-        std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
-  }
+  RETURN_IF_ERROR(ReadHeaderLines(*connection, &response.headers));
   if (request.method == "HEAD" || response.status == 204 || response.status == 304) return response;
   const bool streamed = request.on_body && response.status / 100 == 2;
   RETURN_IF_ERROR(ReadBody(*connection, response, [&](absl::string_view data) -> absl::Status {

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import hostile_registry
 import registry_server
 import token_server
 from bundle_files import publisher_key, write_bundle
@@ -223,3 +224,38 @@ def test_logins_come_from_docker_credential_helpers_and_identity_tokens(tmp_path
     pulled = kiln(env, "pull", f"{address}/private/helped:v1", "-o", tmp_path / "identity.kilnbundle")
     assert pulled.returncode == 0, pulled.stderr
     assert [method for method, *_ in token_registry.tokens.asked[asked_before:]] == ["POST"]
+
+
+# --- a registry that breaks the rules (hostile_registry.py) ----------------------------
+
+@pytest.fixture(scope="module")
+def hostile(registry):
+    server = hostile_registry.HostileRegistry(registry.ca.parent / "server.pem", registry.ca.parent / "server.key")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("behaviour, said", [
+    ("long-header", "longer than 64 KiB"),
+    ("endless-headers", "more than 256 header lines"),
+    ("endless-trailers", "more than 256 header lines"),
+    ("bad-chunk-end", "a chunk that does not end where its size says"),
+    ("bad-chunk-size", "malformed chunk size"),
+    ("bare-lf-location", "a header line holding a bare CR or LF"),
+    ("negative-size", "the manifest gives its layer no valid size"),
+    ("fractional-size", "the manifest gives its layer no valid size"),
+    ("huge-size", "the manifest gives its layer no valid size"),
+    ("string-size", "the manifest gives its layer no valid size"),
+])
+def test_a_registry_that_breaks_the_rules_gets_a_clear_error_and_nothing_is_kept(
+        tmp_path, registry, hostile, behaviour, said):
+    env = dict(os.environ, SSL_CERT_FILE=str(registry.ca), DOCKER_CONFIG=str(tmp_path / "no-docker"))
+    env.pop("KILN_REGISTRY_TOKEN", None)
+    bundle = tmp_path / "pulled.kilnbundle"
+    pulled = kiln(env, "pull", f"{hostile.address}/hostile/{behaviour}:v1", "-o", bundle)
+    assert pulled.returncode != 0 and said in pulled.stderr, pulled.stderr
+    assert "Traceback" not in pulled.stderr and len(pulled.stderr) < 2000
+    assert not bundle.exists() and not bundle.with_name(bundle.name + ".partial").exists()
+    # The same server, behaving: the pull works, so the refusal was the behaviour's.
+    well = kiln(env, "pull", f"{hostile.address}/team/kernels:v1", "-o", tmp_path / "well.kilnbundle")
+    assert well.returncode == 0 and (tmp_path / "well.kilnbundle").read_bytes() == hostile_registry.BUNDLE, well.stderr
