@@ -164,6 +164,12 @@ absl::Status SetSocketIoTimeout(intptr_t socket, absl::Duration timeout);
 // True when standard output is an interactive terminal (a console on Windows).
 bool StdoutIsTerminal();
 
+// A write to a pipe or socket whose reader is gone fails with an error rather
+// than end the process (SIGPIPE on POSIX; Windows has no such signal): for
+// programs that write to peers they do not control (a registry, a credential
+// helper).
+void IgnoreBrokenPipes();
+
 // Lowers the calling thread's CPU priority for the rest of its life (its nice
 // value 10 higher, at most 19, on Linux; below normal on Windows): for threads
 // doing work nobody waits for right now, so they yield to those serving

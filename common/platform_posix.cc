@@ -247,6 +247,8 @@ absl::Status SetSocketIoTimeout(intptr_t socket, absl::Duration timeout) {
 
 bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) != 0; }
 
+void IgnoreBrokenPipes() { signal(SIGPIPE, SIG_IGN); }
+
 void LowerCurrentThreadPriority() {
 #ifdef __linux__
   // Linux gives each thread its own nice value (POSIX says it is the process's).

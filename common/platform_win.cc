@@ -352,6 +352,8 @@ bool StdoutIsTerminal() {
   return GetConsoleMode(GetStdHandle(STD_OUTPUT_HANDLE), &mode) != 0;
 }
 
+void IgnoreBrokenPipes() {}  // a broken pipe is an error there already
+
 void LowerCurrentThreadPriority() {
   (void)SetThreadPriority(GetCurrentThread(), THREAD_PRIORITY_BELOW_NORMAL);
 }

@@ -855,6 +855,8 @@ bool StartsKilnd(const std::string& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A registry that closes early, or a credential helper that exits unread, is an error, not the end of kiln.
+  kiln::platform::IgnoreBrokenPipes();
   std::vector<std::string> args(argv + 1, argv + argc);
   kiln::ClientOptions options;
   bool autostart = true;
