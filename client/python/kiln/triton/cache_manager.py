@@ -76,30 +76,14 @@ class KilnCacheManager(CacheManager):
             return self._kilnd().put_group(filename, group)
         from kiln.triton import compiled_here as _compiled_here
         from kiln.triton import frontend as _frontend
+        from kiln.triton import key_inputs as _key_inputs
 
         here, self._here = self._here, None
         _frontend.finish(here)
-        from kiln.triton import key_inputs as _key_inputs
-
         key_inputs = _key_inputs.recorded_for_prewarm(self._hex, here.frontend_read_device)
-        _compiled_here.store(self._hex, dict(here.made, **kept_beside(here, key_inputs)), group)
+        _compiled_here.store(self._hex, dict(here.made, **_frontend.kept_beside(here, key_inputs)), group)
         known_texts(group, here.made)  # not read back by the CompiledKernel made of it
         return None
-
-
-def kept_beside(group, key_inputs):
-    """What kilnd keeps of a kernel beside Triton's files, as {blob name:
-    bytes}: what its frontend showed (where worth keeping: a hit shows it
-    again), and what its key came from (`key_inputs`, for `kiln prewarm` and
-    a bundle's untrusted import, which compile it again from its TTIR)."""
-    from kiln.triton import frontend as _frontend
-
-    kept = {}
-    if group is not None and _frontend.worth_keeping(group.output):
-        kept[_index.OUTPUT_BLOB] = _frontend.encode(group.output)
-    if key_inputs is not None:
-        kept[_index.KEY_INPUTS_BLOB] = key_inputs
-    return kept
 
 
 def _load_client():

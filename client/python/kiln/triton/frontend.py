@@ -32,6 +32,7 @@ import threading
 import uuid
 import warnings
 
+from kiln.local import index as _index
 from kiln.triton import versions as _triton_versions
 
 # This process, for kilnd's claims: asking again for a key it holds takes the
@@ -209,6 +210,19 @@ def worth_keeping(output):
 
 def encode(output):
     return json.dumps(output).encode()
+
+
+def kept_beside(group, key_inputs):
+    """What kilnd keeps of a kernel beside Triton's files, as {blob name:
+    bytes}: what its frontend showed (where worth keeping: a hit shows it
+    again), and what its key came from (`key_inputs`, for `kiln prewarm` and
+    a bundle's untrusted import, which compile it again from its TTIR)."""
+    kept = {}
+    if group is not None and worth_keeping(group.output):
+        kept[_index.OUTPUT_BLOB] = encode(group.output)
+    if key_inputs is not None:
+        kept[_index.KEY_INPUTS_BLOB] = key_inputs
+    return kept
 
 
 def replay(data):

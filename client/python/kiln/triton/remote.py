@@ -35,7 +35,6 @@ from kiln.service import api as _api
 from kiln.service import connection as _service
 from kiln.service import paths as _paths
 from kiln.triton import build_hook as _build_hook
-from kiln.triton import cache_manager as _cache_manager
 from kiln.triton import compiled_here as _compiled_here
 from kiln.triton import early_launchers as _early_launchers
 from kiln.triton import frontend as _frontend
@@ -307,8 +306,8 @@ def _file_blobs(made, group):
 
 
 def _frontend_and_key_blobs(compile_group, key_inputs=None):
-    """cache_manager.kept_beside's, as blobs."""
-    return [_api.blob(name, data) for name, data in _cache_manager.kept_beside(compile_group, key_inputs).items()]
+    """frontend.kept_beside's, as blobs."""
+    return [_api.blob(name, data) for name, data in _frontend.kept_beside(compile_group, key_inputs).items()]
 
 
 def _blobs_compiled_here(compile_group, group):
