@@ -156,11 +156,6 @@ struct TcpAddresses {
 };
 absl::StatusOr<TcpAddresses> ResolveTcpAddresses(const std::string& host, uint16_t port);
 
-// Makes a connected socket's reads and writes fail once they wait `timeout`
-// (SO_RCVTIMEO, SO_SNDTIMEO), so that a peer that stops answering cannot
-// hang its caller. `socket` is an fd, or a SOCKET on Windows.
-absl::Status SetSocketIoTimeout(intptr_t socket, absl::Duration timeout);
-
 // True when standard output is an interactive terminal (a console on Windows).
 bool StdoutIsTerminal();
 

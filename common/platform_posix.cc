@@ -235,16 +235,6 @@ absl::Status CreateFileSymlink(const fs::path& target, const fs::path& link) {
   return absl::OkStatus();
 }
 
-absl::Status SetSocketIoTimeout(intptr_t socket, absl::Duration timeout) {
-  const timeval limit = absl::ToTimeval(timeout);
-  for (int option : {SO_RCVTIMEO, SO_SNDTIMEO}) {
-    if (setsockopt(static_cast<int>(socket), SOL_SOCKET, option, &limit, sizeof(limit)) != 0) {
-      return absl::InternalError(absl::StrCat("setsockopt: ", std::strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) != 0; }
 
 void IgnoreBrokenPipes() { signal(SIGPIPE, SIG_IGN); }

@@ -336,17 +336,6 @@ absl::Time ChangeTime(const FileStamp& stamp) {
   return absl::FromUnixNanos((stamp.changed - kUnixEpochTicks) * 100);
 }
 
-absl::Status SetSocketIoTimeout(intptr_t socket, absl::Duration timeout) {
-  const DWORD milliseconds = static_cast<DWORD>(absl::ToInt64Milliseconds(timeout));
-  for (int option : {SO_RCVTIMEO, SO_SNDTIMEO}) {
-    if (setsockopt(static_cast<SOCKET>(socket), SOL_SOCKET, option,
-                   reinterpret_cast<const char*>(&milliseconds), sizeof(milliseconds)) != 0) {
-      return absl::InternalError(absl::StrCat("setsockopt: error ", WSAGetLastError()));
-    }
-  }
-  return absl::OkStatus();
-}
-
 bool StdoutIsTerminal() {
   DWORD mode = 0;
   return GetConsoleMode(GetStdHandle(STD_OUTPUT_HANDLE), &mode) != 0;

@@ -57,7 +57,8 @@ class CompileClaims {
   struct Ticket {
     Answer answer;
     uint64_t claim_id = 0;  // identifies a kClaimed claim for Abandon
-    absl::Duration lapses_in;  // kClaimed: unless renewed or compiling by then
+    // kClaimed: the claim lapses then, unless renewed or compiling by then.
+    absl::Duration lapses_in = absl::ZeroDuration();
   };
 
   // kClaimed: the caller now holds the claim and should compile; `ended` runs

@@ -1,12 +1,13 @@
 #include "https_client.h"
 
-#include <openssl/bio.h>
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#include <openssl/x509v3.h>
+#include <curl/curl.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -15,283 +16,243 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/time/time.h"
-#include "common/platform.h"
-#include "common/status_macros.h"
 
 namespace kiln {
 namespace {
 
 constexpr size_t kKeptBodyBytes = 1 << 20;
-constexpr size_t kMaxHeaderBytes = 64 << 10;
-// A response's header lines (or its trailer's): registries send a dozen.
+// A response's header section (or its trailer's): registries send a dozen
+// lines, a few KiB.
 constexpr int kMaxHeaderLines = 256;
-constexpr size_t kChunkBytes = 1 << 20;
+constexpr size_t kMaxHeaderBytes = 64 << 10;
 
-
-std::string OpenSslError() {
-  const unsigned long code = ERR_get_error();
-  ERR_clear_error();
-  if (code == 0) return "connection closed";
-  char text[256];
-  ERR_error_string_n(code, text, sizeof(text));
-  return text;
-}
-
-// One request's connection: reads buffered, so headers and chunk sizes can
-// be read a line at a time.
-class Connection {
- public:
-  Connection(std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> context, BIO* bio)
-      : context_(std::move(context)), bio_(bio, BIO_free_all) {}
-
-  absl::Status Write(absl::string_view data) {
-    while (!data.empty()) {
-      const int written = BIO_write(bio_.get(), data.data(), static_cast<int>(data.size()));
-      if (written <= 0) return absl::UnavailableError(absl::StrCat("sending: ", OpenSslError()));
-      data.remove_prefix(static_cast<size_t>(written));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::string> ReadLine() {
-    while (true) {
-      const size_t end = buffer_.find("\r\n");
-      if (end != std::string::npos) {
-        std::string line = buffer_.substr(0, end);
-        buffer_.erase(0, end + 2);
-        return line;
-      }
-      if (buffer_.size() > kMaxHeaderBytes) {
-        return absl::DataLossError("the server sent a line longer than 64 KiB");
-      }
-      ASSIGN_OR_RETURN(bool more, Fill());
-      if (!more) return absl::UnavailableError("the server closed the connection mid-response");
-    }
-  }
-
-  // Up to `count` bytes (fewer at the end of the stream; none: it ended).
-  absl::StatusOr<std::string> Read(size_t count) {
-    if (buffer_.empty()) {
-      ASSIGN_OR_RETURN(bool more, Fill());
-      if (!more) return std::string();
-    }
-    const size_t taken = std::min(count, buffer_.size());
-    std::string data = buffer_.substr(0, taken);
-    buffer_.erase(0, taken);
-    return data;
-  }
-
- private:
-  absl::StatusOr<bool> Fill() {
-    char chunk[64 << 10];
-    const int read = BIO_read(bio_.get(), chunk, sizeof(chunk));
-    if (read > 0) {
-      buffer_.append(chunk, static_cast<size_t>(read));
-      return true;
-    }
-    if (BIO_should_retry(bio_.get())) {
-      return absl::DeadlineExceededError("the server stopped answering");
-    }
-    ERR_clear_error();
-    return false;  // closed
-  }
-
-  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> context_;
-  std::unique_ptr<BIO, decltype(&BIO_free_all)> bio_;
-  std::string buffer_;
+// One request's state, which libcurl's callbacks fill. A callback that finds
+// the response breaking a rule keeps why in `refusal` and stops the transfer.
+struct Exchange {
+  const HttpsRequest* request = nullptr;
+  HttpsResponse response;
+  int section_lines = 0;
+  size_t section_bytes = 0;
+  std::optional<absl::Status> refusal;
+  std::ifstream body_file;
+  absl::string_view body_left;  // of request->body, when no file is sent
 };
 
-absl::StatusOr<std::unique_ptr<Connection>> Connect(const HttpsUrl& url,
-                                                    std::chrono::seconds idle_timeout) {
-  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> context(SSL_CTX_new(TLS_client_method()),
-                                                            SSL_CTX_free);
-  if (context == nullptr) return absl::InternalError("OpenSSL: " + OpenSslError());
-  SSL_CTX_set_min_proto_version(context.get(), TLS1_2_VERSION);
-  SSL_CTX_set_verify(context.get(), SSL_VERIFY_PEER, nullptr);
-  SSL_CTX_set_default_verify_paths(context.get());
-  BIO* bio = BIO_new_ssl_connect(context.get());
-  if (bio == nullptr) return absl::InternalError("OpenSSL: " + OpenSslError());
-  auto connection = std::make_unique<Connection>(std::move(context), bio);
-  SSL* ssl = nullptr;
-  BIO_get_ssl(bio, &ssl);
-  SSL_set_mode(ssl, SSL_MODE_AUTO_RETRY);
-  const std::string where = absl::StrContains(url.host, ':')
-                                ? absl::StrCat("[", url.host, "]:", url.port)  // IPv6
-                                : absl::StrCat(url.host, ":", url.port);
-  BIO_set_conn_hostname(bio, where.c_str());
-  // The name the certificate must carry: a DNS name, or an IP address.
-  X509_VERIFY_PARAM* verify = SSL_get0_param(ssl);
-  if (X509_VERIFY_PARAM_set1_ip_asc(verify, url.host.c_str()) != 1) {
-    ERR_clear_error();
-    SSL_set_tlsext_host_name(ssl, url.host.c_str());
-    SSL_set1_host(ssl, url.host.c_str());
+size_t OnHeaderLine(char* data, size_t size, size_t count, void* user) {
+  auto& exchange = *static_cast<Exchange*>(user);
+  const absl::string_view line(data, size * count);
+  const auto refuse = [&](std::string why) {
+    exchange.refusal = absl::DataLossError(std::move(why));
+    return size_t{0};
+  };
+  // libcurl splits lines at LF alone, so a line must end in CRLF and hold no
+  // other CR or LF: another parser would see a line of its own there (a
+  // Location smuggling a header).
+  absl::string_view text = line;
+  if (!absl::ConsumeSuffix(&text, "\r\n") || text.find_first_of("\r\n") != absl::string_view::npos) {
+    return refuse("the server sent a header line holding a bare CR or LF");
   }
-  if (BIO_do_connect(bio) <= 0) {
-    const long verdict = SSL_get_verify_result(ssl);
-    if (verdict != X509_V_OK) {
-      return absl::UnavailableError(absl::StrFormat(
-          "%s's certificate is not trusted (%s); name its CA in SSL_CERT_FILE", where,
-          X509_verify_cert_error_string(verdict)));
+  if (text.empty()) {  // the end of a section: the headers', an interim response's or the trailer's
+    exchange.section_lines = 0;
+    exchange.section_bytes = 0;
+    return line.size();
+  }
+  exchange.section_bytes += line.size();
+  if (++exchange.section_lines > kMaxHeaderLines || exchange.section_bytes > kMaxHeaderBytes) {
+    return refuse(absl::StrFormat("the server sent more than %d header lines or %d KiB of them",
+                                  kMaxHeaderLines, kMaxHeaderBytes >> 10));
+  }
+  if (absl::StartsWith(text, "HTTP/")) {  // a status line: what came before was an interim response
+    exchange.response.headers.clear();
+    // OnBody needs the code before libcurl's CURLINFO_RESPONSE_CODE is final.
+    const std::vector<absl::string_view> parts = absl::StrSplit(text, absl::MaxSplits(' ', 2));
+    if (parts.size() < 2 || !absl::SimpleAtoi(parts[1], &exchange.response.status)) {
+      return refuse(absl::StrCat("not an HTTP status line: ", text.substr(0, 80)));
     }
-    return absl::UnavailableError(
-        absl::StrFormat("cannot connect to %s: %s", where, OpenSslError()));
+    return line.size();
   }
-  int socket = -1;
-  BIO_get_fd(bio, &socket);
-  if (socket >= 0) {
-    platform::SetSocketIoTimeout(socket, absl::FromChrono(idle_timeout)).IgnoreError();
+  const size_t colon = text.find(':');
+  if (colon != absl::string_view::npos) {
+    exchange.response.headers[absl::AsciiStrToLower(text.substr(0, colon))] =
+        std::string(absl::StripAsciiWhitespace(text.substr(colon + 1)));
   }
-  return connection;
+  return line.size();
 }
 
-// A header (or trailer) section's lines into `headers` (names in lower case;
-// none kept when null). A section over kMaxHeaderBytes or kMaxHeaderLines, or
-// a line holding a bare CR or LF (which another parser would take for a line
-// of its own: a Location smuggling a header), is refused.
-absl::Status ReadHeaderLines(Connection& connection, std::map<std::string, std::string>* headers) {
-  size_t bytes = 0;
-  for (int lines = 0;; ++lines) {
-    ASSIGN_OR_RETURN(std::string line, connection.ReadLine());
-    if (line.empty()) return absl::OkStatus();
-    bytes += line.size() + 2;
-    if (lines >= kMaxHeaderLines || bytes > kMaxHeaderBytes) {
-      return absl::DataLossError(absl::StrFormat(
-          "the server sent more than %d header lines or %d KiB of them", kMaxHeaderLines, kMaxHeaderBytes >> 10));
+size_t OnBody(char* data, size_t size, size_t count, void* user) {
+  auto& exchange = *static_cast<Exchange*>(user);
+  const absl::string_view piece(data, size * count);
+  HttpsResponse& response = exchange.response;
+  if (exchange.request->on_body && response.status / 100 == 2) {
+    absl::Status used = exchange.request->on_body(piece);
+    if (!used.ok()) {
+      exchange.refusal = std::move(used);
+      return 0;
     }
-    if (line.find_first_of("\r\n") != std::string::npos) {
-      return absl::DataLossError("the server sent a header line holding a bare CR or LF");
-    }
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos || headers == nullptr) continue;
-    (*headers)[absl::AsciiStrToLower(line.substr(0, colon))] =
-        std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+  } else if (response.body.size() < kKeptBodyBytes) {
+    absl::StrAppend(&response.body, piece.substr(0, kKeptBodyBytes - response.body.size()));
   }
+  return piece.size();
 }
 
-absl::Status ReadBody(Connection& connection, const HttpsResponse& response,
-                      const std::function<absl::Status(absl::string_view)>& use) {
-  if (absl::AsciiStrToLower(response.Header("transfer-encoding")) == "chunked") {
-    while (true) {
-      ASSIGN_OR_RETURN(std::string size_line, connection.ReadLine());
-      uint64_t size = 0;
-      const std::string hex(absl::StripAsciiWhitespace(size_line.substr(0, size_line.find(';'))));
-      if (!absl::SimpleHexAtoi(hex, &size)) {
-        return absl::DataLossError("the server sent a malformed chunk size");
-      }
-      if (size == 0) break;
-      while (size > 0) {
-        ASSIGN_OR_RETURN(std::string data, connection.Read(std::min<uint64_t>(size, kChunkBytes)));
-        if (data.empty()) return absl::UnavailableError("the server closed the connection mid-body");
-        size -= data.size();
-        RETURN_IF_ERROR(use(data));
-      }
-      ASSIGN_OR_RETURN(std::string end_of_chunk, connection.ReadLine());
-      if (!end_of_chunk.empty()) {
-        return absl::DataLossError("the server sent a chunk that does not end where its size says");
-      }
-    }
-    return ReadHeaderLines(connection, nullptr);  // trailers
+size_t OnUpload(char* buffer, size_t size, size_t count, void* user) {
+  auto& exchange = *static_cast<Exchange*>(user);
+  const size_t room = size * count;
+  if (exchange.body_file.is_open()) {
+    exchange.body_file.read(buffer, static_cast<std::streamsize>(room));
+    if (exchange.body_file.bad()) return CURL_READFUNC_ABORT;
+    return static_cast<size_t>(exchange.body_file.gcount());
   }
-  const std::string length_text = response.Header("content-length");
-  uint64_t length = 0;
-  const bool has_length = absl::SimpleAtoi(length_text, &length);
-  while (!has_length || length > 0) {
-    ASSIGN_OR_RETURN(std::string data,
-                     connection.Read(has_length ? std::min<uint64_t>(length, kChunkBytes) : kChunkBytes));
-    if (data.empty()) {
-      if (has_length) return absl::UnavailableError("the server closed the connection mid-body");
-      break;
-    }
-    if (has_length) length -= data.size();
-    RETURN_IF_ERROR(use(data));
-  }
-  return absl::OkStatus();
+  const size_t taken = std::min(room, exchange.body_left.size());
+  std::copy_n(exchange.body_left.data(), taken, buffer);
+  exchange.body_left.remove_prefix(taken);
+  return taken;
 }
+
+bool BreaksLines(absl::string_view text) {
+  return text.find_first_of(absl::string_view("\r\n\0", 3)) != absl::string_view::npos;
+}
+
+std::string HostOf(absl::string_view url) {
+  absl::ConsumePrefix(&url, "https://");
+  return std::string(url.substr(0, url.find('/')));
+}
+
+void InitializeCurlOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct CurlDeleter {
+  void operator()(CURL* handle) const { curl_easy_cleanup(handle); }
+  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
+};
 
 }  // namespace
 
-absl::StatusOr<HttpsUrl> ParseHttpsUrl(absl::string_view url) {
-  if (!absl::ConsumePrefix(&url, "https://")) {
-    return absl::InvalidArgumentError(absl::StrCat(url, ": only https:// URLs are fetched"));
+absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request, std::chrono::seconds idle_timeout) {
+  if (!absl::StartsWith(request.url, "https://") || HostOf(request.url).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(request.url, ": only https:// URLs with a host are fetched"));
   }
-  HttpsUrl parsed;
-  const size_t slash = url.find('/');
-  const absl::string_view authority = url.substr(0, slash);
-  parsed.target = slash == absl::string_view::npos ? "/" : std::string(url.substr(slash));
-  const std::optional<platform::HostPort> split = platform::SplitHostPort(authority);
-  if (split.has_value()) {
-    parsed.host = split->host;
-    parsed.port = absl::StrCat(split->port);
-  } else {
-    parsed.host = std::string(authority);
-    parsed.port = "443";
-  }
-  if (parsed.host.empty()) return absl::InvalidArgumentError(absl::StrCat(url, ": no host"));
-  return parsed;
-}
-
-absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request,
-                                        std::chrono::seconds idle_timeout) {
-  ASSIGN_OR_RETURN(HttpsUrl url, ParseHttpsUrl(request.url));
-  // What is written goes out as it is: a CR, LF or NUL in it (a Location, a
-  // token from elsewhere) would end a line early and add one of its own.
-  const auto breaks_lines = [](absl::string_view text) {
-    return text.find_first_of(absl::string_view("\r\n\0", 3)) != absl::string_view::npos;
-  };
-  bool clean = !breaks_lines(request.method) && !breaks_lines(request.url);
-  for (const auto& [name, value] : request.headers) clean = clean && !breaks_lines(name) && !breaks_lines(value);
+  const std::string host = HostOf(request.url);
+  // libcurl refuses a CR or LF in a header it is given, but not in a URL's
+  // path; neither is ever sent.
+  bool clean = !BreaksLines(request.method) && !BreaksLines(request.url);
+  for (const auto& [name, value] : request.headers) clean = clean && !BreaksLines(name) && !BreaksLines(value);
   if (!clean) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "a request to %s:%s would hold a CR, LF or NUL in its URL or a header; not sent", url.host, url.port));
+        "a request to %s would hold a CR, LF or NUL in its URL or a header; not sent", host));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Connection> connection, Connect(url, idle_timeout));
+  InitializeCurlOnce();
+  std::unique_ptr<CURL, CurlDeleter> curl(curl_easy_init());
+  if (curl == nullptr) return absl::ResourceExhaustedError("libcurl could not make a handle");
+  CURL* handle = curl.get();
+
+  Exchange exchange;
+  exchange.request = &request;
   uint64_t body_size = request.body.size();
-  std::ifstream body_file;
   if (!request.body_file.empty()) {
     std::error_code error;
     body_size = std::filesystem::file_size(request.body_file, error);
-    body_file.open(request.body_file, std::ios::binary);
-    if (error || !body_file) {
+    exchange.body_file.open(request.body_file, std::ios::binary);
+    if (error || !exchange.body_file) {
       return absl::InvalidArgumentError(absl::StrCat("cannot read ", request.body_file.string()));
     }
-  }
-  std::string head = absl::StrFormat("%s %s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n",
-                                     request.method, url.target, url.host, url.port);
-  for (const auto& [name, value] : request.headers) absl::StrAppend(&head, name, ": ", value, "\r\n");
-  if (body_size > 0 || request.method == "PUT" || request.method == "POST") {
-    absl::StrAppend(&head, "Content-Length: ", body_size, "\r\n");
-  }
-  absl::StrAppend(&head, "\r\n");
-  RETURN_IF_ERROR(connection->Write(head));
-  if (!request.body_file.empty()) {
-    std::string chunk(kChunkBytes, '\0');
-    while (body_file) {
-      body_file.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-      RETURN_IF_ERROR(connection->Write(absl::string_view(chunk.data(), static_cast<size_t>(body_file.gcount()))));
-    }
   } else {
-    RETURN_IF_ERROR(connection->Write(request.body));
+    exchange.body_left = request.body;
   }
 
-  HttpsResponse response;
-  ASSIGN_OR_RETURN(std::string status_line, connection->ReadLine());
-  std::vector<absl::string_view> parts = absl::StrSplit(status_line, absl::MaxSplits(' ', 2));
-  if (parts.size() < 2 || !absl::StartsWith(parts[0], "HTTP/1.") ||
-      !absl::SimpleAtoi(parts[1], &response.status)) {
-    return absl::DataLossError(absl::StrCat("not an HTTP response: ", status_line.substr(0, 80)));
-  }
-  RETURN_IF_ERROR(ReadHeaderLines(*connection, &response.headers));
-  if (request.method == "HEAD" || response.status == 204 || response.status == 304) return response;
-  const bool streamed = request.on_body && response.status / 100 == 2;
-  RETURN_IF_ERROR(ReadBody(*connection, response, [&](absl::string_view data) -> absl::Status {
-    if (streamed) return request.on_body(data);
-    if (response.body.size() < kKeptBodyBytes) {
-      absl::StrAppend(&response.body, data.substr(0, kKeptBodyBytes - response.body.size()));
+  std::unique_ptr<curl_slist, CurlDeleter> headers;
+  const auto add_header = [&](const std::string& line) {
+    curl_slist* longer = curl_slist_append(headers.get(), line.c_str());
+    if (longer != nullptr) {
+      (void)headers.release();
+      headers.reset(longer);
     }
-    return absl::OkStatus();
-  }));
-  return response;
+  };
+  // libcurl would otherwise wait a second for "100 Continue" before each
+  // upload, which registries do not all send.
+  add_header("Expect:");
+  for (const auto& [name, value] : request.headers) {
+    // "Name:" with nothing after it would remove the header; "Name;" sends it empty.
+    add_header(value.empty() ? absl::StrCat(name, ";") : absl::StrCat(name, ": ", value));
+  }
+
+  char error_text[CURL_ERROR_SIZE] = {};
+  curl_easy_setopt(handle, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(handle, CURLOPT_PROTOCOLS_STR, "https");
+  curl_easy_setopt(handle, CURLOPT_ERRORBUFFER, error_text);
+  curl_easy_setopt(handle, CURLOPT_NOSIGNAL, 1L);  // kilnd's threads: no SIGALRM for DNS timeouts
+  curl_easy_setopt(handle, CURLOPT_HTTPHEADER, headers.get());
+  curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, OnHeaderLine);
+  curl_easy_setopt(handle, CURLOPT_HEADERDATA, &exchange);
+  curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, OnBody);
+  curl_easy_setopt(handle, CURLOPT_WRITEDATA, &exchange);
+  curl_easy_setopt(handle, CURLOPT_CONNECTTIMEOUT, static_cast<long>(idle_timeout.count()));
+  // Stalled: under one byte a second for the whole idle time.
+  curl_easy_setopt(handle, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(handle, CURLOPT_LOW_SPEED_TIME, static_cast<long>(idle_timeout.count()));
+  curl_easy_setopt(handle, CURLOPT_SSLVERSION, static_cast<long>(CURL_SSLVERSION_TLSv1_2));
+  // Schannel (Windows) fails a certificate whose revocation list cannot be
+  // fetched, which a registry behind a firewall or a private CA often has;
+  // a revoked one still fails. OpenSSL's libcurl does not check revocation.
+  curl_easy_setopt(handle, CURLOPT_SSL_OPTIONS, static_cast<long>(CURLSSLOPT_REVOKE_BEST_EFFORT));
+  if (const char* file = std::getenv("SSL_CERT_FILE"); file != nullptr && *file != '\0') {
+    curl_easy_setopt(handle, CURLOPT_CAINFO, file);
+  }
+  if (const char* directory = std::getenv("SSL_CERT_DIR"); directory != nullptr && *directory != '\0') {
+    curl_easy_setopt(handle, CURLOPT_CAPATH, directory);
+  }
+
+  if (request.method == "HEAD") {
+    curl_easy_setopt(handle, CURLOPT_NOBODY, 1L);
+  } else if (request.method != "GET") {
+    curl_easy_setopt(handle, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+  }
+  if (body_size > 0 || request.method == "PUT" || request.method == "POST" || request.method == "PATCH") {
+    // An upload (sent as `method`, with its Content-Length) whatever the method.
+    curl_easy_setopt(handle, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(handle, CURLOPT_READFUNCTION, OnUpload);
+    curl_easy_setopt(handle, CURLOPT_READDATA, &exchange);
+    curl_easy_setopt(handle, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(body_size));
+  }
+
+  const CURLcode done = curl_easy_perform(handle);
+  if (exchange.refusal.has_value()) return *std::move(exchange.refusal);
+  const std::string detail = error_text[0] != '\0' ? error_text : curl_easy_strerror(done);
+  switch (done) {
+    case CURLE_OK:
+      break;
+    case CURLE_OPERATION_TIMEDOUT:
+      return absl::DeadlineExceededError(absl::StrFormat("%s stopped answering (%s)", host, detail));
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+      return absl::UnavailableError(absl::StrFormat("cannot connect to %s: %s", host, detail));
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CONNECT_ERROR:
+      return absl::UnavailableError(absl::StrFormat(
+          "%s's certificate is not trusted, or TLS failed (%s); add its CA to the system's trusted "
+          "CAs, or name it in SSL_CERT_FILE",
+          host, detail));
+    case CURLE_RECV_ERROR:
+      if (absl::StrContains(detail, "chunked")) {
+        return absl::DataLossError(absl::StrFormat("%s sent malformed chunked encoding (%s)", host, detail));
+      }
+      return absl::UnavailableError(absl::StrFormat("%s: %s", host, detail));
+    case CURLE_OUT_OF_MEMORY:  // also what libcurl says of a header line over its 100 KiB
+      return absl::DataLossError(absl::StrFormat(
+          "%s sent a header line longer than 64 KiB, or this process ran out of memory (%s)", host, detail));
+    case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_TOO_MANY_REDIRECTS:
+      return absl::DataLossError(absl::StrFormat("%s sent what is not a valid HTTP response (%s)", host, detail));
+    default:
+      return absl::UnavailableError(absl::StrFormat("%s: %s", host, detail));
+  }
+  long status = 0;
+  curl_easy_getinfo(handle, CURLINFO_RESPONSE_CODE, &status);
+  exchange.response.status = static_cast<int>(status);
+  return std::move(exchange.response);
 }
 
 }  // namespace kiln

@@ -1,12 +1,17 @@
 #ifndef KILN_CLIENT_HTTPS_CLIENT_H_
 #define KILN_CLIENT_HTTPS_CLIENT_H_
 
-// HTTPS requests, HTTP/1.1 over OpenSSL, a connection per request: what
-// `kiln push` and `kiln pull` need to speak an OCI registry's distribution API,
-// on Linux and Windows alike (OpenSSL's connect BIO holds the sockets), with no
-// dependency beyond the OpenSSL that kiln links already. Servers are verified
-// against OpenSSL's default CA locations, which SSL_CERT_FILE and SSL_CERT_DIR
-// name; there is no plain HTTP.
+// HTTPS requests through libcurl: what `kiln push`, `kiln pull` and kilnd's
+// subscriptions need to speak an OCI registry's distribution API. On Linux
+// libcurl uses OpenSSL and the system's CA bundle; on Windows it uses
+// Schannel and the Windows certificate store. SSL_CERT_FILE and SSL_CERT_DIR,
+// where set, name the CAs instead (as OpenSSL's own tools read them). There
+// is no plain HTTP, and redirects are the caller's: a registry's credentials
+// must not follow a redirect to the blob storage it names.
+//
+// A response is checked beyond what libcurl checks, since registries are
+// servers Kiln does not control: at most 256 header (or trailer) lines of at
+// most 64 KiB in all, and no line holding a bare CR or LF.
 
 #include <chrono>
 #include <filesystem>
@@ -43,17 +48,12 @@ struct HttpsResponse {
 };
 
 // UNAVAILABLE when the server cannot be reached or verified (naming why),
-// DEADLINE_EXCEEDED when it stops answering for `idle_timeout`.
+// DEADLINE_EXCEEDED when it stops answering for `idle_timeout`, DATA_LOSS
+// when its response breaks the rules above or HTTP's framing,
+// INVALID_ARGUMENT for a URL that is not https:// or a request whose URL or
+// headers hold a CR, LF or NUL (never sent).
 absl::StatusOr<HttpsResponse> SendHttps(
     const HttpsRequest& request, std::chrono::seconds idle_timeout = std::chrono::seconds(60));
-
-// `url` parsed: ("HOST", "PORT", "/PATH?QUERY"); INVALID_ARGUMENT unless https.
-struct HttpsUrl {
-  std::string host;
-  std::string port;
-  std::string target;
-};
-absl::StatusOr<HttpsUrl> ParseHttpsUrl(absl::string_view url);
 
 }  // namespace kiln
 
