@@ -40,14 +40,20 @@ def _openssl(*args, cwd):
     subprocess.run(["openssl", *map(str, args)], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
+def make_ca(directory):
+    """A CA of the test's own: directory/ca.pem and its key, ca.key."""
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+             "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=registry-ca", cwd=directory)
+    return Path(directory) / "ca.pem"
+
+
 def start(directory, token=False):
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
-             "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=registry-ca", cwd=directory)
+    make_ca(directory)
     _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key",
              "-out", "server.csr", "-subj", "/CN=127.0.0.1", cwd=directory)
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "server.pem", "-days", "2", "-extfile", "server.ext", cwd=directory)
     htpasswd = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], check=True, capture_output=True, text=True)

@@ -94,7 +94,8 @@ class TokenServer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(tls_cert, tls_key)
         self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
-        self.realm = f"https://127.0.0.1:{self._httpd.server_address[1]}/token"
+        # By name: Schannel (kiln.exe) matches a certificate to DNS names only.
+        self.realm = f"https://localhost:{self._httpd.server_address[1]}/token"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 

@@ -12,10 +12,10 @@
 # Source package and version, from the Linux build's installed -dev packages;
 # built in this order where their needs allow (the longest first: gRPC waits
 # for OpenSSL and protobuf).
-libraries=(openssl abseil zlib protobuf c-ares re2 grpc sqlite3 libzstd fmtlib spdlog)
+libraries=(openssl abseil zlib protobuf c-ares re2 grpc sqlite3 libzstd fmtlib spdlog curl)
 declare -A dev_package=([zlib]=zlib1g-dev [c-ares]=libc-ares-dev [re2]=libre2-dev [openssl]=libssl-dev
   [abseil]=libabsl-dev [protobuf]=libprotobuf-dev [grpc]=libgrpc++-dev [sqlite3]=libsqlite3-dev
-  [libzstd]=libzstd-dev [fmtlib]=libfmt-dev [spdlog]=libspdlog-dev)
+  [libzstd]=libzstd-dev [fmtlib]=libfmt-dev [spdlog]=libspdlog-dev [curl]=libcurl4-openssl-dev)
 # What each library finds in the prefix when it is configured; the others
 # build beside it.
 declare -A needs=([protobuf]="zlib abseil" [grpc]="zlib c-ares re2 openssl abseil protobuf" [spdlog]=fmtlib)
@@ -164,4 +164,14 @@ build_fmtlib() {
 build_spdlog() {
   cmake_build spdlog "$(source_of spdlog)" -DSPDLOG_FMT_EXTERNAL=ON -DSPDLOG_BUILD_EXAMPLE=OFF \
     -DSPDLOG_BUILD_TESTS=OFF -DSPDLOG_BUILD_SHARED=OFF
+}
+
+build_curl() {
+  # HTTPS alone, over Schannel: Windows' own TLS, which checks certificates
+  # against the Windows certificate store (the Linux build's libcurl uses
+  # OpenSSL). Names resolve on libcurl's own thread; nothing else is linked.
+  cmake_build curl "$(source_of curl)" -DCURL_USE_SCHANNEL=ON -DCURL_USE_OPENSSL=OFF -DHTTP_ONLY=ON \
+    -DBUILD_CURL_EXE=OFF -DBUILD_TESTING=OFF -DENABLE_MANUAL=OFF -DCURL_USE_LIBSSH2=OFF -DUSE_NGHTTP2=OFF \
+    -DCURL_ZLIB=OFF -DCURL_BROTLI=OFF -DCURL_ZSTD=OFF -DUSE_LIBIDN2=OFF -DENABLE_ARES=OFF \
+    -DCURL_DISABLE_LDAP=ON -DENABLE_UNIX_SOCKETS=OFF
 }

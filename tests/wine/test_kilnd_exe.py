@@ -3,9 +3,13 @@ kiln.exe inside it, under Wine: kilnd.exe on its per-user defaults
 (%LOCALAPPDATA%\\kiln, a 127.0.0.1 endpoint file with a token), kiln.exe
 reaching it through that file."""
 
+import base64
 import hashlib
+import json
 import os
 import re
+import ssl
+import struct
 import subprocess
 import time
 import zipfile
@@ -16,6 +20,7 @@ from kiln.service import paths as _paths
 from kiln.service import connection as _service
 
 import registry_server
+import token_server
 from bundle_files import publisher_key, write_bundle
 from conftest import linux_path, local_app_data, new_wine_prefix, runner, start_persistent_wineserver, windows_path
 
@@ -197,24 +202,54 @@ def test_a_bundle_signed_on_linux_imports_from_a_trusted_key_and_brings_nothing_
     assert (out / "k.cubin").read_bytes() == cubin
 
 
-def test_kiln_exe_pushes_a_bundle_to_a_registry_and_pulls_it_into_kilnd_exe(wine, kilnd, binaries, tmp_path):
-    """kiln.exe speaks the registry's API itself (OpenSSL, Winsock): a signed
-    bundle pushed over TLS with docker's login, pulled by digest into kilnd.exe."""
-    registry = registry_server.start(tmp_path / "registry")
+def trust_in_the_windows_certificate_store(wine, ca_pem):
+    """Adds the CA to the prefix's machine Root store, as certutil -addstore
+    Root would: its registry key, named by the certificate's SHA-1, holds the
+    DER certificate as a serialized property (CERT_CERT_PROP_ID, 32)."""
+    der = ssl.PEM_cert_to_DER_cert(ca_pem.read_text())
+    blob = struct.pack("<III", 32, 1, len(der)) + der
+    key = ("HKLM\\Software\\Microsoft\\SystemCertificates\\Root\\Certificates\\"
+           + hashlib.sha1(der).hexdigest().upper())
+    subprocess.run(["wine", "reg", "add", key, "/v", "Blob", "/t", "REG_BINARY", "/d", blob.hex(), "/f"],
+                   env=wine, check=True, capture_output=True, timeout=120)
+
+
+def test_kiln_exe_pushes_through_a_token_service_and_pulls_into_kilnd_exe_trusting_the_windows_certificate_store(
+        wine, kilnd, binaries, tmp_path):
+    """kiln.exe speaks the registry's API through libcurl over Schannel. With
+    no SSL_CERT_FILE it trusts the Windows certificate store, where the test
+    puts its CA; a signed bundle is pushed with docker's login traded for a
+    token, and pulled by digest into kilnd.exe. Wine's Schannel leaves a
+    certificate unchecked when the system is to check it (Windows' checks it
+    against the store), so the refusal is shown where libcurl checks the chain
+    itself: SSL_CERT_FILE naming another CA."""
+    registry = registry_server.start(tmp_path / "registry", token=True)
     try:
+        address = registry.address.replace("127.0.0.1", "localhost")
         private, public, key_id = publisher_key(tmp_path)
         cubin = os.urandom(7000)
         bundle = tmp_path / "pushed.kilnbundle"
         write_bundle(bundle, [("wine-registry", "pulled", {"k.cubin": cubin})], signer=private)
         trusted_bundle_keys(wine).write_text(public.read_text())
-        kiln = runner(dict(wine, SSL_CERT_FILE=windows_path(registry.ca),
-                           DOCKER_CONFIG=windows_path(registry_server.docker_config(tmp_path / "docker",
-                                                                                    registry.address))),
-                      binaries[1])
-        pushed = kiln("push", windows_path(bundle), f"{registry.address}/wine/kernels:v1")
+        login = base64.b64encode(f"{token_server.USER}:{token_server.PASSWORD}".encode()).decode()
+        docker = tmp_path / "docker"
+        docker.mkdir()
+        (docker / "config.json").write_text(json.dumps({"auths": {address: {"auth": login}}}))
+        environment = {name: value for name, value in wine.items() if name not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+        kiln = runner(dict(environment, DOCKER_CONFIG=windows_path(docker)), binaries[1])
+
+        (tmp_path / "other").mkdir()
+        other_ca = registry_server.make_ca(tmp_path / "other")
+        untrusted = runner(dict(environment, SSL_CERT_FILE=windows_path(other_ca), DOCKER_CONFIG=windows_path(docker)),
+                           binaries[1])("push", windows_path(bundle), f"{address}/wine/kernels:v1", check=False)
+        assert untrusted.returncode != 0 and "certificate is not trusted" in untrusted.stderr, untrusted
+
+        trust_in_the_windows_certificate_store(wine, registry.ca)
+        pushed = kiln("push", windows_path(bundle), f"{address}/wine/kernels:v1")
         assert f"signed by key {key_id}" in pushed.stdout, pushed.stdout
+        assert registry.tokens.scopes_asked()[-1] == ["repository:wine/kernels:pull,push"]
         digest = pushed.stdout.strip().rsplit("@", 1)[1]
-        pulled = kiln("pull", f"{registry.address}/wine/kernels@{digest}")
+        pulled = kiln("pull", f"{address}/wine/kernels@{digest}")
         assert "which kilnd trusts" in pulled.stdout and "stored 1," in pulled.stdout, pulled.stdout
         out = tmp_path / "out"
         kiln("get", "wine-registry", "pulled", "-o", windows_path(out))
