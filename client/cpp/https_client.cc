@@ -163,19 +163,24 @@ absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request, std::chrono
   }
 
   std::unique_ptr<curl_slist, CurlDeleter> headers;
+  // A header left off (an Authorization) would turn into a misleading
+  // refusal from the registry, so a failed append fails the request.
   const auto add_header = [&](const std::string& line) {
     curl_slist* longer = curl_slist_append(headers.get(), line.c_str());
-    if (longer != nullptr) {
-      (void)headers.release();
-      headers.reset(longer);
-    }
+    if (longer == nullptr) return false;
+    (void)headers.release();
+    headers.reset(longer);
+    return true;
   };
   // libcurl would otherwise wait a second for "100 Continue" before each
   // upload, which registries do not all send.
-  add_header("Expect:");
+  bool all_headers = add_header("Expect:");
   for (const auto& [name, value] : request.headers) {
     // "Name:" with nothing after it would remove the header; "Name;" sends it empty.
-    add_header(value.empty() ? absl::StrCat(name, ";") : absl::StrCat(name, ": ", value));
+    all_headers = all_headers && add_header(value.empty() ? absl::StrCat(name, ";") : absl::StrCat(name, ": ", value));
+  }
+  if (!all_headers) {
+    return absl::ResourceExhaustedError(absl::StrFormat("out of memory making the headers of a request to %s", host));
   }
 
   char error_text[CURL_ERROR_SIZE] = {};
@@ -198,10 +203,20 @@ absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request, std::chrono
   // a revoked one still fails. OpenSSL's libcurl does not check revocation.
   curl_easy_setopt(handle, CURLOPT_SSL_OPTIONS, static_cast<long>(CURLSSLOPT_REVOKE_BEST_EFFORT));
   if (const char* file = std::getenv("SSL_CERT_FILE"); file != nullptr && *file != '\0') {
-    curl_easy_setopt(handle, CURLOPT_CAINFO, file);
+    if (curl_easy_setopt(handle, CURLOPT_CAINFO, file) != CURLE_OK) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "SSL_CERT_FILE names %s, but this build's TLS cannot read a CA file; unset it", file));
+    }
   }
   if (const char* directory = std::getenv("SSL_CERT_DIR"); directory != nullptr && *directory != '\0') {
-    curl_easy_setopt(handle, CURLOPT_CAPATH, directory);
+    // Schannel (Windows) has no directory of CAs. Leaving the variable unread
+    // would trust other CAs than the user named, so it is refused instead.
+    if (curl_easy_setopt(handle, CURLOPT_CAPATH, directory) != CURLE_OK) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "SSL_CERT_DIR names %s, but this build's TLS cannot read a directory of CAs; name a PEM file "
+          "in SSL_CERT_FILE instead, or add the CA to the system's certificate store",
+          directory));
+    }
   }
 
   if (request.method == "HEAD") {

@@ -4,8 +4,8 @@
 // HTTPS requests through libcurl: what `kiln push`, `kiln pull` and kilnd's
 // subscriptions need to speak an OCI registry's distribution API. On Linux
 // libcurl uses OpenSSL and the system's CA bundle; on Windows it uses
-// Schannel and the Windows certificate store. SSL_CERT_FILE and SSL_CERT_DIR,
-// where set, name the CAs instead (as OpenSSL's own tools read them). There
+// Schannel and the Windows certificate store. SSL_CERT_FILE (and on Linux
+// SSL_CERT_DIR; Windows refuses it), where set, name the CAs instead. There
 // is no plain HTTP, and redirects are the caller's: a registry's credentials
 // must not follow a redirect to the blob storage it names.
 //

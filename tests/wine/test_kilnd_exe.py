@@ -243,6 +243,11 @@ def test_kiln_exe_pushes_through_a_token_service_and_pulls_into_kilnd_exe_trusti
         untrusted = runner(dict(environment, SSL_CERT_FILE=windows_path(other_ca), DOCKER_CONFIG=windows_path(docker)),
                            binaries[1])("push", windows_path(bundle), f"{address}/wine/kernels:v1", check=False)
         assert untrusted.returncode != 0 and "certificate is not trusted" in untrusted.stderr, untrusted
+        # Schannel has no directory of CAs: refused, not left unread.
+        directory = runner(dict(environment, SSL_CERT_DIR=windows_path(tmp_path / "other"),
+                                DOCKER_CONFIG=windows_path(docker)),
+                           binaries[1])("push", windows_path(bundle), f"{address}/wine/kernels:v1", check=False)
+        assert directory.returncode != 0 and "cannot read a directory of CAs" in directory.stderr, directory
 
         trust_in_the_windows_certificate_store(wine, registry.ca)
         pushed = kiln("push", windows_path(bundle), f"{address}/wine/kernels:v1")
