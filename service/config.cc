@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "absl/strings/ascii.h"
+#include "absl/time/time.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -143,6 +144,33 @@ const std::vector<Setting>& Settings() {
        ByteSize(&Config::inline_threshold)},
       {"zstd_level", "zstd level for stored blobs, 0 to store uncompressed (1)",
        Integer(&Config::zstd_level, 0, 19)},
+      {"bundle_sources",
+       "bundles to import and keep up to date: OCI references (REGISTRY/REPOSITORY:TAG) or "
+       "absolute directories of .kilnbundle files, separated by commas (repeatable); imported "
+       "under trusted_bundle_keys as `kiln import` would",
+       [](absl::string_view value, Config& config) {
+         for (absl::string_view source : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+           config.bundle_sources.emplace_back(absl::StripAsciiWhitespace(source));
+         }
+         return absl::OkStatus();
+       }},
+      {"bundle_refresh", "how often bundle_sources are checked: 90s, 30m, 1h or seconds (1h)",
+       [](absl::string_view value, Config& config) {
+         absl::Duration refresh;
+         int seconds = 0;
+         if (absl::SimpleAtoi(value, &seconds)) {
+           refresh = absl::Seconds(seconds);
+         } else if (!absl::ParseDuration(value, &refresh)) {
+           return absl::InvalidArgumentError(
+               absl::StrFormat("'%s' is not a duration; write 90s, 30m, 1h or a number of seconds", value));
+         }
+         if (refresh < absl::Seconds(1) || refresh > absl::Hours(24 * 7)) {
+           return absl::InvalidArgumentError(
+               absl::StrFormat("'%s' is not from 1s to 168h", value));
+         }
+         config.bundle_refresh_seconds = static_cast<int>(absl::ToInt64Seconds(refresh));
+         return absl::OkStatus();
+       }},
       {"toolchain", "a Python with triton installed to compile with (repeatable)",
        [](absl::string_view value, Config& config) {
          config.toolchains.emplace_back(value);

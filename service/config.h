@@ -52,6 +52,11 @@ struct Config {
   // they are (but for native code); others bring only kernels kilnd compiles.
   // Read at each import.
   std::string trusted_bundle_keys;
+  // Bundles kilnd imports by itself and keeps up to date (bundle_subscription.h):
+  // OCI references and absolute directories, checked at start and then
+  // every bundle_refresh.
+  std::vector<std::string> bundle_sources;
+  int bundle_refresh_seconds = 3600;
   // Connections to kilnd with no call in progress for this long are closed
   // (some after half of it; clients connect again when they next call), and
   // at most this many are open on the tcp_listen listener at once; more are

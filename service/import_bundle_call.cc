@@ -2,7 +2,8 @@
 // kilnd's own (memory holds one message), then imported from that file on a
 // thread of the call's own (service/bundle_import.h): an import that compiles
 // a bundle's kernels may take minutes, and must not hold a thread of the pool
-// that serves puts.
+// that serves puts. The import itself (ImportBundleFileFor) is also what a
+// subscription runs (ImportBundleAsOwner).
 
 #include <filesystem>
 #include <fstream>
@@ -105,55 +106,8 @@ class KilnService::ImportBundleCall final
 
  private:
   void Import() {
-    absl::StatusOr<std::vector<Ed25519PublicKey>> keys =
-        LoadTrustedBundleKeys(service_.trusted_bundle_keys_);
-    if (!keys.ok()) {
-      Done(absl::FailedPreconditionError(
-          absl::StrCat(keys.status().message(), "; nothing was imported")));
-      return;
-    }
-    const BundleImportContext context{
-        .store = service_.store_,
-        .scoped = [this](absl::string_view ns) { return ScopedNamespace(caller_, ns); },
-        .compile =
-            [this](v1::PrewarmRequest request, std::function<void(absl::Status)> done) {
-              auto prewarm = std::make_shared<v1::PrewarmResponse>();
-              service_.StartPrewarm(
-                  caller_, std::move(request), prewarm.get(),
-                  [prewarm, done](const absl::Status& status) {
-                    if (!status.ok()) return done(status);
-                    if (!prewarm->skipped().empty()) {
-                      return done(absl::FailedPreconditionError(prewarm->skipped()));
-                    }
-                    if (prewarm->compile().has_error()) {
-                      return done(absl::AbortedError(prewarm->compile().error().message()));
-                    }
-                    done(absl::OkStatus());
-                  });
-            },
-        .trusted_keys = *std::move(keys),
-        .replace = replace_,
-        // Served before the import answers: the process started after it
-        // finds them.
-        .stored =
-            [this](const std::string& bundle_ns, const std::string& key) {
-              if (!caller_.same_local_user) return;  // only kilnd's own user reads served files
-              const absl::Status served = service_.store_.ServeAsFiles(
-                  ScopedNamespace(caller_, bundle_ns), key, cache::ArtifactStore::AsFiles{bundle_ns});
-              if (!served.ok() && !absl::IsNotFound(served)) {
-                spdlog::warn("import: {}/{} not served as files: {}", bundle_ns, key, served.message());
-              }
-            },
-    };
-    absl::StatusOr<v1::ImportBundleResponse> imported = ImportBundleFile(context, spool_);
-    if (imported.ok()) {
-      *response_ = *std::move(imported);
-      spdlog::info("import: {} entries{}{}: {} stored, {} compiled, {} unchanged, {} conflicts",
-                   response_->entries(),
-                   response_->signed_by().empty() ? "" : ", signed by key ",
-                   response_->signed_by(), response_->stored(), response_->compiled(),
-                   response_->unchanged(), response_->conflicts());
-    }
+    absl::StatusOr<v1::ImportBundleResponse> imported = service_.ImportBundleFileFor(caller_, spool_, replace_);
+    if (imported.ok()) *response_ = *std::move(imported);
     Done(imported.status());
   }
 
@@ -174,6 +128,63 @@ class KilnService::ImportBundleCall final
   bool first_ = true;
   bool replace_ = false;
 };
+
+absl::StatusOr<v1::ImportBundleResponse> KilnService::ImportBundleFileFor(const Caller& caller,
+                                                                         const fs::path& file, bool replace) {
+  absl::StatusOr<std::vector<Ed25519PublicKey>> keys = LoadTrustedBundleKeys(trusted_bundle_keys_);
+  if (!keys.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(keys.status().message(), "; nothing was imported"));
+  }
+  const BundleImportContext context{
+      .store = store_,
+      .scoped = [&caller](absl::string_view ns) { return ScopedNamespace(caller, ns); },
+      .compile =
+          [this, &caller](v1::PrewarmRequest request, std::function<void(absl::Status)> done) {
+            auto prewarm = std::make_shared<v1::PrewarmResponse>();
+            StartPrewarm(caller, std::move(request), prewarm.get(),
+                         [prewarm, done](const absl::Status& status) {
+                           if (!status.ok()) return done(status);
+                           if (!prewarm->skipped().empty()) {
+                             return done(absl::FailedPreconditionError(prewarm->skipped()));
+                           }
+                           if (prewarm->compile().has_error()) {
+                             return done(absl::AbortedError(prewarm->compile().error().message()));
+                           }
+                           done(absl::OkStatus());
+                         });
+          },
+      .trusted_keys = *std::move(keys),
+      .replace = replace,
+      // Served before the import answers: the process started after it
+      // finds them.
+      .stored =
+          [this, &caller](const std::string& bundle_ns, const std::string& key) {
+            if (!caller.same_local_user) return;  // only kilnd's own user reads served files
+            const absl::Status served = store_.ServeAsFiles(ScopedNamespace(caller, bundle_ns), key,
+                                                            cache::ArtifactStore::AsFiles{bundle_ns});
+            if (!served.ok() && !absl::IsNotFound(served)) {
+              spdlog::warn("import: {}/{} not served as files: {}", bundle_ns, key, served.message());
+            }
+          },
+  };
+  absl::StatusOr<v1::ImportBundleResponse> imported = ImportBundleFile(context, file);
+  if (imported.ok()) {
+    spdlog::info("import: {} entries{}{}: {} stored, {} compiled, {} unchanged, {} conflicts",
+                 imported->entries(), imported->signed_by().empty() ? "" : ", signed by key ",
+                 imported->signed_by(), imported->stored(), imported->compiled(), imported->unchanged(),
+                 imported->conflicts());
+  }
+  return imported;
+}
+
+absl::StatusOr<v1::ImportBundleResponse> KilnService::ImportBundleAsOwner(const fs::path& file) {
+  activity_.Begin();  // an idle kilnd does not stop in the middle of it
+  absl::StatusOr<v1::ImportBundleResponse> imported =
+      ImportBundleFileFor(Caller{.trust_domain = std::string(kLocalDomain), .same_local_user = true}, file,
+                          /*replace=*/false);
+  activity_.End();
+  return imported;
+}
 
 grpc::ServerReadReactor<v1::ImportBundleChunk>* KilnService::ImportBundle(
     grpc::CallbackServerContext* context, v1::ImportBundleResponse* response) {

@@ -2,6 +2,7 @@
 #define KILN_SERVICE_KILN_SERVICE_H_
 
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
@@ -10,6 +11,7 @@
 #include "cache/artifact_store.h"
 #include "common/thread_pool.h"
 #include "compiler/toolchains.h"
+#include "service/bundle_subscription.h"
 #include "kiln/v1/kiln.grpc.pb.h"
 #include "service/client_identity.h"
 #include "service/compile_claims.h"
@@ -106,6 +108,13 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerReadReactor<v1::ImportBundleChunk>* ImportBundle(
       grpc::CallbackServerContext* context, v1::ImportBundleResponse* response) override;
 
+  // Imports the bundle file `file` for kilnd's own user, as `kiln import`
+  // does (a subscription's imports); blocks until it is done.
+  absl::StatusOr<v1::ImportBundleResponse> ImportBundleAsOwner(const std::filesystem::path& file);
+
+  // What GetStats reports of bundle_sources; null when there are none.
+  void set_subscriptions(const BundleSubscriptions* subscriptions) { subscriptions_ = subscriptions; }
+
   // The file of PEM public keys whose signed bundles import as they are
   // (trusted_bundle_keys); read at each import.
   void set_trusted_bundle_keys(std::string file) { trusted_bundle_keys_ = std::move(file); }
@@ -127,6 +136,11 @@ class KilnService final : public v1::Kiln::CallbackService {
   void StartPrewarm(const Caller& caller, v1::PrewarmRequest request,
                     v1::PrewarmResponse* response,
                     std::function<void(const absl::Status&)> finish);
+  // ImportBundle's work once the file is received: checked whole, then
+  // stored or compiled as its trust allows, for `caller`.
+  absl::StatusOr<v1::ImportBundleResponse> ImportBundleFileFor(const Caller& caller,
+                                                               const std::filesystem::path& file,
+                                                               bool replace);
   enum class Where { kInline, kBlockingPool };
   class LookupOrClaimCall;  // lookup_or_claim_call.cc
   class ImportBundleCall;   // import_bundle_call.cc
@@ -175,6 +189,7 @@ class KilnService final : public v1::Kiln::CallbackService {
   const std::string executable_;
   const TcpAccess tcp_access_;
   std::string trusted_bundle_keys_;
+  std::atomic<const BundleSubscriptions*> subscriptions_{nullptr};
   const absl::Time started_ = absl::Now();
   RpcStats rpc_stats_;
   CallActivity activity_;

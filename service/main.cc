@@ -19,6 +19,7 @@
 #include "common/subprocess.h"
 #include "compiler/launcher_builder.h"
 #include "compiler/toolchains.h"
+#include "service/bundle_subscription.h"
 #include "service/compile_coordinator.h"
 #include "cache/artifact_store.h"
 #include "common/fmt_absl.h"
@@ -262,6 +263,8 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
         config.tenant_compiles > 0 ? config.tenant_compiles : std::max(1, workers / 2);
   }
   server_options.trusted_bundle_keys = config.trusted_bundle_keys;
+  server_options.bundle_sources = config.bundle_sources;
+  server_options.bundle_refresh = absl::Seconds(config.bundle_refresh_seconds);
   server_options.max_request_size = config.max_request_size;
   server_options.data_dir = config.data_dir.string();
   server_options.served_files_dir = store->served_files_dir().string();
@@ -317,6 +320,11 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
 absl::Status Serve(const Config& config, kiln::platform::ShutdownSignals& signals,
                    const std::function<void()>& ready) {
   RETURN_IF_ERROR(kiln::service::ValidateConfig(config));
+  for (const std::string& source : config.bundle_sources) {
+    if (std::string problem = kiln::service::BundleSourceProblem(source); !problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("bundle_sources: ", problem));
+    }
+  }
   RETURN_IF_ERROR(kiln::service::PrepareDataDirectories(config));
   RETURN_IF_ERROR(ConfigureLogging(config));
   ASSIGN_OR_RETURN(auto lock, kiln::platform::TryLockFile(config.data_dir / "kilnd.lock"));

@@ -1,5 +1,6 @@
 #include "service/metrics_text.h"
 
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -178,6 +179,37 @@ std::string PrometheusText(const v1::GetStatsResponse& stats, const RpcStats& rp
     page.Sample("kiln_rpc_duration_seconds_sum", label, absl::ToDoubleSeconds(cumulative.sum));
     page.Sample("kiln_rpc_duration_seconds_count", label, static_cast<double>(cumulative.count));
   });
+  if (stats.subscriptions_size() > 0) {
+    struct Counter {
+      absl::string_view name, type, help;
+      std::function<double(const v1::BundleSubscription&)> value;
+    };
+    const Counter counters[] = {
+        {"kiln_bundle_source_checks_total", "counter", "Checks of each bundle source.",
+         [](const auto& source) { return static_cast<double>(source.checks()); }},
+        {"kiln_bundle_source_failures_total", "counter", "Checks of each bundle source that failed.",
+         [](const auto& source) { return static_cast<double>(source.failures()); }},
+        {"kiln_bundle_source_imports_total", "counter", "Bundles imported from each source.",
+         [](const auto& source) { return static_cast<double>(source.imports()); }},
+        {"kiln_bundle_source_up", "gauge", "1 when the last check of the source succeeded.",
+         [](const auto& source) { return source.checks() > 0 && source.error().empty() ? 1.0 : 0.0; }},
+        {"kiln_bundle_source_last_import_timestamp_seconds", "gauge",
+         "When the source's last import ended (Unix time; 0 for none).",
+         [](const auto& source) {
+           absl::Time time;
+           std::string error;
+           return absl::ParseTime(absl::RFC3339_full, source.last_import(), &time, &error)
+                      ? absl::ToDoubleSeconds(time - absl::UnixEpoch())
+                      : 0.0;
+         }},
+    };
+    for (const Counter& counter : counters) {
+      page.Family(counter.name, counter.type, counter.help);
+      for (const v1::BundleSubscription& source : stats.subscriptions()) {
+        page.Sample(counter.name, absl::StrCat("source=", Quoted(source.source())), counter.value(source));
+      }
+    }
+  }
   // A family's samples go together: the errors after every histogram.
   page.Family("kiln_rpc_errors_total", "counter", "RPCs answered with an error, by method.");
   rpcs.ForEach([&](absl::string_view method, const LatencyHistogram&, uint64_t failed) {

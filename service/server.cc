@@ -288,6 +288,14 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
     }
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
+  KilnService* service = server->service_.get();
+  server->subscriptions_ = std::make_unique<BundleSubscriptions>(BundleSubscriptionOptions{
+      .sources = options.bundle_sources,
+      .refresh = options.bundle_refresh,
+      .data_dir = options.data_dir,
+      .import = [service](const std::filesystem::path& file) { return service->ImportBundleAsOwner(file); },
+  });
+  service->set_subscriptions(server->subscriptions_.get());
   return server;
 }
 
@@ -295,6 +303,7 @@ void KilnServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (subscriptions_ != nullptr) subscriptions_->Stop();
   service_->ReleaseWaitingLookups();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();

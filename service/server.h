@@ -11,6 +11,7 @@
 #include "cache/artifact_store.h"
 #include "grpcpp/server.h"
 #include "service/connection_cap.h"
+#include "service/bundle_subscription.h"
 #include "service/kiln_service.h"
 
 namespace kiln::service {
@@ -32,6 +33,10 @@ struct ServerOptions {
   std::string client_tokens;
   // File of PEM public keys whose signed bundles import as they are (trusted_bundle_keys).
   std::string trusted_bundle_keys;
+  // Bundles imported by kilnd itself, checked every bundle_refresh
+  // (bundle_subscription.h); checked by BundleSourceProblem before.
+  std::vector<std::string> bundle_sources;
+  absl::Duration bundle_refresh = absl::Hours(1);
   // With tcp_address: a connection with no call in progress for this long is
   // closed (every listener's: gRPC's setting is the server's), and at most
   // `tcp_max_connections` are open on tcp_address at once (connection_cap.h).
@@ -90,6 +95,7 @@ class KilnServer {
   KilnServer() = default;
 
   std::unique_ptr<KilnService> service_;
+  std::unique_ptr<BundleSubscriptions> subscriptions_;  // uses service_: goes first
   std::shared_ptr<ConnectionCap> connection_cap_;  // with tcp_address
   std::unique_ptr<grpc::Server> server_;
   std::string socket_path_;

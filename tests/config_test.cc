@@ -1,11 +1,13 @@
 #include "service/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "service/bundle_subscription.h"
 #include "service/client_identity.h"
 #include "tests/test_dir.h"
 
@@ -24,6 +26,35 @@ TEST(ConfigTest, ReadsSettingsWithCommentsAndUnits) {
   EXPECT_EQ(config.max_cache_size, 2ull << 30);
   EXPECT_EQ(config.zstd_level, 0);
   EXPECT_EQ(NormalizeTcpAddress(config.tcp_listen), "127.0.0.1:7733");
+}
+
+TEST(ConfigTest, BundleSourcesAreAListAndTheRefreshADuration) {
+  Config config = DefaultConfig();
+  EXPECT_EQ(config.bundle_refresh_seconds, 3600);
+  ASSERT_TRUE(ApplyConfigText("bundle_sources = ghcr.io/team/kernels:v4, /srv/kernels\n"
+                              "bundle_sources = registry.local:5000/fleet/kernels\n"
+                              "bundle_refresh = 30m\n",
+                              "k.conf", config)
+                  .ok());
+  EXPECT_EQ(config.bundle_sources, (std::vector<std::string>{"ghcr.io/team/kernels:v4", "/srv/kernels",
+                                                             "registry.local:5000/fleet/kernels"}));
+  EXPECT_EQ(config.bundle_refresh_seconds, 1800);
+  ASSERT_TRUE(ApplyConfigText("bundle_refresh = 90\n", "k.conf", config).ok());
+  EXPECT_EQ(config.bundle_refresh_seconds, 90);
+  for (const char* refused : {"0s", "-1h", "200h", "soon"}) {
+    absl::Status status = ApplyConfigText(absl::StrCat("bundle_refresh = ", refused, "\n"), "k.conf", config);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << refused;
+    EXPECT_NE(status.message().find("bundle_refresh"), absl::string_view::npos) << status;
+  }
+}
+
+TEST(ConfigTest, ABundleSourceIsAnAbsoluteDirectoryOrAnOciReference) {
+  EXPECT_EQ(BundleSourceProblem("ghcr.io/team/kernels:v4"), "");
+  EXPECT_EQ(BundleSourceProblem(std::filesystem::absolute("shelf").string()), "");
+  for (const char* refused : {"./shelf", "shelf", "relative/dir/../x", "", "host/k\tv"}) {
+    EXPECT_NE(BundleSourceProblem(refused), "") << refused;
+  }
+  EXPECT_NE(BundleSourceProblem("./shelf").find("absolute path"), std::string::npos);
 }
 
 TEST(ConfigTest, ErrorsNameTheFileLineAndProblem) {

@@ -682,6 +682,32 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
                                              fetch.p99_ms(), fetch.max_ms()));
     }
   }
+  for (const v1::BundleSubscription& source : stats.subscriptions()) {
+    absl::StrAppend(&text, absl::StrFormat("bundle source %s: %s", source.source(),
+                                           source.imported().empty() ? "nothing imported" : source.imported()));
+    if (!source.last_check().empty()) {
+      absl::StrAppend(&text, absl::StrFormat("; checked %s (%d checks, %d failed), next %s", source.last_check(),
+                                             source.checks(), source.failures(), source.next_check()));
+    }
+    absl::StrAppend(&text, "\n");
+    if (!source.last_import().empty()) {
+      const v1::ImportBundleResponse& result = source.last_import_result();
+      uint64_t refused = 0;
+      for (const v1::RefusedEntries& entries : result.refused()) refused += entries.count();
+      absl::StrAppend(&text, absl::StrFormat("  imported %s: %d entries, %s; %d stored, %d compiled, %d unchanged, "
+                                             "%d refused, %d failed to compile\n",
+                                             source.last_import(), result.entries(),
+                                             result.signed_by().empty() ? "unsigned"
+                                             : result.trusted()         ? "signed by trusted key " + result.signed_by()
+                                                                        : "signed by untrusted key " + result.signed_by(),
+                                             result.stored(), result.compiled(), result.unchanged(), refused,
+                                             result.compile_failures_count()));
+      for (const v1::RefusedEntries& entries : result.refused()) {
+        absl::StrAppend(&text, absl::StrFormat("    refused %d: %s\n", entries.count(), entries.reason()));
+      }
+    }
+    if (!source.error().empty()) absl::StrAppend(&text, "  error: ", source.error(), "\n");
+  }
   if (stats.misses_by_reason_size() > 0) {
     std::vector<std::string> reasons;
     for (const v1::MissReasonCount& by_reason : stats.misses_by_reason()) {

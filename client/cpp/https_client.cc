@@ -38,6 +38,11 @@ struct Exchange {
   absl::string_view body_left;  // of request->body, when no file is sent
 };
 
+int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  const auto& exchange = *static_cast<Exchange*>(user);
+  return exchange.request->cancelled() ? 1 : 0;
+}
+
 size_t OnHeaderLine(char* data, size_t size, size_t count, void* user) {
   auto& exchange = *static_cast<Exchange*>(user);
   const absl::string_view line(data, size * count);
@@ -219,6 +224,11 @@ absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request, std::chrono
     }
   }
 
+  if (request.cancelled) {
+    curl_easy_setopt(handle, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(handle, CURLOPT_XFERINFODATA, &exchange);
+    curl_easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
+  }
   if (request.method == "HEAD") {
     curl_easy_setopt(handle, CURLOPT_NOBODY, 1L);
   } else if (request.method != "GET") {
@@ -238,6 +248,8 @@ absl::StatusOr<HttpsResponse> SendHttps(const HttpsRequest& request, std::chrono
   switch (done) {
     case CURLE_OK:
       break;
+    case CURLE_ABORTED_BY_CALLBACK:
+      return absl::CancelledError(absl::StrFormat("the request to %s was cancelled", host));
     case CURLE_OPERATION_TIMEDOUT:
       return absl::DeadlineExceededError(absl::StrFormat("%s stopped answering (%s)", host, detail));
     case CURLE_COULDNT_RESOLVE_HOST:

@@ -35,6 +35,9 @@ struct HttpsRequest {
   // Receives a successful (2xx) response's body as it comes, instead of
   // HttpsResponse::body; an error stops the request.
   std::function<absl::Status(absl::string_view)> on_body;
+  // Asked about once a second, and as data comes: true ends the request
+  // (CANCELLED), so a stopping kilnd does not wait out a slow registry.
+  std::function<bool()> cancelled;
 };
 
 struct HttpsResponse {
@@ -51,7 +54,7 @@ struct HttpsResponse {
 // DEADLINE_EXCEEDED when it stops answering for `idle_timeout`, DATA_LOSS
 // when its response breaks the rules above or HTTP's framing,
 // INVALID_ARGUMENT for a URL that is not https:// or a request whose URL or
-// headers hold a CR, LF or NUL (never sent).
+// headers hold a CR, LF or NUL (never sent), CANCELLED when `cancelled` said so.
 absl::StatusOr<HttpsResponse> SendHttps(
     const HttpsRequest& request, std::chrono::seconds idle_timeout = std::chrono::seconds(60));
 

@@ -618,11 +618,14 @@ int Pull(kiln::Client& client, const std::vector<std::string>& args) {
                                      absl::StrFormat("kiln-pull-%08x.kilnbundle", random())
                                : fs::path(out);
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
-  absl::StatusOr<std::string> digest = kiln::PullBundle(*reference, file, [&](uint64_t received) {
+  kiln::PullOptions options;
+  options.received = [&](uint64_t received) {
     progress.Update(absl::StrFormat("fetching %s: %s", ref, kiln::FormatByteSize(received)));
-  });
+  };
+  absl::StatusOr<kiln::PulledBundle> pulled = kiln::PullBundle(*reference, file, options);
   progress.Clear();
-  if (!digest.ok()) return Fail(digest.status());
+  if (!pulled.ok()) return Fail(pulled.status());
+  const std::string* digest = &pulled->manifest_digest;
   if (!import) {
     std::cout << absl::StrFormat("fetched %s@%s to %s\n", reference->ToString(), *digest, out);
     return kOk;

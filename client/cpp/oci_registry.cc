@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -33,15 +34,39 @@ std::string OciDigest(absl::string_view data) {
   return absl::StrCat("sha256:", DigestHex(DigestBytes(Sha256(data))));
 }
 
+// The distribution spec's grammar: '/'-separated components of lower-case
+// letters and digits, joined within by one '.', one or two '_', or dashes.
 bool IsRepositoryName(absl::string_view name) {
-  if (name.empty() || name.front() == '/' || name.back() == '/') return false;
-  for (char c : name) {
-    if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '.' || c == '_' || c == '-' ||
-          c == '/')) {
+  if (name.empty() || name.size() > 255) return false;
+  for (absl::string_view component : absl::StrSplit(name, '/')) {
+    if (component.empty() || !absl::ascii_isalnum(component.front()) || !absl::ascii_isalnum(component.back())) {
       return false;
+    }
+    for (size_t i = 0; i < component.size(); ++i) {
+      const char c = component[i];
+      if (absl::ascii_isupper(c)) return false;
+      if (absl::ascii_isalnum(c) || c == '-') continue;
+      if (c != '.' && c != '_') return false;
+      const bool doubled_underscore = c == '_' && component[i + 1] == '_' && absl::ascii_isalnum(component[i + 2]);
+      if (!absl::ascii_isalnum(component[i + 1]) && !doubled_underscore) return false;
+      if (doubled_underscore) ++i;
     }
   }
   return true;
+}
+
+// [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}
+bool IsTag(absl::string_view tag) {
+  if (tag.empty() || tag.size() > 128 || tag.front() == '.' || tag.front() == '-') return false;
+  return absl::c_all_of(tag, [](char c) { return absl::ascii_isalnum(c) || c == '_' || c == '.' || c == '-'; });
+}
+
+// HOST[:PORT]: a DNS name or address ([IPv6] too), never a path.
+bool IsRegistryHost(absl::string_view host) {
+  return !host.empty() && (absl::ascii_isalnum(host.front()) || host.front() == '[') &&
+         absl::c_all_of(host, [](char c) {
+    return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == ':' || c == '[' || c == ']';
+  });
 }
 
 absl::StatusOr<google::protobuf::Struct> ParseJson(absl::string_view text, absl::string_view what) {
@@ -194,7 +219,8 @@ absl::StatusOr<OciReference> ParseOciReference(absl::string_view text) {
     rest = rest.substr(0, colon);
   }
   reference.repository = std::string(rest);
-  if (reference.registry.empty() || !IsRepositoryName(reference.repository)) {
+  if (!IsRegistryHost(reference.registry) || !IsRepositoryName(reference.repository) ||
+      (!reference.tag.empty() && !IsTag(reference.tag))) {
     return absl::InvalidArgumentError(usage);
   }
   if (reference.tag.empty() && reference.digest.empty()) reference.tag = "latest";
@@ -233,10 +259,11 @@ absl::StatusOr<PushedBundle> PushBundle(const fs::path& file, uint64_t entries,
   return pushed;
 }
 
-absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::path& file,
-                                       const std::function<void(uint64_t)>& received) {
+absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs::path& file,
+                                        const PullOptions& options) {
   RegistrySession session(reference, "pull");
   HttpsRequest get;
+  get.cancelled = options.cancelled;
   get.url = session.Url(
       absl::StrCat("/manifests/", reference.digest.empty() ? reference.tag : reference.digest));
   get.headers.emplace_back("Accept", std::string(kManifestMediaType));
@@ -251,6 +278,7 @@ absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::
         "%s: the registry's manifest has digest %s; nothing was fetched", reference.ToString(),
         manifest_digest));
   }
+  if (absl::c_linear_search(options.known_digests, manifest_digest)) return PulledBundle{manifest_digest, true};
   ASSIGN_OR_RETURN(google::protobuf::Struct manifest, ParseJson(answer.body, "the manifest"));
   const auto& fields = manifest.fields();
   const auto config = fields.find("config");
@@ -286,6 +314,7 @@ absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::
   uint64_t size = 0;
   HttpsRequest blob;
   blob.url = session.Url(absl::StrCat("/blobs/", layer_digest));
+  blob.cancelled = options.cancelled;
   blob.on_body = [&](absl::string_view data) -> absl::Status {
     digest.Update(data);
     out.write(data.data(), static_cast<std::streamsize>(data.size()));
@@ -293,7 +322,7 @@ absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::
     if (size > expected_size) {
       return absl::DataLossError("the layer is larger than its manifest says");
     }
-    if (received) received(size);
+    if (options.received) options.received(size);
     return out ? absl::OkStatus() : absl::ResourceExhaustedError("writing the bundle failed");
   };
   absl::StatusOr<HttpsResponse> fetched = session.Send(blob);
@@ -319,7 +348,7 @@ absl::StatusOr<std::string> PullBundle(const OciReference& reference, const fs::
     return status;
   }
   RETURN_IF_ERROR(platform::MoveFileOver(partial, file).status());
-  return manifest_digest;
+  return PulledBundle{manifest_digest, false};
 }
 
 }  // namespace kiln

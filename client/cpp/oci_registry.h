@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -47,13 +48,26 @@ absl::StatusOr<PushedBundle> PushBundle(const std::filesystem::path& file, uint6
                                         const std::string& signed_by,
                                         const OciReference& reference);
 
+struct PullOptions {
+  // Told the bytes received so far, as they come.
+  std::function<void(uint64_t)> received;
+  // Manifests ("sha256:HEX") the caller has seen before: one of them is not
+  // fetched (a subscription's check costs one request).
+  std::vector<std::string> known_digests;
+  // Ends the pull (CANCELLED, nothing kept) when it returns true.
+  std::function<bool()> cancelled;
+};
+struct PulledBundle {
+  std::string manifest_digest;  // "sha256:HEX"
+  bool known = false;           // one of `known_digests`: `file` was not written
+};
 // Fetches the bundle `reference` names into `file`. Its manifest must be a
 // Kiln bundle's, and match the digest when the reference pins one; the
 // layer's bytes must match the manifest's digest and size (DATA_LOSS naming
-// both when not: nothing of it is kept). Returns the manifest's digest.
-absl::StatusOr<std::string> PullBundle(const OciReference& reference,
-                                       const std::filesystem::path& file,
-                                       const std::function<void(uint64_t)>& received = nullptr);
+// both when not: nothing of it is kept).
+absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference,
+                                        const std::filesystem::path& file,
+                                        const PullOptions& options = {});
 
 }  // namespace kiln
 

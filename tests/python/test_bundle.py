@@ -7,6 +7,7 @@ import os
 import re
 import struct
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -72,21 +73,35 @@ def test_export_then_import_into_an_empty_kilnd_serves_every_entry_without_compi
 
     # A kilnd that does not trust the key, or a bundle with no signature, brings
     # the kernels only, each compiled by kilnd from its recorded TTIR: a client
-    # then hits them all, stock's bytes.
-    for name, unsigned_or_untrusted in (("untrusted", bundle), ("unsigned", tmp_path / "recent.kilnbundle")):
-        stranger = Kilnd(tmp_path / name, f"--toolchain={sys.executable}")
+    # then hits them all, stock's bytes, and runs no frontend of its own. The
+    # unsigned one comes through a subscription to a directory (bundle_sources).
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    (tmp_path / "recent.kilnbundle").rename(shelf / "recent.kilnbundle")
+    for name, flags in (("untrusted", ()), ("unsigned", (f"--bundle-sources={shelf}",))):
+        stranger = Kilnd(tmp_path / name, f"--toolchain={sys.executable}", *flags)
         try:
-            imported = kiln(stranger, "import", unsigned_or_untrusted)
-            assert imported.returncode == 0, imported.stderr
-            said = f"signed by key {key_id}, which kilnd does not trust" if name == "untrusted" else "entries, unsigned"
-            assert said in imported.stdout, imported.stdout
-            counts = import_counts(imported.stdout)
-            assert counts["stored"] == 0 and counts["kernels compiled by kilnd"] == 30, imported.stdout
+            if name == "untrusted":
+                imported = kiln(stranger, "import", bundle)
+                assert imported.returncode == 0, imported.stderr
+                assert f"signed by key {key_id}, which kilnd does not trust" in imported.stdout, imported.stdout
+                counts = import_counts(imported.stdout)
+                assert counts["stored"] == 0 and counts["kernels compiled by kilnd"] == 30, imported.stdout
+            else:
+                deadline = time.monotonic() + 300
+                while stranger.stats().subscriptions[0].imports == 0 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                [subscription] = stranger.stats().subscriptions
+                assert subscription.error == "" and subscription.imported == "1 of 1 files", subscription
+                result = subscription.last_import_result
+                assert not result.signed_by and result.stored == 0 and result.compiled == 30, result
             assert stranger.stats().compiles == 30
             result = probe_json(run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{stranger.socket}",
                                                TRITON_CACHE_DIR=str(tmp_path / f"c-{name}"),
-                                               KILN_FILES_DIR=str(tmp_path / f"f-{name}")), "suite"))
+                                               KILN_FILES_DIR=str(tmp_path / f"f-{name}"),
+                                               KILN_FIRST_COMPILE_HERE="1", KILN_COMPILE_HERE="1"), "suite"))
             assert result["kernels"] == stock_suite
+            assert result["frontend_runs"] == 0, result["frontend_runs"]
             assert stranger.stats().compiles == 30 and compile_calls(stranger) == 0
         finally:
             stranger.stop()

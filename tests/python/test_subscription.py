@@ -1,0 +1,225 @@
+"""kilnd's subscriptions (bundle_sources): bundles it imports by itself from
+an OCI registry (Debian's docker-registry, TLS with a CA the test makes) or a
+directory, checked at start and every bundle_refresh, on a thread no call
+waits on."""
+
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+import registry_server
+from bundle_files import publisher_key, write_bundle
+from conftest import BUILD, Kilnd
+from test_bundle import KILN, trusting
+from test_metrics import scrape
+from test_registry import kiln
+
+REFRESH = 2  # seconds between a subscribed kilnd's checks
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    server = registry_server.start(tmp_path_factory.mktemp("registry"))
+    yield server
+    server.stop()
+
+
+def registry_env(tmp_path, registry):
+    """What kiln and kilnd need to reach the test's registry: its CA and a docker login."""
+    env = dict(os.environ, SSL_CERT_FILE=str(registry.ca),
+               DOCKER_CONFIG=str(registry_server.docker_config(tmp_path / "docker", registry.address)))
+    env.pop("KILN_REGISTRY_TOKEN", None)
+    return env
+
+
+def wait_for(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def source_report(kilnd, source):
+    [report] = [s for s in kilnd.stats().subscriptions if s.source == source]
+    return report
+
+
+def cubin_of(kilnd, key, out):
+    """The k.cubin kilnd holds under triton/KEY (None when it has no such entry)."""
+    got = subprocess.run([str(KILN), "--endpoint", f"unix:{kilnd.socket}", "get", "triton", key,
+                          "-o", str(out)], capture_output=True, timeout=60)
+    return (out / "k.cubin").read_bytes() if got.returncode == 0 else None
+
+
+def test_a_subscribed_kilnd_imports_a_newly_pushed_tag_within_one_refresh_and_after_a_restart_fetches_nothing(
+        tmp_path, registry):
+    env = registry_env(tmp_path, registry)
+    private, public, key_id = publisher_key(tmp_path)
+    reference = f"{registry.address}/fleet/kernels:stable"
+    first = {"k.cubin": os.urandom(3000)}
+    write_bundle(tmp_path / "v1.kilnbundle", [("triton", "first", first)], signer=private)
+    assert kiln(env, "push", tmp_path / "v1.kilnbundle", reference).returncode == 0
+
+    flags = (trusting(public), f"--bundle-sources={reference}", f"--bundle-refresh={REFRESH}")
+    node = Kilnd(tmp_path / "node", *flags, env=env)
+    try:
+        report = wait_for(lambda: source_report(node, reference).imports == 1 and source_report(node, reference),
+                          30, "the tag imported at start")
+        assert report.imported.startswith("sha256:") and report.error == ""
+        assert report.last_import_result.stored == 1 and report.last_import_result.trusted
+        assert report.last_import_result.signed_by == key_id
+        assert cubin_of(node, "first", tmp_path / "got1") == first["k.cubin"]
+
+        # The publisher pushes a new bundle to the same tag: imported within one refresh.
+        second = {"k.cubin": os.urandom(4000)}
+        write_bundle(tmp_path / "v2.kilnbundle", [("triton", "second", second)], signer=private)
+        pushed = kiln(env, "push", tmp_path / "v2.kilnbundle", reference)
+        digest = pushed.stdout.strip().rsplit("@", 1)[1]
+        pushed_at = time.monotonic()
+        wait_for(lambda: source_report(node, reference).imported == digest, 3 * REFRESH + 10,
+                 "the new digest imported")
+        assert time.monotonic() - pushed_at < 2 * REFRESH + 10
+        assert cubin_of(node, "second", tmp_path / "got2") == second["k.cubin"]
+        assert source_report(node, reference).imports == 2
+
+        # `kiln stats` and the metrics say what was pulled.
+        stats = subprocess.run([str(KILN), "--endpoint", f"unix:{node.socket}", "stats"],
+                               capture_output=True, text=True, timeout=60).stdout
+        assert f"bundle source {reference}: {digest}" in stats, stats
+        assert f"signed by trusted key {key_id}; 1 stored" in stats, stats
+    finally:
+        node.stop()
+
+    # A restart knows what it imported: it checks, and fetches nothing.
+    node = Kilnd(tmp_path / "node", *flags, env=env)
+    try:
+        report = wait_for(lambda: source_report(node, reference).checks >= 1 and source_report(node, reference),
+                          30, "a check after the restart")
+        assert report.imported == digest and report.imports == 0 and report.error == ""
+    finally:
+        node.stop()
+
+
+def test_a_directory_source_imports_each_new_or_changed_bundle_and_an_untrusted_damaged_one_is_refused_once(tmp_path):
+    private, public, key_id = publisher_key(tmp_path)
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    a = {"k.cubin": os.urandom(2000)}
+    write_bundle(shelf / "a.kilnbundle", [("triton", "a", a)], signer=private)
+    (shelf / "notes.txt").write_text("not a bundle: left alone")
+    node = Kilnd(tmp_path / "node", trusting(public), f"--bundle-sources={shelf}", f"--bundle-refresh={REFRESH}")
+    try:
+        wait_for(lambda: source_report(node, str(shelf)).imports == 1, 30, "a.kilnbundle imported")
+        assert source_report(node, str(shelf)).imported == "1 of 1 files"
+        assert cubin_of(node, "a", tmp_path / "got-a") == a["k.cubin"]
+
+        b = {"k.cubin": os.urandom(2500)}
+        write_bundle(shelf / "b.kilnbundle", [("triton", "b", b)], signer=private)
+        (shelf / "broken.kilnbundle").write_bytes(b"KILN" + os.urandom(100))
+        wait_for(lambda: source_report(node, str(shelf)).imports == 2, 3 * REFRESH + 10, "b.kilnbundle imported")
+        assert cubin_of(node, "b", tmp_path / "got-b") == b["k.cubin"]
+        report = wait_for(lambda: "broken.kilnbundle" in source_report(node, str(shelf)).error
+                          and source_report(node, str(shelf)), 3 * REFRESH + 10, "the damaged file refused")
+        assert report.imported == "2 of 3 files"
+        # Refused for what it is: not imported again while it is unchanged, and said at each check.
+        time.sleep(2 * REFRESH + 1)
+        report = source_report(node, str(shelf))
+        assert report.imports == 2 and "refused, and unchanged since" in report.error, report
+        log = (tmp_path / "node" / "kilnd.out").read_text()
+        assert log.count("broken.kilnbundle: ") == 1, log  # its reason once; then "(refused, and unchanged since)"
+    finally:
+        node.stop()
+
+
+class BlackHole:
+    """A TCP port whose connections are taken and never answered: a registry
+    that hangs."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.held = []
+        self.thread = threading.Thread(target=self._take, daemon=True)
+        self.thread.start()
+
+    def _take(self):
+        while True:
+            try:
+                self.held.append(self.listener.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        self.listener.close()
+        for connection in self.held:
+            connection.close()
+
+
+def test_a_stopped_or_hanging_registry_costs_kilnds_calls_nothing_is_logged_once_a_refresh_and_a_stop_ends_it(
+        tmp_path, registry):
+    hole = BlackHole()
+    stopped = socket.socket()
+    stopped.bind(("127.0.0.1", 0))  # bound, never listening: connections refused
+    stopped_address = "127.0.0.1:%d" % stopped.getsockname()[1]
+    sources = [f"{stopped_address}/fleet/kernels:v1", f"{hole.address}/fleet/kernels:v1"]
+    env = registry_env(tmp_path, registry)
+    node = Kilnd(tmp_path / "node", f"--bundle-sources={','.join(sources)}", f"--bundle-refresh={REFRESH}",
+                 "--metrics-listen=127.0.0.1:0", env=env)
+    try:
+        # The hanging one holds the subscription's thread; calls never wait on it.
+        time.sleep(1)
+        kiln_cli = [str(KILN), "--endpoint", f"unix:{node.socket}"]
+        payload = tmp_path / "payload"
+        payload.write_bytes(os.urandom(1000))
+        for i in range(20):
+            started = time.monotonic()
+            put = subprocess.run([*kiln_cli, "put", "triton", f"key{i}", f"k.cubin={payload}"], capture_output=True,
+                                 timeout=60)
+            assert put.returncode == 0, put.stderr
+            assert time.monotonic() - started < 5
+        time.sleep(3 * REFRESH)
+        refused = source_report(node, sources[0])
+        assert refused.checks >= 2 and refused.failures == refused.checks and refused.imports == 0
+        assert "cannot connect" in refused.error, refused.error
+        log = (tmp_path / "node" / "kilnd.out").read_text()
+        # Once a refresh, not in a tight loop.
+        assert 2 <= log.count(f"bundle source {sources[0]}:") <= refused.checks + 1, log
+        assert [s.source for s in node.stats().subscriptions] == sources
+        port = re.search(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", log).group(1)
+        metrics = scrape(f"http://127.0.0.1:{port}/metrics")
+        refused_source = frozenset({("source", sources[0])})
+        assert metrics[("kiln_bundle_source_up", refused_source)] == 0
+        assert metrics[("kiln_bundle_source_failures_total", refused_source)] >= 2
+        assert metrics[("kiln_bundle_source_imports_total", refused_source)] == 0
+    finally:
+        started = time.monotonic()
+        assert node.stop() == 0
+        stop_seconds = time.monotonic() - started
+        hole.close()
+        stopped.close()
+    assert stop_seconds < 15, f"kilnd took {stop_seconds:.1f} s to stop with a registry hanging"
+
+
+def test_a_bundle_source_kilnd_cannot_use_stops_its_start_with_the_fix(tmp_path):
+    started = subprocess.run([str(BUILD / "service" / "kilnd"),
+                              f"--data-dir={tmp_path / 'data'}", f"--local-socket={tmp_path / 'kilnd.sock'}",
+                              "--bundle-sources=./shelf", "--bundle-refresh=1h"],
+                             capture_output=True, text=True, timeout=60)
+    said = started.stdout + started.stderr
+    assert started.returncode != 0
+    assert "bundle_sources" in said and "./shelf" in said and "absolute path" in said, said
+    bad_refresh = subprocess.run([str(BUILD / "service" / "kilnd"),
+                                  f"--data-dir={tmp_path / 'data'}", "--bundle-refresh=0s"],
+                                 capture_output=True, text=True, timeout=60)
+    said = bad_refresh.stdout + bad_refresh.stderr
+    assert bad_refresh.returncode != 0 and "bundle_refresh" in said, said
