@@ -38,12 +38,19 @@ def trusted_bundle_keys(wine):
     return local_app_data(wine) / "kiln" / "trusted-bundle-keys.pem"
 
 
+def bundle_shelf(wine):
+    """The directory kilnd.exe's config subscribes to (bundle_sources), checked every 2 s."""
+    return local_app_data(wine) / "kiln-shelf"
+
+
 @pytest.fixture(scope="module")
 def kilnd(wine, binaries):
     # Every other setting is its default.
     config = local_app_data(wine) / "kiln" / "kilnd.conf"
     config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(f"trusted_bundle_keys = {windows_path(trusted_bundle_keys(wine))}\r\n")
+    bundle_shelf(wine).mkdir(parents=True, exist_ok=True)
+    config.write_text(f"trusted_bundle_keys = {windows_path(trusted_bundle_keys(wine))}\r\n"
+                      f"bundle_sources = {windows_path(bundle_shelf(wine))}\r\nbundle_refresh = 2s\r\n")
     process = subprocess.Popen(["wine", str(binaries[0])], env=wine, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     endpoint_file = local_app_data(wine) / "kiln" / "run" / "kilnd.endpoint"
     deadline = time.monotonic() + 60
@@ -200,6 +207,28 @@ def test_a_bundle_signed_on_linux_imports_from_a_trusted_key_and_brings_nothing_
     out = tmp_path / "out"
     kiln("get", "wine-bundle", "from-linux", "-o", windows_path(out))
     assert (out / "k.cubin").read_bytes() == cubin
+
+
+def test_kilnd_exe_imports_a_bundle_put_in_the_directory_it_subscribes_to(wine, kilnd, kiln, tmp_path):
+    """A per-user kilnd.exe with bundle_sources naming a directory (C:\\...)
+    imports a signed bundle put there within a refresh, as a ComfyUI user's
+    kilnd.exe subscribed to a shared drive would."""
+    private, public, key_id = publisher_key(tmp_path)
+    trusted_bundle_keys(wine).write_text(public.read_text())
+    cubin = os.urandom(6000)
+    staged = tmp_path / "shelved.kilnbundle"
+    write_bundle(staged, [("wine-shelf", "subscribed", {"k.cubin": cubin})], signer=private)
+    os.replace(staged, bundle_shelf(wine) / "shelved.kilnbundle")
+    deadline = time.monotonic() + 60
+    while kiln("get", "wine-shelf", "subscribed", check=False).returncode != 0:
+        assert time.monotonic() < deadline, kiln("stats").stdout
+        time.sleep(1)
+    out = tmp_path / "out"
+    kiln("get", "wine-shelf", "subscribed", "-o", windows_path(out))
+    assert (out / "k.cubin").read_bytes() == cubin
+    stats = kiln("stats").stdout
+    assert f"bundle source {windows_path(bundle_shelf(wine))}: 1 of 1 files" in stats, stats
+    assert f"signed by trusted key {key_id}; 1 stored" in stats, stats
 
 
 def trust_in_the_windows_certificate_store(wine, ca_pem):
