@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "client/cpp/oci_registry.h"
 #include "common/fmt_absl.h"
+#include "common/gpu_targets.h"
 #include "common/platform.h"
 #include "service/bundle_import.h"
 #include "spdlog/spdlog.h"
@@ -60,7 +61,8 @@ std::string BundleSourceProblem(absl::string_view source) {
   return "";
 }
 
-BundleSubscriptions::BundleSubscriptions(BundleSubscriptionOptions options) : options_(std::move(options)) {
+BundleSubscriptions::BundleSubscriptions(BundleSubscriptionOptions options)
+    : options_(std::move(options)), gpu_targets_(options_.gpu_targets) {
   if (options_.sources.empty()) return;
   for (const std::string& text : options_.sources) {
     Source source;
@@ -94,9 +96,22 @@ bool BundleSubscriptions::stopping() const {
   return stop_;
 }
 
-void BundleSubscriptions::Fill(google::protobuf::RepeatedPtrField<v1::BundleSubscription>& out) const {
+void BundleSubscriptions::FillStats(v1::GetStatsResponse& out) const {
   std::lock_guard lock(report_mutex_);
-  for (const Source& source : sources_) *out.Add() = source.report;
+  for (const Source& source : sources_) *out.add_subscriptions() = source.report;
+  for (const std::string& target : gpu_targets_) out.add_gpu_targets(target);
+}
+
+std::vector<std::string> BundleSubscriptions::GpuTargets() {
+  std::call_once(gpu_targets_detected_, [this] {
+    if (!options_.gpu_targets.empty()) return;
+    std::vector<std::string> detected = DetectGpuTargets();
+    spdlog::info("GPU targets (nvidia-smi): {}", detected.empty() ? "none" : absl::StrJoin(detected, ", "));
+    std::lock_guard lock(report_mutex_);
+    gpu_targets_ = std::move(detected);
+  });
+  std::lock_guard lock(report_mutex_);
+  return gpu_targets_;
 }
 
 fs::path BundleSubscriptions::ImportsDir() const {
@@ -152,11 +167,15 @@ void BundleSubscriptions::CheckReference(Source& source, std::vector<std::string
     options.known_digests.push_back(found->second.first);
   }
   options.cancelled = [this] { return stopping(); };
+  options.targets = GpuTargets();
   absl::StatusOr<PulledBundle> pulled = PullBundle(*reference, file, options);
   if (!pulled.ok()) {
     if (!absl::IsCancelled(pulled.status())) errors.push_back(std::string(pulled.status().message()));
     return;
   }
+  const auto remove_files = [&] {
+    for (const PulledFile& pulled_file : pulled->files) fs::remove(pulled_file.path, error);
+  };
   if (pulled->known) {
     if (const auto imported = source.imported.find("");
         imported == source.imported.end() || imported->second != pulled->manifest_digest) {
@@ -165,14 +184,26 @@ void BundleSubscriptions::CheckReference(Source& source, std::vector<std::string
     }
     return;
   }
-  const std::string problem = Import(source, "", pulled->manifest_digest, file);
-  fs::remove(file, error);
-  if (!problem.empty()) {
-    errors.push_back(problem);
-    return;
+  // An index's members, each imported; the digest counts as imported once all are.
+  std::vector<std::string> targets;
+  for (size_t i = 0; i < pulled->files.size(); ++i) {
+    const PulledFile& pulled_file = pulled->files[i];
+    const bool last = i + 1 == pulled->files.size();
+    const std::string problem =
+        Import(source, "", pulled->manifest_digest, pulled_file.path, /*completes=*/last);
+    if (!problem.empty()) {
+      errors.push_back(pulled_file.target.empty() ? problem : absl::StrCat(pulled_file.target, ": ", problem));
+      remove_files();
+      return;
+    }
+    if (!pulled_file.target.empty()) targets.push_back(pulled_file.target);
   }
+  remove_files();
   std::lock_guard lock(report_mutex_);
-  source.report.set_imported(pulled->manifest_digest);
+  source.report.set_imported(targets.empty() ? pulled->manifest_digest
+                                             : absl::StrFormat("%s (%s of %s)", pulled->manifest_digest,
+                                                               absl::StrJoin(targets, ", "),
+                                                               absl::StrJoin(pulled->index_targets, ", ")));
 }
 
 void BundleSubscriptions::CheckDirectory(Source& source, std::vector<std::string>& errors) {
@@ -209,7 +240,7 @@ void BundleSubscriptions::CheckDirectory(Source& source, std::vector<std::string
       errors.push_back(absl::StrFormat("%s: cannot copy it into %s: %s", name, ImportsDir().string(), error.message()));
       continue;
     }
-    const std::string problem = Import(source, name, identity, copy);
+    const std::string problem = Import(source, name, identity, copy, /*completes=*/true);
     fs::remove(copy, error);
     if (!problem.empty()) errors.push_back(absl::StrCat(name, ": ", problem));
   }
@@ -224,7 +255,7 @@ void BundleSubscriptions::CheckDirectory(Source& source, std::vector<std::string
 }
 
 std::string BundleSubscriptions::Import(Source& source, const std::string& item, const std::string& identity,
-                                        const fs::path& file) {
+                                        const fs::path& file, bool completes) {
   absl::StatusOr<v1::ImportBundleResponse> imported = options_.import(file);
   if (!imported.ok()) {
     if (RefusedForGood(imported.status())) {
@@ -232,12 +263,14 @@ std::string BundleSubscriptions::Import(Source& source, const std::string& item,
     }
     return std::string(imported.status().message());
   }
-  source.refused.erase(item);
-  {
-    std::lock_guard lock(state_mutex_);
-    source.imported[item] = identity;
+  if (completes) {
+    source.refused.erase(item);
+    {
+      std::lock_guard lock(state_mutex_);
+      source.imported[item] = identity;
+    }
+    SaveState();
   }
-  SaveState();
   spdlog::info("bundle source {}{}{}: imported {} entries ({} stored, {} compiled, {} unchanged)", source.text,
                item.empty() ? "@" : " ", item.empty() ? identity : item, imported->entries(), imported->stored(),
                imported->compiled(), imported->unchanged());

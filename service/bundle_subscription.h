@@ -7,7 +7,8 @@
 // on a registry, nor one source on another:
 //  - an OCI reference (REGISTRY/REPOSITORY[:TAG]): one request asks for its
 //    manifest; a digest not imported yet is fetched into kilnd's imports
-//    directory and imported;
+//    directory and imported; of an index (`kiln push --target`), the bundles
+//    for this machine's GPUs;
 //  - a directory (an absolute path): each *.kilnbundle file in it (not
 //    below), copied into the imports directory and imported whenever its
 //    size or modification time is not what was imported. The copy is what
@@ -49,6 +50,9 @@ struct BundleSubscriptionOptions {
   std::vector<std::string> sources;
   absl::Duration refresh = absl::Hours(1);
   std::filesystem::path data_dir;
+  // This machine's GPU targets, which an index's members are taken for;
+  // empty: those nvidia-smi names, asked at the first check of a registry.
+  std::vector<std::string> gpu_targets;
   // Imports a received bundle file (kilnd's ImportBundleAsOwner).
   std::function<absl::StatusOr<v1::ImportBundleResponse>(const std::filesystem::path&)> import;
 };
@@ -63,8 +67,9 @@ class BundleSubscriptions {
   ~BundleSubscriptions();
   void Stop();
 
-  // The sources as GetStats reports them, in the config's order.
-  void Fill(google::protobuf::RepeatedPtrField<v1::BundleSubscription>& out) const;
+  // The sources as GetStats reports them, in the config's order, and the
+  // GPU targets (once known).
+  void FillStats(v1::GetStatsResponse& out) const;
 
  private:
   struct Source {
@@ -83,10 +88,13 @@ class BundleSubscriptions {
   void Check(Source& source);
   void CheckReference(Source& source, std::vector<std::string>& errors);
   void CheckDirectory(Source& source, std::vector<std::string>& errors);
-  // Imports `file` for `source`'s `item` with identity `identity`; the
-  // error's text, or "" when it imported.
+  // Imports `file` for `source`'s `item` with identity `identity` (which
+  // counts as imported when this file `completes` it: an index's last
+  // member); the error's text, or "" when it imported.
   std::string Import(Source& source, const std::string& item, const std::string& identity,
-                     const std::filesystem::path& file);
+                     const std::filesystem::path& file, bool completes);
+  // options_.gpu_targets, else nvidia-smi's (asked once).
+  std::vector<std::string> GpuTargets();
   void LoadState();
   void SaveState();
   std::filesystem::path ImportsDir() const;
@@ -101,6 +109,8 @@ class BundleSubscriptions {
   std::condition_variable stop_changed_;
   bool stop_ = false;  // guarded by stop_mutex_
   std::mutex state_mutex_;
+  std::once_flag gpu_targets_detected_;
+  std::vector<std::string> gpu_targets_;  // guarded by report_mutex_
   std::vector<std::thread> threads_;
 };
 

@@ -171,6 +171,23 @@ const std::vector<Setting>& Settings() {
          config.bundle_refresh_seconds = static_cast<int>(absl::ToInt64Seconds(refresh));
          return absl::OkStatus();
        }},
+      {"gpu_targets",
+       "this machine's GPU targets, e.g. cuda:89,cuda:90: which bundles of an index bundle_sources "
+       "take (default: those nvidia-smi names)",
+       [](absl::string_view value, Config& config) {
+         for (absl::string_view target : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+           target = absl::StripAsciiWhitespace(target);
+           const size_t colon = target.find(':');
+           if (colon == absl::string_view::npos || colon == 0 || colon + 1 == target.size() ||
+               !std::all_of(target.begin(), target.end(),
+                            [](char c) { return absl::ascii_isalnum(c) || c == ':'; })) {
+             return absl::InvalidArgumentError(
+                 absl::StrFormat("'%s' is not a GPU target; write BACKEND:ARCH, e.g. cuda:89", target));
+           }
+           config.gpu_targets.emplace_back(target);
+         }
+         return absl::OkStatus();
+       }},
       {"toolchain", "a Python with triton installed to compile with (repeatable)",
        [](absl::string_view value, Config& config) {
          config.toolchains.emplace_back(value);

@@ -57,6 +57,9 @@ struct Config {
   // every bundle_refresh.
   std::vector<std::string> bundle_sources;
   int bundle_refresh_seconds = 3600;
+  // This machine's GPU targets ("cuda:89"): what a bundle index is taken
+  // for. Empty: those nvidia-smi names, asked when first needed.
+  std::vector<std::string> gpu_targets;
   // Connections to kilnd with no call in progress for this long are closed
   // (some after half of it; clients connect again when they next call), and
   // at most this many are open on the tcp_listen listener at once; more are

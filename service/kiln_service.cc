@@ -547,7 +547,7 @@ absl::Status KilnService::FillStats(v1::GetStatsResponse& out) const {
   v1::GetStatsResponse* response = &out;
   ASSIGN_OR_RETURN(cache::StoreStats stats, store_.Stats());
   if (const BundleSubscriptions* subscriptions = subscriptions_.load(); subscriptions != nullptr) {
-    subscriptions->Fill(*response->mutable_subscriptions());
+    subscriptions->FillStats(*response);
   }
   response->set_hits(stats.hits);
   response->set_misses(stats.misses);

@@ -265,6 +265,7 @@ absl::Status ServeWithLock(const Config& config, kiln::platform::ShutdownSignals
   server_options.trusted_bundle_keys = config.trusted_bundle_keys;
   server_options.bundle_sources = config.bundle_sources;
   server_options.bundle_refresh = absl::Seconds(config.bundle_refresh_seconds);
+  server_options.gpu_targets = config.gpu_targets;
   server_options.max_request_size = config.max_request_size;
   server_options.data_dir = config.data_dir.string();
   server_options.served_files_dir = store->served_files_dir().string();

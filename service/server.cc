@@ -293,6 +293,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
       .sources = options.bundle_sources,
       .refresh = options.bundle_refresh,
       .data_dir = options.data_dir,
+      .gpu_targets = options.gpu_targets,
       .import = [service](const std::filesystem::path& file) { return service->ImportBundleAsOwner(file); },
   });
   service->set_subscriptions(server->subscriptions_.get());

@@ -37,6 +37,7 @@ struct ServerOptions {
   // (bundle_subscription.h); checked by BundleSourceProblem before.
   std::vector<std::string> bundle_sources;
   absl::Duration bundle_refresh = absl::Hours(1);
+  std::vector<std::string> gpu_targets;  // empty: nvidia-smi's
   // With tcp_address: a connection with no call in progress for this long is
   // closed (every listener's: gRPC's setting is the server's), and at most
   // `tcp_max_connections` are open on tcp_address at once (connection_cap.h).

@@ -22,6 +22,7 @@
 #include "common/sha256.h"
 #include "common/subprocess.h"
 #include "common/thread_pool.h"
+#include "common/gpu_targets.h"
 #include "gtest/gtest.h"
 #include "tests/test_dir.h"
 
@@ -361,6 +362,12 @@ TEST(FileStampTest, ChangesWithTheContentEvenWhenTheModificationTimeIsPutBack) {
   ASSERT_TRUE(second.ok());
   EXPECT_NE(*second, *first);
   EXPECT_TRUE(absl::IsNotFound(platform::StampOf(dir.path() / "missing").status()));
+}
+
+TEST(GpuTargetsTest, ComputeCapabilitiesAsNvidiaSmiPrintsThemAreTargets) {
+  EXPECT_EQ(ParseComputeCapabilities("8.9\n9.0\n8.9\n"), (std::vector<std::string>{"cuda:89", "cuda:90"}));
+  EXPECT_EQ(ParseComputeCapabilities(" 12.0 \r\n"), (std::vector<std::string>{"cuda:120"}));
+  EXPECT_TRUE(ParseComputeCapabilities("[N/A]\nNo devices were found\n9\n9.x\n").empty());
 }
 
 }  // namespace

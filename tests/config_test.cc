@@ -39,6 +39,9 @@ TEST(ConfigTest, BundleSourcesAreAListAndTheRefreshADuration) {
   EXPECT_EQ(config.bundle_sources, (std::vector<std::string>{"ghcr.io/team/kernels:v4", "/srv/kernels",
                                                              "registry.local:5000/fleet/kernels"}));
   EXPECT_EQ(config.bundle_refresh_seconds, 1800);
+  ASSERT_TRUE(ApplyConfigText("gpu_targets = cuda:89, cuda:90\n", "k.conf", config).ok());
+  EXPECT_EQ(config.gpu_targets, (std::vector<std::string>{"cuda:89", "cuda:90"}));
+  EXPECT_TRUE(absl::IsInvalidArgument(ApplyConfigText("gpu_targets = sm89\n", "k.conf", config)));
   ASSERT_TRUE(ApplyConfigText("bundle_refresh = 90\n", "k.conf", config).ok());
   EXPECT_EQ(config.bundle_refresh_seconds, 90);
   for (const char* refused : {"0s", "-1h", "200h", "soon"}) {

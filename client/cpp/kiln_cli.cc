@@ -31,7 +31,9 @@
 #include "common/ed25519.h"
 #include "common/platform.h"
 #include "bundle.h"
+#include "common/gpu_targets.h"
 #include "oci_registry.h"
+#include "target_bundles.h"
 #include "kiln/autostart.h"
 #include "kiln/client.h"
 #include "progress_line.h"
@@ -79,12 +81,15 @@ constexpr const char* kUsageText =
     "                                   (never native code); otherwise only Triton kernels,\n"
     "                                   which kilnd compiles; all or nothing. --replace: a\n"
     "                                   trusted bundle replaces entries that differ\n"
-    "  push FILE REGISTRY/REPO:TAG      publish a bundle to an OCI registry (docker's login:\n"
+    "  push FILE REGISTRY/REPO:TAG [--target cuda:80 ... [--sign KEY.pem]]\n"
+    "                                   publish a bundle to an OCI registry (docker's login:\n"
     "                                   its credential helpers or auths; or $KILN_REGISTRY_TOKEN;\n"
-    "                                   CAs: SSL_CERT_FILE)\n"
-    "  pull REGISTRY/REPO[:TAG|@sha256:HEX] [-o FILE] [--replace]\n"
+    "                                   CAs: SSL_CERT_FILE); with --target, an index of a bundle\n"
+    "                                   per GPU target, its kernels compiled by kilnd\n"
+    "  pull REGISTRY/REPO[:TAG|@sha256:HEX] [-o FILE] [--target cuda:89 ...] [--replace]\n"
     "                                   fetch a bundle, its digests checked, and import it\n"
-    "                                   (or only write it to FILE)\n"
+    "                                   (or only write it to FILE); of an index, the bundles\n"
+    "                                   for --target, else for kilnd's GPUs\n"
     "  prewarm FILE --target cuda:89 [--target ...]\n"
     "                                   compile a bundle's kernels for other GPUs, stored\n"
     "                                   where clients of those GPUs look them up\n"
@@ -420,6 +425,12 @@ struct LeftOut {
 // this machine's files, which no other machine's files ever match.
 constexpr absl::string_view kMachineLocalNamespace = "kiln-memos";
 
+absl::StatusOr<kiln::Ed25519PrivateKey> ReadSigningKey(const std::string& path) {
+  absl::StatusOr<std::string> pem = kiln::platform::ReadWholeFile(path);
+  if (!pem.ok()) return absl::InvalidArgumentError(absl::StrFormat("cannot read the key %s", path));
+  return kiln::Ed25519PrivateKey::FromPem(*pem, path);
+}
+
 int Export(kiln::Client& client, const std::vector<std::string>& args) {
   kiln::v1::ListEntriesRequest request;
   std::string file;
@@ -446,10 +457,8 @@ int Export(kiln::Client& client, const std::vector<std::string>& args) {
   if (file.empty()) return Usage("export needs FILE");
   std::optional<kiln::Ed25519PrivateKey> signer;
   if (!sign_key.empty()) {
-    absl::StatusOr<std::string> pem = kiln::platform::ReadWholeFile(sign_key);
-    if (!pem.ok()) return Usage(absl::StrFormat("export: cannot read the key %s", sign_key));
-    absl::StatusOr<kiln::Ed25519PrivateKey> key = kiln::Ed25519PrivateKey::FromPem(*pem, sign_key);
-    if (!key.ok()) return Usage(key.status().message());
+    absl::StatusOr<kiln::Ed25519PrivateKey> key = ReadSigningKey(sign_key);
+    if (!key.ok()) return Usage(absl::StrCat("export: ", key.status().message()));
     signer = *std::move(key);
   }
   absl::StatusOr<kiln::BundleWriter> bundle =
@@ -572,37 +581,104 @@ int Import(kiln::Client& client, const std::vector<std::string>& args) {
   return kOk;
 }
 
-// Pushes a bundle file to an OCI registry, checked whole first.
-int Push(kiln::Client& /*client*/, const std::vector<std::string>& args) {
-  if (args.size() != 2) return Usage("push needs FILE and REGISTRY/REPOSITORY:TAG");
-  absl::StatusOr<kiln::OciReference> reference = kiln::ParseOciReference(args[1]);
+// Pushes a bundle file to an OCI registry, checked whole first; with
+// --target, a bundle for each target (compiled by kilnd) under one index.
+int Push(kiln::Client& client, const std::vector<std::string>& args) {
+  std::vector<std::string> positional;
+  std::vector<kiln::v1::Target> targets;
+  std::string sign_key;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--target" && i + 1 < args.size()) {
+      absl::StatusOr<kiln::v1::Target> target = kiln::ParseTarget(args[++i]);
+      if (!target.ok()) return Usage(target.status().message());
+      targets.push_back(*target);
+    } else if (args[i] == "--sign" && i + 1 < args.size()) {
+      sign_key = args[++i];
+    } else if (!absl::StartsWith(args[i], "--")) {
+      positional.push_back(args[i]);
+    } else {
+      return Usage(absl::StrFormat("push: unexpected '%s'", args[i]));
+    }
+  }
+  if (positional.size() != 2) return Usage("push needs FILE and REGISTRY/REPOSITORY:TAG");
+  if (!sign_key.empty() && targets.empty()) {
+    return Usage("push: --sign signs the bundles --target makes; sign a bundle itself with kiln export --sign");
+  }
+  const std::string& file = positional[0];
+  absl::StatusOr<kiln::OciReference> reference = kiln::ParseOciReference(positional[1]);
   if (!reference.ok()) return Usage(reference.status().message());
   uint64_t entries = 0;
-  absl::StatusOr<kiln::BundleReader> checked = kiln::ForEachBundleEntry(args[0], [&](kiln::v1::BundleEntry&&) {
+  absl::StatusOr<kiln::BundleReader> checked = kiln::ForEachBundleEntry(file, [&](kiln::v1::BundleEntry&&) {
     ++entries;
     return absl::OkStatus();
   });
   if (!checked.ok()) return Fail(checked.status(), "nothing was pushed");
   const std::string signer = checked->signature().has_value() ? checked->signature()->key_id : "";
-  absl::StatusOr<kiln::PushedBundle> pushed = kiln::PushBundle(args[0], entries, signer, *reference);
+  if (targets.empty()) {
+    absl::StatusOr<kiln::PushedBundle> pushed = kiln::PushBundle({file, entries, signer, ""}, *reference);
+    if (!pushed.ok()) return Fail(pushed.status());
+    std::cout << absl::StrFormat("pushed %s (%d entries, %s, %s) to %s@%s\n", file, entries,
+                                 signer.empty() ? "unsigned" : "signed by key " + signer,
+                                 kiln::FormatByteSize(pushed->bytes), reference->ToString(),
+                                 pushed->manifest_digest);
+    return kOk;
+  }
+  std::optional<kiln::Ed25519PrivateKey> key;
+  if (!sign_key.empty()) {
+    absl::StatusOr<kiln::Ed25519PrivateKey> read = ReadSigningKey(sign_key);
+    if (!read.ok()) return Usage(read.status().message());
+    key = *std::move(read);
+  } else if (!signer.empty()) {
+    std::cerr << "kiln: push: " << file << " is signed, but the bundles made for each target are not without "
+              << "--sign KEY: consumers will compile their kernels\n";
+  }
+  std::error_code error;
+  const fs::path directory = fs::temp_directory_path() / absl::StrFormat("kiln-push-%08x", std::random_device()());
+  fs::create_directories(directory, error);
+  kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
+  absl::StatusOr<std::vector<kiln::TargetBundle>> made = kiln::MakeTargetBundles(
+      client, file, targets, key.has_value() ? &*key : nullptr, directory,
+      [&](const std::string& line) { progress.Update(line); });
+  progress.Clear();
+  const auto cleanup = [&] { fs::remove_all(directory, error); };
+  if (!made.ok()) {
+    cleanup();
+    return Fail(made.status(), "nothing was pushed");
+  }
+  std::vector<kiln::BundleToPush> bundles;
+  for (const kiln::TargetBundle& bundle : *made) {
+    bundles.push_back({bundle.file, bundle.entries, key.has_value() ? key->id() : "", bundle.target});
+    std::cout << absl::StrFormat("%s: %d entries, %d of them kernels%s\n", bundle.target, bundle.entries,
+                                 bundle.kernels,
+                                 bundle.left_out.empty() ? "" : absl::StrFormat("; %d kernels left out:",
+                                                                                bundle.left_out.size()));
+    for (const std::string& why : bundle.left_out) std::cout << "  " << why << "\n";
+  }
+  absl::StatusOr<kiln::PushedBundle> pushed = kiln::PushBundleIndex(bundles, *reference);
+  cleanup();
   if (!pushed.ok()) return Fail(pushed.status());
-  std::cout << absl::StrFormat("pushed %s (%d entries, %s, %s) to %s@%s\n", args[0], entries,
-                               signer.empty() ? "unsigned" : "signed by key " + signer,
-                               kiln::FormatByteSize(pushed->bytes), reference->ToString(),
-                               pushed->manifest_digest);
+  std::cout << absl::StrFormat("pushed an index of %d targets (%s, %s) to %s@%s\n", bundles.size(),
+                               key.has_value() ? "signed by key " + key->id() : "unsigned",
+                               kiln::FormatByteSize(pushed->bytes), reference->ToString(), pushed->manifest_digest);
   return kOk;
 }
 
-// Fetches a bundle from an OCI registry: into a file (-o), or imported by kilnd.
+// Fetches a bundle from an OCI registry: into a file (-o), or imported by
+// kilnd. Of an index, the bundles for --target, else for kilnd's GPUs.
 int Pull(kiln::Client& client, const std::vector<std::string>& args) {
   std::string ref;
   std::string out;
   bool replace = false;
+  std::vector<std::string> targets;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "-o" && i + 1 < args.size()) {
       out = args[++i];
     } else if (args[i] == "--replace") {
       replace = true;
+    } else if (args[i] == "--target" && i + 1 < args.size()) {
+      absl::StatusOr<kiln::v1::Target> target = kiln::ParseTarget(args[++i]);
+      if (!target.ok()) return Usage(target.status().message());
+      targets.push_back(kiln::TargetName(*target));
     } else if (ref.empty() && !absl::StartsWith(args[i], "-")) {
       ref = args[i];
     } else {
@@ -613,59 +689,50 @@ int Pull(kiln::Client& client, const std::vector<std::string>& args) {
   absl::StatusOr<kiln::OciReference> reference = kiln::ParseOciReference(ref);
   if (!reference.ok()) return Usage(reference.status().message());
   const bool import = out.empty();
+  if (targets.empty()) {
+    // kilnd's GPUs (its gpu_targets, or what nvidia-smi told it); else this machine's.
+    if (absl::StatusOr<kiln::v1::GetStatsResponse> stats = import ? client.Stats() : absl::UnavailableError("");
+        stats.ok()) {
+      targets.assign(stats->gpu_targets().begin(), stats->gpu_targets().end());
+    }
+    if (targets.empty()) targets = kiln::DetectGpuTargets();
+  }
   std::random_device random;
   const fs::path file = import ? fs::temp_directory_path() /
                                      absl::StrFormat("kiln-pull-%08x.kilnbundle", random())
                                : fs::path(out);
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
   kiln::PullOptions options;
+  options.targets = targets;
   options.received = [&](uint64_t received) {
     progress.Update(absl::StrFormat("fetching %s: %s", ref, kiln::FormatByteSize(received)));
   };
   absl::StatusOr<kiln::PulledBundle> pulled = kiln::PullBundle(*reference, file, options);
   progress.Clear();
   if (!pulled.ok()) return Fail(pulled.status());
-  const std::string* digest = &pulled->manifest_digest;
+  const std::string& digest = pulled->manifest_digest;
   if (!import) {
-    std::cout << absl::StrFormat("fetched %s@%s to %s\n", reference->ToString(), *digest, out);
+    for (const kiln::PulledFile& pulled_file : pulled->files) {
+      std::cout << absl::StrFormat("fetched %s@%s%s to %s\n", reference->ToString(), digest,
+                                   pulled_file.target.empty() ? "" : " for " + pulled_file.target,
+                                   pulled_file.path.string());
+    }
     return kOk;
   }
-  absl::StatusOr<kiln::v1::ImportBundleResponse> imported = client.ImportBundle(file, replace);
-  std::error_code error;
-  fs::remove(file, error);
-  if (!imported.ok()) return Fail(imported.status());
-  PrintImportReport(absl::StrCat(reference->ToString(), "@", *digest), *imported);
-  return kOk;
-}
-
-// A bundle's kernel as prewarm sends it: what kilnd needs of the recorded entry.
-struct RecordedKernel {
-  std::string name;
-  kiln::v1::PrewarmRequest request;  // without its target
-};
-
-// The recorded kernels of the bundle at `file`: memory holds their frontend
-// outputs and key inputs, never the bundle.
-absl::StatusOr<std::vector<RecordedKernel>> RecordedKernels(const std::string& file) {
-  std::vector<RecordedKernel> kernels;
-  absl::StatusOr<kiln::BundleReader> read =
-      kiln::ForEachBundleEntry(file, [&](kiln::v1::BundleEntry&& entry) {
-    RecordedKernel kernel;
-    kernel.request.set_namespace_(entry.namespace_());
-    for (const kiln::v1::Blob& blob : entry.blobs()) {
-      if (absl::EndsWith(blob.name(), ".source")) {
-        kernel.name = blob.name().substr(0, blob.name().size() - 7);
-        *kernel.request.add_recorded() = blob;
-      } else if (blob.name() == "kiln.key-inputs.json") {
-        *kernel.request.add_recorded() = blob;
-      }
+  int exit_code = kOk;
+  for (const kiln::PulledFile& pulled_file : pulled->files) {
+    absl::StatusOr<kiln::v1::ImportBundleResponse> imported = client.ImportBundle(pulled_file.path, replace);
+    std::error_code error;
+    fs::remove(pulled_file.path, error);
+    if (!imported.ok()) {
+      exit_code = std::max(exit_code, Fail(imported.status(), pulled_file.target));
+      continue;
     }
-    // Entries of no Triton kernel (launchers, inductor's graphs) have no frontend output.
-    if (!kernel.name.empty()) kernels.push_back(std::move(kernel));
-    return absl::OkStatus();
-  });
-  if (!read.ok()) return read.status();
-  return kernels;
+    PrintImportReport(absl::StrCat(reference->ToString(), "@", digest,
+                                   pulled_file.target.empty() ? "" : " for " + pulled_file.target),
+                      *imported);
+  }
+  return exit_code;
 }
 
 int Prewarm(kiln::Client& client, const std::vector<std::string>& args) {
@@ -683,95 +750,47 @@ int Prewarm(kiln::Client& client, const std::vector<std::string>& args) {
     }
   }
   if (file.empty() || targets.empty()) return Usage("prewarm needs FILE and at least one --target");
-  absl::StatusOr<std::vector<RecordedKernel>> recorded = RecordedKernels(file);
+  absl::StatusOr<std::vector<kiln::RecordedKernel>> recorded = kiln::RecordedKernels(file);
   if (!recorded.ok()) return Fail(recorded.status());
-  const std::vector<RecordedKernel>& kernels = *recorded;
+  const std::vector<kiln::RecordedKernel>& kernels = *recorded;
   if (kernels.empty()) {
     std::cerr << "kiln: " << file << " holds no recorded Triton kernel (entries with "
               << "<kernel>.source); export a cache that the kiln Python client filled\n";
     return kUsage;
   }
-  struct Job {
-    const RecordedKernel* kernel;
-    const kiln::v1::Target* target;
-    std::optional<absl::StatusOr<kiln::v1::PrewarmResponse>> result;
-  };
-  std::vector<Job> jobs;
-  for (const RecordedKernel& kernel : kernels) {
-    for (const kiln::v1::Target& target : targets) jobs.push_back({&kernel, &target, std::nullopt});
+  std::vector<std::pair<size_t, size_t>> jobs;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    for (size_t t = 0; t < targets.size(); ++t) jobs.emplace_back(k, t);
   }
-  // A few at a time: kilnd runs them on its workers, and a bundle may hold
-  // thousands of kernels.
-  std::mutex mutex;
-  std::condition_variable finished;
-  size_t next = 0;
-  size_t done = 0;
-  // Set by an error no other kernel would escape (kilnd gone, no toolchain of
-  // the bundle's Triton, refused): nothing more is sent.
-  bool stopping = false;
-  auto work = [&] {
-    for (;;) {
-      Job* job;
-      {
-        std::lock_guard lock(mutex);
-        if (stopping || next == jobs.size()) return;
-        job = &jobs[next++];
-      }
-      kiln::v1::PrewarmRequest request = job->kernel->request;
-      *request.mutable_target() = *job->target;
-      absl::StatusOr<kiln::v1::PrewarmResponse> response = client.Prewarm(request);
-      std::lock_guard lock(mutex);
-      stopping |= !response.ok() && !absl::IsInvalidArgument(response.status());
-      job->result = std::move(response);
-      ++done;
-      finished.notify_all();
-    }
-  };
-  std::vector<std::thread> senders;
-  for (unsigned i = 0; i < std::min<size_t>(jobs.size(), 8); ++i) senders.emplace_back(work);
-
   const absl::Time started = absl::Now();
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
   size_t compiled = 0, cached = 0, skipped = 0, failed = 0, reported = 0;
   int exit_code = kOk;
-  std::vector<bool> shown(jobs.size(), false);
-  std::unique_lock lock(mutex);
-  while (reported < (stopping ? next : jobs.size())) {
-    finished.wait_for(lock, std::chrono::milliseconds(100));
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (shown[i] || !jobs[i].result.has_value()) continue;
-      shown[i] = true;
-      ++reported;
-      const Job& job = jobs[i];
-      const std::string label = absl::StrCat(job.kernel->name, " ", job.target->backend(), ":",
-                                             job.target->arch());
-      const absl::StatusOr<kiln::v1::PrewarmResponse>& result = *job.result;
-      if (!result.ok()) {
-        ++failed;
-        progress.Clear();
-        exit_code = std::max(exit_code, Fail(result.status(), label));
-      } else if (!result->skipped().empty()) {
-        ++skipped;
-        progress.Print(absl::StrFormat("%s: skipped: %s", label, result->skipped()));
-      } else if (result->compile().has_error()) {
-        ++failed;
-        progress.Clear();
-        std::cerr << "kiln: " << label << ": " << result->compile().error().message() << "\n";
-        exit_code = std::max(exit_code, static_cast<int>(kCompileFailed));
-      } else {
-        ++(result->compile().cache_hit() ? cached : compiled);
-        progress.Print(absl::StrFormat("%s: %s", label,
-                                       result->compile().cache_hit() ? "cache hit" : "compiled"));
-      }
+  const bool whole = kiln::PrewarmEach(client, kernels, targets, jobs, [&](size_t k, size_t t, const auto& result) {
+    ++reported;
+    const std::string label = absl::StrCat(kernels[k].name, " ", kiln::TargetName(targets[t]));
+    if (!result.ok()) {
+      ++failed;
+      progress.Clear();
+      exit_code = std::max(exit_code, Fail(result.status(), label));
+    } else if (!result->skipped().empty()) {
+      ++skipped;
+      progress.Print(absl::StrFormat("%s: skipped: %s", label, result->skipped()));
+    } else if (result->compile().has_error()) {
+      ++failed;
+      progress.Clear();
+      std::cerr << "kiln: " << label << ": " << result->compile().error().message() << "\n";
+      exit_code = std::max(exit_code, static_cast<int>(kCompileFailed));
+    } else {
+      ++(result->compile().cache_hit() ? cached : compiled);
+      progress.Print(absl::StrFormat("%s: %s", label, result->compile().cache_hit() ? "cache hit" : "compiled"));
     }
+  }, [&](size_t running) {
     progress.Update(absl::StrFormat("prewarming %s: %d/%d done, %d running, %d failed, %.1f s",
-                                    fs::path(file).filename().string(), reported, jobs.size(),
-                                    std::min(next, jobs.size()) - done, failed,
+                                    fs::path(file).filename().string(), reported, jobs.size(), running, failed,
                                     absl::ToDoubleSeconds(absl::Now() - started)));
-  }
-  lock.unlock();
-  for (std::thread& sender : senders) sender.join();
-  if (stopping) {
+  });
+  if (!whole) {
     std::cerr << "kiln: stopped after that error; " << jobs.size() - reported
               << " kernel and target pairs were not sent\n";
     return exit_code;
@@ -893,9 +912,10 @@ int main(int argc, char** argv) {
     std::cout << kUsageText;
     return kOk;
   }
-  // A pull into a file (-o) needs no kilnd.
-  const bool needs_kilnd = StartsKilnd(command) &&
-                           !(command == "pull" && std::find(args.begin(), args.end(), "-o") != args.end());
+  // A pull into a file (-o) needs no kilnd, nor a push but of bundles kilnd makes for targets.
+  const auto has = [&](const char* flag) { return std::find(args.begin(), args.end(), flag) != args.end(); };
+  const bool needs_kilnd = (StartsKilnd(command) && !(command == "pull" && has("-o"))) ||
+                           (command == "push" && has("--target"));
   if (autostart && needs_kilnd) {
     absl::StatusOr<kiln::Autostart> started = kiln::StartUserKilndIfNotServing(options);
     if (!started.ok()) return Fail(started.status());

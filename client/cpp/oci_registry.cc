@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/platform.h"
 #include "common/sha256.h"
@@ -29,6 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr absl::string_view kManifestMediaType = "application/vnd.oci.image.manifest.v1+json";
+constexpr absl::string_view kIndexMediaType = "application/vnd.oci.image.index.v1+json";
 
 std::string OciDigest(absl::string_view data) {
   return absl::StrCat("sha256:", DigestHex(DigestBytes(Sha256(data))));
@@ -227,59 +230,85 @@ absl::StatusOr<OciReference> ParseOciReference(absl::string_view text) {
   return reference;
 }
 
-absl::StatusOr<PushedBundle> PushBundle(const fs::path& file, uint64_t entries,
-                                        const std::string& signed_by,
-                                        const OciReference& reference) {
-  if (reference.tag.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(reference.ToString(), ": push to a tag (REGISTRY/REPOSITORY:TAG)"));
-  }
-  RegistrySession session(reference, "pull,push");
-  PushedBundle pushed;
-  ASSIGN_OR_RETURN(const std::string layer_digest, FileDigest(file, pushed.bytes));
-  const std::string config = absl::StrFormat(R"({"entries":%d,"signed_by":"%s"})", entries, signed_by);
+namespace {
+
+struct Descriptor {
+  std::string digest;
+  uint64_t size = 0;
+};
+
+// Pushes `bundle`'s config, layer and manifest; the manifest under `tag`, or
+// by its digest when `tag` is empty (an index's member).
+absl::StatusOr<Descriptor> PushBundleManifest(RegistrySession& session, const OciReference& reference,
+                                              const BundleToPush& bundle, const std::string& tag,
+                                              uint64_t& layer_bytes) {
+  ASSIGN_OR_RETURN(const std::string layer_digest, FileDigest(bundle.file, layer_bytes));
+  std::string config = absl::StrFormat(R"({"entries":%d,"signed_by":"%s")", bundle.entries, bundle.signed_by);
+  if (!bundle.target.empty()) absl::StrAppend(&config, R"(,"target":")", bundle.target, "\"");
+  absl::StrAppend(&config, "}");
   const std::string config_digest = OciDigest(config);
   RETURN_IF_ERROR(PushBlob(session, reference, config_digest, config, {}));
-  RETURN_IF_ERROR(PushBlob(session, reference, layer_digest, "", file));
+  RETURN_IF_ERROR(PushBlob(session, reference, layer_digest, "", bundle.file));
   const std::string manifest = absl::StrFormat(
       R"({"schemaVersion":2,"mediaType":"%s","artifactType":"%s",)"
       R"("config":{"mediaType":"%s","digest":"%s","size":%d},)"
       R"("layers":[{"mediaType":"%s","digest":"%s","size":%d,)"
       R"("annotations":{"org.opencontainers.image.title":"%s"}}]})",
       kManifestMediaType, kBundleMediaType, kBundleConfigMediaType, config_digest, config.size(),
-      kBundleMediaType, layer_digest, pushed.bytes, file.filename().string());
+      kBundleMediaType, layer_digest, layer_bytes, bundle.file.filename().string());
+  const std::string manifest_digest = OciDigest(manifest);
   HttpsRequest put;
   put.method = "PUT";
-  put.url = session.Url(absl::StrCat("/manifests/", reference.tag));
+  put.url = session.Url(absl::StrCat("/manifests/", tag.empty() ? manifest_digest : tag));
   put.headers.emplace_back("Content-Type", std::string(kManifestMediaType));
   put.body = manifest;
   ASSIGN_OR_RETURN(HttpsResponse stored, session.Send(put));
   if (stored.status != 201) return Unexpected(stored, "storing the manifest");
-  pushed.manifest_digest = OciDigest(manifest);
-  return pushed;
+  return Descriptor{manifest_digest, manifest.size()};
 }
 
-absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs::path& file,
-                                        const PullOptions& options) {
-  RegistrySession session(reference, "pull");
+// A JSON string's characters as they may stand between its quotes here:
+// what Kiln writes (targets, key ids) never needs escaping, so anything
+// else is refused rather than escaped.
+bool PlainJsonText(absl::string_view text) {
+  return absl::c_all_of(text, [](char c) { return absl::ascii_isalnum(c) || c == ':' || c == '.' || c == '_' || c == '-'; });
+}
+
+absl::StatusOr<uint64_t> WholeSize(const google::protobuf::Struct& descriptor, const OciReference& reference,
+                                   absl::string_view what) {
+  const auto size_field = descriptor.fields().find("size");
+  // JSON numbers are doubles: a size is a whole number no larger than 2^53
+  // (a negative or NaN one cast to uint64_t would be undefined behaviour).
+  const double size_value = size_field == descriptor.fields().end() ? -1 : size_field->second.number_value();
+  if (size_field == descriptor.fields().end() ||
+      size_field->second.kind_case() != google::protobuf::Value::kNumberValue || !std::isfinite(size_value) ||
+      size_value < 0 || size_value > 9007199254740992.0 || size_value != std::floor(size_value)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the manifest gives %s no valid size; nothing was fetched (was it pushed by `kiln push`?)",
+        reference.ToString(), what));
+  }
+  return static_cast<uint64_t>(size_value);
+}
+
+// GETs the manifest (or index) at `where` (a tag or digest): its bytes.
+absl::StatusOr<std::string> FetchManifest(RegistrySession& session, const OciReference& reference,
+                                          const std::string& where, const PullOptions& options) {
   HttpsRequest get;
   get.cancelled = options.cancelled;
-  get.url = session.Url(
-      absl::StrCat("/manifests/", reference.digest.empty() ? reference.tag : reference.digest));
-  get.headers.emplace_back("Accept", std::string(kManifestMediaType));
+  get.url = session.Url(absl::StrCat("/manifests/", where));
+  get.headers.emplace_back("Accept", absl::StrCat(kManifestMediaType, ", ", kIndexMediaType));
   ASSIGN_OR_RETURN(HttpsResponse answer, session.Send(get));
   if (answer.status == 404) {
     return absl::NotFoundError(absl::StrCat(reference.ToString(), ": the registry has no such bundle"));
   }
   if (answer.status != 200) return Unexpected(answer, "fetching the manifest");
-  const std::string manifest_digest = OciDigest(answer.body);
-  if (!reference.digest.empty() && manifest_digest != reference.digest) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: the registry's manifest has digest %s; nothing was fetched", reference.ToString(),
-        manifest_digest));
-  }
-  if (absl::c_linear_search(options.known_digests, manifest_digest)) return PulledBundle{manifest_digest, true};
-  ASSIGN_OR_RETURN(google::protobuf::Struct manifest, ParseJson(answer.body, "the manifest"));
+  return std::move(answer.body);
+}
+
+// Fetches the layer of the bundle manifest `manifest_text` into `file`.
+absl::Status FetchBundleLayer(RegistrySession& session, const OciReference& reference,
+                              const std::string& manifest_text, const fs::path& file, const PullOptions& options) {
+  ASSIGN_OR_RETURN(google::protobuf::Struct manifest, ParseJson(manifest_text, "the manifest"));
   const auto& fields = manifest.fields();
   const auto config = fields.find("config");
   const auto layers = fields.find("layers");
@@ -294,18 +323,7 @@ absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs:
   }
   const google::protobuf::Struct& layer = layers->second.list_value().values(0).struct_value();
   const std::string layer_digest = Field(layer, "digest");
-  const auto size_field = layer.fields().find("size");
-  // JSON numbers are doubles: a size is a whole number no larger than 2^53
-  // (a negative or NaN one cast to uint64_t would be undefined behaviour).
-  const double size_value = size_field == layer.fields().end() ? -1 : size_field->second.number_value();
-  if (size_field == layer.fields().end() ||
-      size_field->second.kind_case() != google::protobuf::Value::kNumberValue || !std::isfinite(size_value) ||
-      size_value < 0 || size_value > 9007199254740992.0 || size_value != std::floor(size_value)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the manifest gives its layer no valid size; nothing was fetched (was it pushed by `kiln push`?)",
-        reference.ToString()));
-  }
-  const auto expected_size = static_cast<uint64_t>(size_value);
+  ASSIGN_OR_RETURN(const uint64_t expected_size, WholeSize(layer, reference, "its layer"));
 
   const fs::path partial = fs::path(file.string() + ".partial");
   std::ofstream out(partial, std::ios::binary | std::ios::trunc);
@@ -347,8 +365,135 @@ absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs:
     fs::remove(partial, error);
     return status;
   }
-  RETURN_IF_ERROR(platform::MoveFileOver(partial, file).status());
-  return PulledBundle{manifest_digest, false};
+  return platform::MoveFileOver(partial, file).status();
+}
+
+// Where the bundle for `target` goes when an index gives more than one: FILE
+// with the target before its extension (x.kilnbundle: x.cuda_89.kilnbundle).
+fs::path FileForTarget(const fs::path& file, const std::string& target) {
+  return file.parent_path() /
+         absl::StrCat(file.stem().string(), ".", absl::StrReplaceAll(target, {{":", "_"}}), file.extension().string());
+}
+
+}  // namespace
+
+absl::StatusOr<PushedBundle> PushBundle(const BundleToPush& bundle, const OciReference& reference) {
+  if (reference.tag.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(reference.ToString(), ": push to a tag (REGISTRY/REPOSITORY:TAG)"));
+  }
+  RegistrySession session(reference, "pull,push");
+  PushedBundle pushed;
+  ASSIGN_OR_RETURN(const Descriptor manifest, PushBundleManifest(session, reference, bundle, reference.tag,
+                                                                 pushed.bytes));
+  pushed.manifest_digest = manifest.digest;
+  return pushed;
+}
+
+absl::StatusOr<PushedBundle> PushBundleIndex(const std::vector<BundleToPush>& bundles, const OciReference& reference) {
+  if (reference.tag.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(reference.ToString(), ": push to a tag (REGISTRY/REPOSITORY:TAG)"));
+  }
+  RegistrySession session(reference, "pull,push");
+  PushedBundle pushed;
+  std::vector<std::string> members;
+  for (const BundleToPush& bundle : bundles) {
+    if (!PlainJsonText(bundle.target) || bundle.target.empty() || !PlainJsonText(bundle.signed_by)) {
+      return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a target (cuda:89)", bundle.target));
+    }
+    uint64_t bytes = 0;
+    ASSIGN_OR_RETURN(const Descriptor manifest, PushBundleManifest(session, reference, bundle, "", bytes));
+    pushed.bytes += bytes;
+    members.push_back(absl::StrFormat(
+        R"({"mediaType":"%s","artifactType":"%s","digest":"%s","size":%d,"annotations":{"%s":"%s"}})",
+        kManifestMediaType, kBundleMediaType, manifest.digest, manifest.size, kTargetAnnotation, bundle.target));
+  }
+  const std::string index =
+      absl::StrFormat(R"({"schemaVersion":2,"mediaType":"%s","artifactType":"%s","manifests":[%s]})",
+                      kIndexMediaType, kBundleMediaType, absl::StrJoin(members, ","));
+  HttpsRequest put;
+  put.method = "PUT";
+  put.url = session.Url(absl::StrCat("/manifests/", reference.tag));
+  put.headers.emplace_back("Content-Type", std::string(kIndexMediaType));
+  put.body = index;
+  ASSIGN_OR_RETURN(HttpsResponse stored, session.Send(put));
+  if (stored.status != 201) return Unexpected(stored, "storing the index");
+  pushed.manifest_digest = OciDigest(index);
+  return pushed;
+}
+
+absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs::path& file,
+                                        const PullOptions& options) {
+  RegistrySession session(reference, "pull");
+  ASSIGN_OR_RETURN(const std::string top,
+                   FetchManifest(session, reference, reference.digest.empty() ? reference.tag : reference.digest,
+                                 options));
+  PulledBundle pulled;
+  pulled.manifest_digest = OciDigest(top);
+  if (!reference.digest.empty() && pulled.manifest_digest != reference.digest) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: the registry's manifest has digest %s; nothing was fetched", reference.ToString(),
+        pulled.manifest_digest));
+  }
+  if (absl::c_linear_search(options.known_digests, pulled.manifest_digest)) {
+    pulled.known = true;
+    return pulled;
+  }
+  ASSIGN_OR_RETURN(google::protobuf::Struct parsed, ParseJson(top, "the manifest"));
+  const auto members = parsed.fields().find("manifests");
+  if (Field(parsed, "mediaType") != kIndexMediaType && members == parsed.fields().end()) {
+    RETURN_IF_ERROR(FetchBundleLayer(session, reference, top, file, options));
+    pulled.files.push_back({file, ""});
+    return pulled;
+  }
+  // An index: a bundle per GPU target; those of `options.targets` are fetched.
+  std::vector<std::pair<std::string, std::string>> chosen;  // target, digest
+  if (members != parsed.fields().end()) {
+    for (const google::protobuf::Value& member : members->second.list_value().values()) {
+      const google::protobuf::Struct& descriptor = member.struct_value();
+      const auto annotations = descriptor.fields().find("annotations");
+      const std::string target =
+          annotations == descriptor.fields().end() ? "" : Field(annotations->second.struct_value(),
+                                                                std::string(kTargetAnnotation));
+      if (target.empty() || Field(descriptor, "mediaType") != kManifestMediaType) continue;
+      pulled.index_targets.push_back(target);
+      if (absl::c_linear_search(options.targets, target)) chosen.emplace_back(target, Field(descriptor, "digest"));
+    }
+  }
+  if (pulled.index_targets.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is an index with no Kiln bundle for any GPU target (annotation %s); push one with "
+        "`kiln push --target`",
+        reference.ToString(), kTargetAnnotation));
+  }
+  if (chosen.empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s holds kernels for %s, none for %s; push it for that target too (kiln push --target), "
+        "or name the targets to take (kiln pull --target, or kilnd's gpu_targets)",
+        reference.ToString(), absl::StrJoin(pulled.index_targets, ", "),
+        options.targets.empty() ? "this machine's GPUs (none found)" : absl::StrJoin(options.targets, ", ")));
+  }
+  for (const auto& [target, digest] : chosen) {
+    if (!absl::StartsWith(digest, "sha256:") || digest.size() != 71 || !PlainJsonText(digest)) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: the index names no valid digest for %s",
+                                                        reference.ToString(), target));
+    }
+    ASSIGN_OR_RETURN(const std::string manifest, FetchManifest(session, reference, digest, options));
+    if (OciDigest(manifest) != digest) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: the manifest for %s has digest %s, its index says %s; nothing was kept", reference.ToString(),
+          target, OciDigest(manifest), digest));
+    }
+    const fs::path target_file = chosen.size() == 1 ? file : FileForTarget(file, target);
+    if (absl::Status fetched = FetchBundleLayer(session, reference, manifest, target_file, options); !fetched.ok()) {
+      std::error_code error;
+      for (const PulledFile& kept : pulled.files) fs::remove(kept.path, error);
+      return fetched;
+    }
+    pulled.files.push_back({target_file, target});
+  }
+  return pulled;
 }
 
 }  // namespace kiln

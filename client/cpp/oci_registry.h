@@ -10,6 +10,9 @@
 //   config:   application/vnd.kiln.bundle.config.v1+json  {"entries": N, "signed_by": "KEY ID"}
 //   layer:    application/vnd.kiln.bundle.v1              the bundle file
 //
+// Kernels for several GPUs go as an OCI image index of such manifests, each
+// annotated with its target (kTargetAnnotation), under one tag.
+//
 // Spoken over the distribution API with https_client.h, logged in as docker
 // does (registry_auth.h).
 
@@ -38,15 +41,26 @@ struct OciReference {
 };
 absl::StatusOr<OciReference> ParseOciReference(absl::string_view text);
 
-struct PushedBundle {
-  std::string manifest_digest;  // "sha256:HEX"
-  uint64_t bytes = 0;
+// The annotation of an index's member that names its GPU target ("cuda:89").
+inline constexpr absl::string_view kTargetAnnotation = "dev.kiln.target";
+
+struct BundleToPush {
+  std::filesystem::path file;
+  uint64_t entries = 0;
+  std::string signed_by;  // the key id; empty when unsigned
+  std::string target;     // "cuda:89": the GPU its kernels are for (an index's member)
 };
-// Pushes the bundle file `file` (`entries` of it, signed by `signed_by` or
-// unsigned) to `reference` (its tag; a digest cannot be pushed to).
-absl::StatusOr<PushedBundle> PushBundle(const std::filesystem::path& file, uint64_t entries,
-                                        const std::string& signed_by,
-                                        const OciReference& reference);
+struct PushedBundle {
+  std::string manifest_digest;  // "sha256:HEX" of the manifest, or of the index
+  uint64_t bytes = 0;           // of the bundle files
+};
+// Pushes the bundle to `reference` (its tag; a digest cannot be pushed to).
+absl::StatusOr<PushedBundle> PushBundle(const BundleToPush& bundle, const OciReference& reference);
+// Pushes a bundle per GPU target, each a manifest of its own, and under the
+// tag an OCI image index naming each by its target (kTargetAnnotation), as
+// a multi-platform image names each platform's.
+absl::StatusOr<PushedBundle> PushBundleIndex(const std::vector<BundleToPush>& bundles,
+                                             const OciReference& reference);
 
 struct PullOptions {
   // Told the bytes received so far, as they come.
@@ -54,17 +68,28 @@ struct PullOptions {
   // Manifests ("sha256:HEX") the caller has seen before: one of them is not
   // fetched (a subscription's check costs one request).
   std::vector<std::string> known_digests;
+  // Of an index, the members for these GPU targets ("cuda:89") are fetched.
+  std::vector<std::string> targets;
   // Ends the pull (CANCELLED, nothing kept) when it returns true.
   std::function<bool()> cancelled;
 };
-struct PulledBundle {
-  std::string manifest_digest;  // "sha256:HEX"
-  bool known = false;           // one of `known_digests`: `file` was not written
+struct PulledFile {
+  std::filesystem::path path;
+  std::string target;  // of an index's member; empty for a plain manifest
 };
-// Fetches the bundle `reference` names into `file`. Its manifest must be a
-// Kiln bundle's, and match the digest when the reference pins one; the
-// layer's bytes must match the manifest's digest and size (DATA_LOSS naming
-// both when not: nothing of it is kept).
+struct PulledBundle {
+  std::string manifest_digest;  // "sha256:HEX" of what the reference names
+  bool known = false;           // one of `known_digests`: nothing was written
+  std::vector<PulledFile> files;
+  std::vector<std::string> index_targets;  // every target an index holds
+};
+// Fetches the bundle `reference` names into `file`; of an index, the members
+// for `options.targets` (FAILED_PRECONDITION naming what it holds when none
+// matches): into `file` for one, else FILE.TARGET.kilnbundle beside it. A
+// manifest must be a Kiln bundle's and match the digest that names it (the
+// reference's pin, the index's entry); the layer's bytes must match the
+// manifest's digest and size (DATA_LOSS naming both when not: nothing of it
+// is kept).
 absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference,
                                         const std::filesystem::path& file,
                                         const PullOptions& options = {});

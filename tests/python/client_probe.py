@@ -1,7 +1,7 @@
 """A process that uses Triton the way an application does, for the client tests.
 Kiln is active only if the environment (KILN=1 via the .pth) or `--enable` says so.
 
-usage: client_probe.py suite|suite-sm80|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
+usage: client_probe.py suite|suite-sm80|suite-sm89|suite-sm90|first|first-sm80|ptxas-error|launcher LIBCUDA_DIR|launchers|early-launcher|spawn-child|
                        autotune-warmup|autotune-warmup-failing|autotune-benchmarks|autotune-timed|
                        unloadable-launcher put|build LIBCUDA_DIR|
                        deferred-texts|text-gone|hit-gone evicted|deleted|
@@ -696,7 +696,8 @@ def main():
               "first": lambda: suite(kernel_suite.SUITE[:1], (90,)),
               "first-sm80": lambda: suite(kernel_suite.SUITE[:1], (80,)),
               "first-sm89-twice": lambda: suite(kernel_suite.SUITE[:1], (89, 89)),
-              "suite-sm80": lambda: suite(arches=(80,)), "suite-sm90": lambda: suite(arches=(90,)),
+              "suite-sm80": lambda: suite(arches=(80,)), "suite-sm89": lambda: suite(arches=(89,)),
+              "suite-sm90": lambda: suite(arches=(90,)),
               "user-program": lambda: suite(kernel_suite.USER_PROGRAM, (90,)),
               "loops-carrying-nothing": lambda: suite(kernel_suite.LOOPS_CARRYING_NOTHING, (90,)),
               "device-dependent": device_dependent, "early-launcher": early_launcher,

@@ -3,18 +3,21 @@ an OCI registry (Debian's docker-registry, TLS with a CA the test makes) or a
 directory, checked at start and every bundle_refresh, on a thread no call
 waits on."""
 
+import json
 import os
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
+import hermetic
 import registry_server
 from bundle_files import publisher_key, write_bundle
-from conftest import BUILD, Kilnd
+from conftest import BUILD, Kilnd, probe_json, run_probe
 from test_bundle import KILN, trusting
 from test_metrics import scrape
 from test_registry import kiln
@@ -223,3 +226,81 @@ def test_a_bundle_source_kilnd_cannot_use_stops_its_start_with_the_fix(tmp_path)
                                  capture_output=True, text=True, timeout=60)
     said = bad_refresh.stdout + bad_refresh.stderr
     assert bad_refresh.returncode != 0 and "bundle_refresh" in said, said
+
+
+def test_a_bundle_recorded_for_sm90_pushed_as_an_index_for_three_targets_leaves_an_sm89_node_nothing_to_compile(
+        tmp_path, registry):
+    """The publisher needs no GPU: kilnd compiles the sm90 recording's kernels
+    for sm80 and sm89, and `kiln push --target` publishes one index of three
+    bundles. A node whose GPU is an sm89 (gpu_targets: this machine has none)
+    subscribes, takes the sm89 bundle only, and a compile-only client of sm89
+    then compiles nothing, in kilnd or in itself, and gets stock's bytes."""
+    env = registry_env(tmp_path, registry)
+    base = hermetic.stock_env()
+    stock_sm89 = probe_json(run_probe(dict(base, TRITON_CACHE_DIR=str(tmp_path / "stock")), "suite-sm89"))["kernels"]
+    private, public, key_id = publisher_key(tmp_path)
+    recording = tmp_path / "sm90.kilnbundle"
+    reference = f"{registry.address}/fleet/suite:v1"
+    publisher = Kilnd(tmp_path / "publisher", f"--toolchain={sys.executable}", env=env)
+    try:
+        run_probe(dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{publisher.socket}",
+                       TRITON_CACHE_DIR=str(tmp_path / "c1"), KILN_FILES_DIR=str(tmp_path / "f1")), "suite-sm90")
+        assert kiln(env, "export", recording, kilnd=publisher).returncode == 0
+        recorded = publisher.stats().compiles
+        pushed = kiln(env, "push", recording, reference, "--target", "cuda:80", "--target", "cuda:89",
+                      "--target", "cuda:90", "--sign", private, kilnd=publisher)
+        assert pushed.returncode == 0, pushed.stderr
+        for target in ("cuda:80", "cuda:89", "cuda:90"):
+            assert re.search(rf"^{target}: \d+ entries, 15 of them kernels$", pushed.stdout, re.M), pushed.stdout
+        assert f"pushed an index of 3 targets (signed by key {key_id}" in pushed.stdout, pushed.stdout
+        # sm80 and sm89; the sm90 kernels went as recorded.
+        assert publisher.stats().compiles - recorded == 30
+    finally:
+        publisher.stop()
+    index_digest = pushed.stdout.strip().rsplit("@", 1)[1]
+
+    # skopeo, another client, reads the index and each manifest.
+    certs = tmp_path / "skopeo-certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_bytes(registry.ca.read_bytes())
+    skopeo = ["skopeo", "inspect", "--raw", "--creds", f"{registry_server.USER}:{registry_server.PASSWORD}",
+              "--cert-dir", str(certs)]
+    index = json.loads(subprocess.run([*skopeo, f"docker://{reference}"], check=True, capture_output=True,
+                                      text=True, timeout=120).stdout)
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    assert [m["annotations"]["dev.kiln.target"] for m in index["manifests"]] == ["cuda:80", "cuda:89", "cuda:90"]
+    for member in index["manifests"]:
+        manifest = json.loads(subprocess.run(
+            [*skopeo, f"docker://{registry.address}/fleet/suite@{member['digest']}"], check=True,
+            capture_output=True, text=True, timeout=120).stdout)
+        assert manifest["artifactType"] == "application/vnd.kiln.bundle.v1"
+        [layer] = manifest["layers"]
+        assert layer["mediaType"] == "application/vnd.kiln.bundle.v1"
+
+    node = Kilnd(tmp_path / "node", f"--toolchain={sys.executable}", trusting(public), f"--bundle-sources={reference}",
+                 "--gpu-targets=cuda:89", f"--bundle-refresh={REFRESH}", env=env)
+    try:
+        report = wait_for(lambda: source_report(node, reference).imports == 1 and source_report(node, reference),
+                          120, "the index's sm89 bundle imported")
+        assert report.imported == f"{index_digest} (cuda:89 of cuda:80, cuda:89, cuda:90)", report
+        assert report.last_import_result.trusted and report.last_import_result.signed_by == key_id
+        assert list(node.stats().gpu_targets) == ["cuda:89"]
+        client = dict(base, KILN="1", KILN_STRICT="1", KILN_ENDPOINT=f"unix:{node.socket}",
+                      TRITON_CACHE_DIR=str(tmp_path / "c2"), KILN_FILES_DIR=str(tmp_path / "f2"),
+                      KILN_FIRST_COMPILE_HERE="1", KILN_COMPILE_HERE="1")
+        result = probe_json(run_probe(client, "suite-sm89"))
+        assert result["kernels"] == stock_sm89
+        assert result["frontend_runs"] == 0
+        assert node.stats().compiles == 0
+    finally:
+        node.stop()
+
+    # A node of another GPU takes nothing, and says what the index holds.
+    other = Kilnd(tmp_path / "other", f"--bundle-sources={reference}", "--gpu-targets=cuda:75",
+                  f"--bundle-refresh={REFRESH}", env=env)
+    try:
+        report = wait_for(lambda: source_report(other, reference).checks >= 1 and source_report(other, reference),
+                          30, "a check")
+        assert report.imports == 0 and "holds kernels for cuda:80, cuda:89, cuda:90, none for cuda:75" in report.error
+    finally:
+        other.stop()
