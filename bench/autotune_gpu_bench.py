@@ -48,12 +48,13 @@ EXTRA_KILN_ENV = {name[len("BENCH_"):]: value for name, value in os.environ.item
 
 
 class Kilnd:
-    def __init__(self, bundle, directory):
+    def __init__(self, bundle, directory, *flags):
         self.bundle, self.directory = bundle, directory
         self.env = dict(os.environ, LD_LIBRARY_PATH=str(bundle / "lib"),
                         KILN_ENDPOINT=f"unix:{directory / 'kilnd.sock'}")
         self.process = subprocess.Popen([str(bundle / "kilnd"), f"--data-dir={directory / 'data'}",
-                                         f"--local-socket={directory / 'kilnd.sock'}", f"--toolchain={sys.executable}"],
+                                         f"--local-socket={directory / 'kilnd.sock'}", f"--toolchain={sys.executable}",
+                                         *flags],
                                         env=self.env, stdout=open(directory / "kilnd.log", "w"),
                                         stderr=subprocess.STDOUT)
         subprocess.run([str(bundle / "kiln"), "health", "--wait", "60"], env=self.env, check=True)

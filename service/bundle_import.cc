@@ -16,6 +16,7 @@
 #include "common/platform.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "service/compile_coordinator.h"
 #include "service/request_validation.h"
 #include "spdlog/spdlog.h"
 
@@ -307,6 +308,11 @@ BundleEntryAdmission AdmitBundleEntry(const v1::BundleEntry& entry, bool trusted
   if (absl::StartsWith(entry.namespace_(), kKilndOwnPrefix)) {
     return {BundleEntryAdmission::kRefused, "kilnd's own namespace (shared.*): kilnd makes those"};
   }
+  if (entry.namespace_() == kLauncherRecipeNamespace) {
+    absl::StatusOr<v1::BuildLauncherRequest> recipe = LauncherRecipeOf(entry);
+    if (!recipe.ok()) return {BundleEntryAdmission::kRefused, std::string(recipe.status().message())};
+    return {BundleEntryAdmission::kLauncherRecipe, ""};
+  }
   bool native = HasNativeName(entry.key());
   for (const v1::Blob& blob : entry.blobs()) {
     native = native || HasNativeName(blob.name()) || IsNativeCode(blob.data());
@@ -321,6 +327,24 @@ BundleEntryAdmission AdmitBundleEntry(const v1::BundleEntry& entry, bool trusted
   return {BundleEntryAdmission::kRefused,
           "not signed by a key of trusted_bundle_keys: such a bundle brings only Triton "
           "kernels, which kilnd compiles itself from their recorded TTIR"};
+}
+
+absl::StatusOr<v1::BuildLauncherRequest> LauncherRecipeOf(const v1::BundleEntry& entry) {
+  const auto refused = [] {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a launcher recipe (%s) that is not one blob %s holding a module name, a Triton key and "
+        "make_launcher's arguments",
+        kLauncherRecipeNamespace, kLauncherRecipeBlob));
+  };
+  v1::BuildLauncherRequest recipe;
+  if (entry.blobs_size() != 1 || entry.blobs(0).name() != kLauncherRecipeBlob ||
+      !recipe.ParseFromString(entry.blobs(0).data()) || recipe.module_name().empty() ||
+      recipe.triton_key().empty() || recipe.origin().generator_case() == v1::LauncherOrigin::GENERATOR_NOT_SET ||
+      !recipe.c_source().empty() || recipe.include_dirs_size() > 0 || recipe.library_dirs_size() > 0 ||
+      recipe.libraries_size() > 0 || recipe.has_python_abi()) {
+    return refused();
+  }
+  return recipe;
 }
 
 absl::StatusOr<std::vector<Ed25519PublicKey>> LoadTrustedBundleKeys(const std::string& file) {
@@ -385,6 +409,7 @@ absl::StatusOr<v1::ImportBundleResponse> ImportBundleFile(const BundleImportCont
   response.set_trusted(trusted);
 
   Refusals refusals;
+  std::vector<v1::BuildLauncherRequest> recipes;
   TrustedStore store(context, response);
   std::optional<KernelCompiles> compiles;
   if (!trusted) compiles.emplace(context, response);
@@ -400,6 +425,11 @@ absl::StatusOr<v1::ImportBundleResponse> ImportBundleFile(const BundleImportCont
         return absl::OkStatus();
       case BundleEntryAdmission::kAsIs:
         return store.Add(std::move(entry));
+      case BundleEntryAdmission::kLauncherRecipe:
+        if (absl::StatusOr<v1::BuildLauncherRequest> recipe = LauncherRecipeOf(entry); recipe.ok()) {
+          recipes.push_back(*std::move(recipe));
+        }
+        return absl::OkStatus();
     }
     return absl::OkStatus();
   });
@@ -412,6 +442,8 @@ absl::StatusOr<v1::ImportBundleResponse> ImportBundleFile(const BundleImportCont
   RETURN_IF_ERROR(read.status());
   RETURN_IF_ERROR(store.Finish());
   refusals.MoveTo(response);
+  response.set_launchers_ahead(recipes.size());
+  if (!recipes.empty() && context.build_launchers) context.build_launchers(std::move(recipes));
   return response;
 }
 

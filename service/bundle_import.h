@@ -33,11 +33,19 @@ inline constexpr absl::string_view kImportsDirName = "imports";
 // How an entry of a bundle comes in: stored as it is, compiled by kilnd
 // from what it recorded, or refused (`reason` says why).
 struct BundleEntryAdmission {
-  enum Kind { kAsIs, kCompile, kRefused };
+  // kLauncherRecipe: what generated a launcher (kLauncherRecipeNamespace):
+  // not stored; its launcher is built here after the import, at any trust
+  // (only arguments to this machine's own Triton come from the bundle).
+  enum Kind { kAsIs, kCompile, kLauncherRecipe, kRefused };
   Kind kind = kRefused;
   std::string reason;
 };
 BundleEntryAdmission AdmitBundleEntry(const v1::BundleEntry& entry, bool trusted);
+
+// A launcher recipe entry's request: its module name, Triton key and origin
+// only (no source, directories or ABI: those are this machine's).
+// INVALID_ARGUMENT saying what a recipe holds otherwise.
+absl::StatusOr<v1::BuildLauncherRequest> LauncherRecipeOf(const v1::BundleEntry& entry);
 
 // The keys trusted_bundle_keys names: the PEM public keys in `file`, one or
 // more. None when `file` is empty. Read at each import, so a change of the
@@ -60,6 +68,9 @@ struct BundleImportContext {
   // first compile looks only there (compiled_here.py): without them, the
   // first kernel of every process after a pull was compiled again.
   std::function<void(const std::string& bundle_ns, const std::string& key)> stored;
+  // Once the import has committed: the launcher recipes it brought, to build
+  // in the background (never waited for).
+  std::function<void(std::vector<v1::BuildLauncherRequest>)> build_launchers;
 };
 
 // What `stored` is told of an import at most: a bundle's kernels a process

@@ -552,7 +552,77 @@ void CompileCoordinator::BuildLauncherOnThread(const v1::BuildLauncherRequest& r
   absl::StatusOr<compiler::LauncherRequest> launcher =
       caller.same_local_user ? ToLauncherRequest(request) : RemoteLauncherRequest(request, *builder);
   if (!launcher.ok()) return done(launcher.status());
-  BuildLauncher(*std::move(launcher), *builder, std::move(done));
+  BuildLauncher(*std::move(launcher), *builder,
+                [this, request, caller, done = std::move(done)](absl::StatusOr<CompileOutcome> outcome) {
+                  if (outcome.ok() && std::holds_alternative<cache::CacheEntry>(outcome->result)) {
+                    KeepLauncherRecipe(request, caller);
+                  }
+                  done(std::move(outcome));
+                });
+}
+
+void CompileCoordinator::KeepLauncherRecipe(const v1::BuildLauncherRequest& request, const Caller& caller) {
+  if (request.triton_key().empty() || request.origin().generator_case() == v1::LauncherOrigin::GENERATOR_NOT_SET) {
+    return;  // not one of Triton's own launchers: nothing to make it again from
+  }
+  v1::BuildLauncherRequest recipe;
+  recipe.set_module_name(request.module_name());
+  recipe.set_triton_key(request.triton_key());
+  *recipe.mutable_origin() = request.origin();
+  std::string bytes;
+  recipe.SerializeToString(&bytes);
+  const std::string key = DigestHex(DigestBytes(Sha256(bytes)));
+  const std::string ns = ScopedNamespace(caller, kLauncherRecipeNamespace);
+  {
+    std::lock_guard lock(recipes_mutex_);
+    if (!recipes_kept_.insert(absl::StrCat(ns, "/", key)).second) return;
+  }
+  // Off the caller's path: a recipe lost is a launcher built at first use.
+  storing_.Schedule([this, ns, key, bytes = std::move(bytes)]() mutable {
+    std::vector<cache::BlobInput> blobs;
+    blobs.push_back({std::string(kLauncherRecipeBlob), std::move(bytes), ""});
+    if (absl::Status kept = store_.Put(ns, key, std::move(blobs)).status(); !kept.ok()) {
+      spdlog::debug("launcher recipe {}/{} not kept: {}", ns, key, kept.message());
+    }
+  });
+}
+
+void CompileCoordinator::BuildLauncherAhead(v1::BuildLauncherRequest recipe,
+                                            std::function<void(absl::Status)> done) {
+  threads_.Schedule(
+      [this, recipe = std::move(recipe), done = std::move(done)] {
+        std::shared_ptr<const compiler::LauncherBuilder> builder;
+        {
+          std::lock_guard lock(launcher_mutex_);
+          builder = launcher_builder_;
+        }
+        if (builder == nullptr) return done(absl::FailedPreconditionError("this kilnd builds no launchers"));
+        absl::StatusOr<LauncherFromOrigin> generated = GeneratedLauncherRequest(recipe, *builder);
+        if (!generated.ok()) return done(generated.status());
+        BuildLauncher(std::move(generated->launcher), *builder, [done](absl::StatusOr<CompileOutcome> outcome) {
+          if (!outcome.ok()) return done(outcome.status());
+          if (auto* failure = std::get_if<compiler::CompileFailure>(&outcome->result)) {
+            return done(absl::AbortedError(failure->message));
+          }
+          done(absl::OkStatus());
+        });
+      },
+      ThreadPool::kBackground);
+}
+
+absl::StatusOr<CompileCoordinator::LauncherFromOrigin> CompileCoordinator::GeneratedLauncherRequest(
+    const v1::BuildLauncherRequest& request, const compiler::LauncherBuilder& builder) {
+  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, toolchains_.Find(request.triton_key()));
+  compiler::LauncherSourceJob job;
+  job.make_launcher_args = request.origin().make_launcher_args();
+  job.cuda_utils = request.origin().cuda_utils();
+  ASSIGN_OR_RETURN(compiler::GeneratedLauncher generated, pool->LauncherSource(job));
+  LauncherFromOrigin made{{request.module_name(), std::move(generated.source), std::move(generated.abi),
+                           std::move(generated.include_dirs), std::move(generated.library_dirs),
+                           std::move(generated.libraries)},
+                          pool->info().triton_version};
+  RETURN_IF_ERROR(LinkStubWithoutDriver(builder.environment(), made.launcher));
+  return made;
 }
 
 absl::StatusOr<compiler::LauncherRequest> CompileCoordinator::RemoteLauncherRequest(
@@ -566,35 +636,26 @@ absl::StatusOr<compiler::LauncherRequest> CompileCoordinator::RemoteLauncherRequ
         "triton_key and origin (the kiln Python client does for Triton's own launchers); build "
         "this one on the client");
   }
-  ASSIGN_OR_RETURN(compiler::WorkerPool * pool, toolchains_.Find(request.triton_key()));
-  compiler::LauncherSourceJob job;
-  job.make_launcher_args = request.origin().make_launcher_args();
-  job.cuda_utils = request.origin().cuda_utils();
-  ASSIGN_OR_RETURN(compiler::GeneratedLauncher generated, pool->LauncherSource(job));
+  ASSIGN_OR_RETURN(LauncherFromOrigin generated, GeneratedLauncherRequest(request, builder));
   const v1::PythonAbi& client = request.python_abi();
-  const compiler::PythonAbi& farm = generated.abi;
+  const compiler::PythonAbi& farm = generated.launcher.abi;
   if (client.version() != farm.version || client.abiflags() != farm.abiflags ||
       client.ext_suffix() != farm.ext_suffix || client.platform() != farm.platform) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "this kilnd's toolchain of your Triton (%s) is Python %s%s on %s (%s); you run Python "
         "%s%s on %s (%s). Register a toolchain of your Python and Triton version on this machine "
         "(toolchain = PATH in kilnd.conf), or build launchers on the client",
-        pool->info().triton_version, farm.version, farm.abiflags, farm.platform, farm.ext_suffix,
+        generated.triton_version, farm.version, farm.abiflags, farm.platform, farm.ext_suffix,
         client.version(), client.abiflags(), client.platform(), client.ext_suffix()));
   }
-  if (generated.source != request.c_source()) {
+  if (generated.launcher.c_source != request.c_source()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the launcher source sent is not what this kilnd's Triton %s generates from its origin; "
         "kilnd builds a remote client's launcher only from source it generated itself (is the "
         "client's Triton patched?)",
-        pool->info().triton_version));
+        generated.triton_version));
   }
-  compiler::LauncherRequest launcher{request.module_name(), std::move(generated.source),
-                                     std::move(generated.abi), std::move(generated.include_dirs),
-                                     std::move(generated.library_dirs),
-                                     std::move(generated.libraries)};
-  RETURN_IF_ERROR(LinkStubWithoutDriver(builder.environment(), launcher));
-  return launcher;
+  return std::move(generated.launcher);
 }
 
 void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher,

@@ -34,6 +34,12 @@ struct Caller {
   bool same_local_user = false;
 };
 
+// Where kilnd keeps, in each caller's trust domain, what generated each
+// launcher it built for them ("launcher recipes": no code, only Triton's and
+// make_launcher's arguments), so that a bundle carries them.
+inline constexpr absl::string_view kLauncherRecipeNamespace = "kiln.launchers";
+inline constexpr absl::string_view kLauncherRecipeBlob = "kiln.launcher-recipe.pb";
+
 // The trust domain of kilnd's own account: its Unix socket, or the token of its
 // endpoint file. Only it reads served files.
 inline constexpr absl::string_view kLocalDomain = "local";
@@ -108,6 +114,14 @@ class CompileCoordinator {
   void Compile(v1::CompileRequest request, Caller caller, Done done,
                std::function<void()> recorded);
   void BuildLauncher(v1::BuildLauncherRequest request, Caller caller, Done done);
+  // Builds, in the background, the launcher a launcher recipe (an imported
+  // bundle's kLauncherRecipeNamespace entry: its module name, Triton and
+  // make_launcher's arguments) makes on this machine: its source generated
+  // by this machine's toolchain of that Triton, its build as a local
+  // client of that toolchain would ask for it, so that the client's first
+  // launch finds it built. `done` is called once: OK when it is built (or
+  // was), or why not.
+  void BuildLauncherAhead(v1::BuildLauncherRequest recipe, std::function<void(absl::Status)> done);
   // Launchers are built by `launcher_builder` from now on; null: none are,
   // failing with `launcher_unavailable`.
   void UseLauncherBuilder(std::unique_ptr<compiler::LauncherBuilder> launcher_builder,
@@ -189,6 +203,21 @@ class CompileCoordinator {
   // Python and CUDA files. FAILED_PRECONDITION names what the farm lacks.
   absl::StatusOr<compiler::LauncherRequest> RemoteLauncherRequest(
       const v1::BuildLauncherRequest& request, const compiler::LauncherBuilder& builder);
+  // The launcher this machine's toolchain of `request.triton_key()` generates
+  // from `request.origin()`, built with that toolchain's Python and CUDA
+  // files; and that toolchain's Triton version, for messages.
+  struct LauncherFromOrigin {
+    compiler::LauncherRequest launcher;
+    std::string triton_version;
+  };
+  absl::StatusOr<LauncherFromOrigin> GeneratedLauncherRequest(const v1::BuildLauncherRequest& request,
+                                                              const compiler::LauncherBuilder& builder);
+  // Keeps what generated a launcher a local client had built (its recipe),
+  // once per kilnd run, in the caller's kLauncherRecipeNamespace: bundles
+  // carry it, and an import builds the launcher ahead from it.
+  void KeepLauncherRecipe(const v1::BuildLauncherRequest& request, const Caller& caller);
+  std::mutex recipes_mutex_;
+  absl::flat_hash_set<std::string> recipes_kept_;  // guarded by recipes_mutex_
   void BuildLauncher(compiler::LauncherRequest launcher, const compiler::LauncherBuilder& builder,
                      Done done);
   // The worker pool of the toolchain whose Triton has `triton_key`, registering

@@ -135,7 +135,7 @@ absl::StatusOr<v1::ImportBundleResponse> KilnService::ImportBundleFileFor(const 
   if (!keys.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(keys.status().message(), "; nothing was imported"));
   }
-  const BundleImportContext context{
+  BundleImportContext context{
       .store = store_,
       .scoped = [&caller](absl::string_view ns) { return ScopedNamespace(caller, ns); },
       .compile =
@@ -167,12 +167,20 @@ absl::StatusOr<v1::ImportBundleResponse> KilnService::ImportBundleFileFor(const 
             }
           },
   };
+  context.build_launchers = [this](std::vector<v1::BuildLauncherRequest> recipes) {
+    for (v1::BuildLauncherRequest& recipe : recipes) {
+      const std::string module = recipe.module_name();
+      coordinator_.BuildLauncherAhead(std::move(recipe), [module](const absl::Status& built) {
+        if (!built.ok()) spdlog::info("import: launcher {} not built ahead: {}", module, built.message());
+      });
+    }
+  };
   absl::StatusOr<v1::ImportBundleResponse> imported = ImportBundleFile(context, file);
   if (imported.ok()) {
-    spdlog::info("import: {} entries{}{}: {} stored, {} compiled, {} unchanged, {} conflicts",
+    spdlog::info("import: {} entries{}{}: {} stored, {} compiled, {} unchanged, {} conflicts, {} launchers to build",
                  imported->entries(), imported->signed_by().empty() ? "" : ", signed by key ",
                  imported->signed_by(), imported->stored(), imported->compiled(), imported->unchanged(),
-                 imported->conflicts());
+                 imported->conflicts(), imported->launchers_ahead());
   }
   return imported;
 }

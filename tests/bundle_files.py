@@ -48,3 +48,18 @@ def write_bundle(path, entries, signer=None):
             signature = subprocess.run(["openssl", "pkeyutl", "-sign", "-inkey", str(signer), "-rawin",
                                         "-in", str(message)], check=True, capture_output=True, timeout=60).stdout
             out.write(b"SIG " + hashlib.sha256(der.read_bytes()[-32:]).digest() + signature)
+
+
+def read_bundle(path):
+    """The entries (kiln.v1.BundleEntry) of the bundle file at `path`, read as
+    client/cpp/bundle.h lays them out (its checksum and signature unchecked)."""
+    from kiln.service import api
+
+    data = Path(path).read_bytes()
+    assert data.startswith((b"KILNBUNDLE 1\n", b"KILNBUNDLE 2\n")), data[:16]
+    offset, entries = len(b"KILNBUNDLE 1\n"), []
+    while data[offset:offset + 4] != b"END ":
+        (length,) = struct.unpack_from("<I", data, offset)
+        entries.append(api.BundleEntry.FromString(data[offset + 4:offset + 4 + length]))
+        offset += 4 + length
+    return entries

@@ -695,13 +695,13 @@ std::string FormatStats(const v1::GetStatsResponse& stats) {
       uint64_t refused = 0;
       for (const v1::RefusedEntries& entries : result.refused()) refused += entries.count();
       absl::StrAppend(&text, absl::StrFormat("  imported %s: %d entries, %s; %d stored, %d compiled, %d unchanged, "
-                                             "%d refused, %d failed to compile\n",
+                                             "%d refused, %d failed to compile, %d launchers to build\n",
                                              source.last_import(), result.entries(),
                                              result.signed_by().empty() ? "unsigned"
                                              : result.trusted()         ? "signed by trusted key " + result.signed_by()
                                                                         : "signed by untrusted key " + result.signed_by(),
                                              result.stored(), result.compiled(), result.unchanged(), refused,
-                                             result.compile_failures_count()));
+                                             result.compile_failures_count(), result.launchers_ahead()));
       for (const v1::RefusedEntries& entries : result.refused()) {
         absl::StrAppend(&text, absl::StrFormat("    refused %d: %s\n", entries.count(), entries.reason()));
       }

@@ -545,6 +545,9 @@ void PrintImportReport(const std::string& file, const kiln::v1::ImportBundleResp
     std::cout << absl::StrFormat("  refused %d: %s (first: %s)\n", refused.count(), refused.reason(),
                                  refused.example());
   }
+  if (report.launchers_ahead() > 0) {
+    std::cout << absl::StrFormat("  launchers to build ahead, in the background: %d\n", report.launchers_ahead());
+  }
   if (report.compile_failures_count() > 0) {
     std::cout << absl::StrFormat("  not compiled %d:\n", report.compile_failures_count());
     for (const std::string& failure : report.compile_failures()) std::cout << "    " << failure << "\n";

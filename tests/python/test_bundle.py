@@ -7,13 +7,15 @@ import os
 import re
 import struct
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 import hermetic
 import kernel_suite
-from bundle_files import openssl, publisher_key, write_bundle
+from bundle_files import openssl, publisher_key, read_bundle, write_bundle
 from conftest import BUILD, Kilnd, probe_json, run_on_terminal, run_probe
 
 KILN = BUILD / "client" / "cpp" / "kiln"
@@ -504,3 +506,71 @@ def test_a_bad_entry_after_good_ones_leaves_nothing_stored(tmp_path):
         assert target.stats().entries == 0
     finally:
         target.stop()
+
+
+def test_the_launchers_a_recording_built_are_built_ahead_after_an_import_from_what_generated_them(tmp_path):
+    """A launcher kilnd built for its local client leaves a recipe (its
+    module name, Triton and make_launcher's arguments: no code) that an export
+    carries. An import, trusted or not, builds each launcher in the background
+    from source its own Triton generates; a recipe holding anything else is
+    refused."""
+    from kiln.service import api
+    from kiln.triton.versions import triton_key
+    from test_launcher import CUDA_STUBS, add_kernel_launcher_source, launcher_request
+
+    stub_dir = next((d for d in CUDA_STUBS if (d / "libcuda.so").exists()), None)
+    if stub_dir is None:
+        pytest.skip("no CUDA toolkit stub libcuda.so on this machine")
+    libcuda = tmp_path / "libcuda"
+    libcuda.mkdir()
+    (libcuda / "libcuda.so.1").symlink_to(stub_dir / "libcuda.so")
+    arguments = repr(({(4,): 1024}, {0: "*fp32", 1: "*fp32", 2: "*fp32", 3: "i32", 4: "constexpr"}, None))
+    request = launcher_request(add_kernel_launcher_source(), libcuda)
+    request.triton_key = triton_key()
+    request.origin.make_launcher_args = arguments
+    bundle = tmp_path / "launchers.kilnbundle"
+    recorder = Kilnd(tmp_path / "recorder", f"--toolchain={sys.executable}")
+    try:
+        built = recorder.stub.BuildLauncher(request)
+        assert built.WhichOneof("result") == "module", built.error
+        deadline = time.monotonic() + 30
+        while recorder.stats().entries < 2 and time.monotonic() < deadline:  # the launcher, then its recipe
+            time.sleep(0.1)
+        exported = kiln(recorder, "export", bundle)
+        assert exported.returncode == 0, exported.stderr
+    finally:
+        recorder.stop()
+    [recipe] = [entry for entry in read_bundle(bundle) if entry.namespace == "kiln.launchers"]
+    assert [blob.name for blob in recipe.blobs] == ["kiln.launcher-recipe.pb"]
+    kept = api.BuildLauncherRequest.FromString(recipe.blobs[0].data)
+    assert (kept.module_name, kept.triton_key, kept.origin.make_launcher_args, kept.c_source) == \
+        ("__triton_launcher", triton_key(), arguments, "")
+
+    target = Kilnd(tmp_path / "unsigned", f"--toolchain={sys.executable}")
+    try:
+        imported = kiln(target, "import", bundle)
+        assert imported.returncode == 0, imported.stderr
+        assert "launchers to build ahead, in the background: 1" in imported.stdout, imported.stdout
+        deadline = time.monotonic() + 60
+        while target.stats().launcher_builds < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert target.stats().launcher_builds == 1, (tmp_path / "unsigned" / "kilnd.out").read_text()
+    finally:
+        target.stop()
+
+    # A recipe with C in it is not a recipe: kilnd builds only what its own Triton generates.
+    forged = api.BuildLauncherRequest(module_name="__triton_launcher", triton_key=triton_key(),
+                                      c_source="int main(void) { return 0; }")
+    forged.origin.make_launcher_args = arguments
+    crafted = tmp_path / "crafted.kilnbundle"
+    write_bundle(crafted, [("kiln.launchers", "ab" * 32, {"kiln.launcher-recipe.pb": forged.SerializeToString()})])
+    target = Kilnd(tmp_path / "crafted", f"--toolchain={sys.executable}")
+    try:
+        imported = kiln(target, "import", crafted)
+        assert imported.returncode == 0, imported.stderr
+        assert "refused 1: a launcher recipe (kiln.launchers) that is not one blob" in imported.stdout, imported.stdout
+        time.sleep(1)
+        assert target.stats().launcher_builds == 0
+    finally:
+        target.stop()
+
