@@ -703,6 +703,56 @@ def _kernels_made(cache_dir):
     return made
 
 
+_KEY_INPUTS_FILE = "kiln.key-inputs.json"  # kilnd's cache.kKeyInputsBlob
+
+
+def _key_inputs_of_this_compile():
+    """kiln.v1.KeyInputs (JSON bytes) of the triton.compile() this thread is
+    in, read from its frame as the client reads them (kiln/triton/key_inputs.py),
+    or None: kept with each kernel an inductor job compiles, so that a bundle's
+    untrusted import and `kiln prewarm` can compile it again from its TTIR."""
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "compile"
+                                     and frame.f_globals.get("__name__") == "triton.compiler.compiler"):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    inputs = frame.f_locals
+    try:
+        key, backend, options = inputs["key"], inputs["backend"], inputs["options"]
+        env = inputs.get("env_vars")
+        if env is None:
+            from triton._C.libtriton import get_cache_invalidating_env_vars
+
+            env = get_cache_invalidating_env_vars()
+        target = backend.target
+        return json.dumps({"key": key, "triton_key": triton_key(),
+                           "target": {"backend": target.backend, "arch": str(target.arch),
+                                      "warp_size": target.warp_size},
+                           "options_json": json.dumps(options.__dict__), "env": env,
+                           # The job's frontend ran here, with no GPU to ask.
+                           "frontend_read_device": ""}).encode()
+    except Exception:  # noqa: BLE001  (a Triton of other shapes: the kernel goes without them)
+        return None
+
+
+def _recording_key_inputs():
+    """Makes Triton's file cache leave kiln.key-inputs.json beside each
+    kernel compiled from here on; returns the put_group it wrapped."""
+    from triton.runtime.cache import FileCacheManager
+
+    put_group = FileCacheManager.put_group
+
+    def recorded(self, filename, group):
+        inputs = _key_inputs_of_this_compile()
+        if inputs is not None:
+            group = dict(group, **{_KEY_INPUTS_FILE: self.put(inputs, _KEY_INPUTS_FILE, binary=True)})
+        return put_group(self, filename, group)
+
+    FileCacheManager.put_group = recorded
+    return put_group
+
+
 def _as_the_client_has_ptxas(client_versions):
     """Makes the nvidia backend answer `ptxas --version` as the client's Triton
     does (client_versions: arch -> answer; arch 0 where one ptxas serves all),
@@ -748,7 +798,7 @@ def _inductor_kernel_here(header, parts):
                    "TRITON_CACHE_MANAGER": None}
         saved = {name: os.environ.pop(name, None) for name in job_env}
         os.environ.update({name: value for name, value in job_env.items() if value is not None})
-        choose_gpu_driver = ask_ptxas = None
+        choose_gpu_driver = ask_ptxas = put_group = None
         try:
             from torch._inductor.async_compile import _load_triton_kernel_from_source
             from torch._inductor.runtime import triton_helpers
@@ -760,6 +810,7 @@ def _inductor_kernel_here(header, parts):
             choose_gpu_driver = triton_helpers.set_driver_to_gpu
             triton_helpers.set_driver_to_gpu = lambda: None
             ask_ptxas = _as_the_client_has_ptxas(header.get("ptxas_versions", {}))
+            put_group = _recording_key_inputs()
             began = time.perf_counter()
             kernel = _load_triton_kernel_from_source(kernel_name, source)
             kernel.precompile(warm_cache_only=True)
@@ -770,6 +821,10 @@ def _inductor_kernel_here(header, parts):
         finally:
             if choose_gpu_driver is not None:
                 triton_helpers.set_driver_to_gpu = choose_gpu_driver
+            if put_group is not None:
+                from triton.runtime.cache import FileCacheManager
+
+                FileCacheManager.put_group = put_group
             if ask_ptxas is not None:
                 from triton.backends.nvidia import compiler as nvidia
 

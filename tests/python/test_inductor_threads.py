@@ -17,7 +17,7 @@ import pytest
 
 import hermetic
 import process_table
-from conftest import REPO, Kilnd
+from conftest import BUILD, REPO, Kilnd
 
 PYTHON = REPO / ".venv-torch" / "bin" / "python"
 PROGRAM = REPO / "tests" / "python" / "inductor_kernels_program.py"
@@ -208,3 +208,33 @@ def test_a_fork_server_address_another_account_holds_is_sent_no_module(tmp_path,
     assert compiled["cubins"] == stock["cubins"]
     stats = kilnd.stats()
     assert rpc_calls(stats, "CompileInductorKernel") == (4, 0) and stats.compiles == 0, stats
+
+
+def test_kernels_compiled_whole_in_kilnds_workers_come_from_a_strangers_bundle_into_stocks_bytes(tmp_path, kilnd):
+    """Each kernel a worker compiles for inductor keeps what its key came from
+    (kiln.key-inputs.json beside Triton's .source), as the client's own do: an
+    unsigned bundle of them brings every one, compiled by the importing kilnd,
+    and a graph's process there compiles nothing. (Their cubins are not the
+    recording's: inductor compiles with torch's ptxas, named in the recorded
+    environment, and an import never runs a tool a bundle names: the
+    importing kilnd's toolchain's own ptxas compiles them.)"""
+    stock, _ = run(tmp_path, "stock", "3", "11")
+    run(tmp_path, "kiln", "3", "11", kilnd=kilnd, KILN_INDUCTOR_IN_KILND="1")
+    bundle = tmp_path / "inductor.kilnbundle"
+    kiln = [str(BUILD / "client" / "cpp" / "kiln"), "--endpoint"]
+    exported = subprocess.run([*kiln, f"unix:{kilnd.socket}", "export", str(bundle)], capture_output=True, text=True)
+    assert exported.returncode == 0, exported.stderr
+    configs = sum(stock["configs_compiled"].values())
+    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={PYTHON}", "--compile-workers=2")
+    try:
+        imported = subprocess.run([*kiln, f"unix:{stranger.socket}", "import", str(bundle)], capture_output=True,
+                                  text=True, timeout=600)
+        assert imported.returncode == 0, imported.stderr
+        assert f"kernels compiled by kilnd {configs}" in imported.stdout and "refused" not in imported.stdout, \
+            imported.stdout
+        again, _ = run(tmp_path, "again", "3", "11", kilnd=stranger)
+        assert again["configs_compiled"] == stock["configs_compiled"]
+        stats = stranger.stats()
+        assert stats.compiles == configs and rpc_calls(stats, "CompileInductorKernel") == (0, 0), stats
+    finally:
+        stranger.stop()
