@@ -210,7 +210,7 @@ def test_a_fork_server_address_another_account_holds_is_sent_no_module(tmp_path,
     assert rpc_calls(stats, "CompileInductorKernel") == (4, 0) and stats.compiles == 0, stats
 
 
-def test_kernels_compiled_whole_in_kilnds_workers_come_from_a_strangers_bundle_into_stocks_bytes(tmp_path, kilnd):
+def test_kernels_compiled_whole_in_kilnds_workers_all_come_from_a_strangers_bundle_and_compile_nothing_again(tmp_path, kilnd):
     """Each kernel a worker compiles for inductor keeps what its key came from
     (kiln.key-inputs.json beside Triton's .source), as the client's own do: an
     unsigned bundle of them brings every one, compiled by the importing kilnd,
