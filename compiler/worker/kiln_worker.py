@@ -159,6 +159,40 @@ def _forget_ptxas():
             remembered.cache_clear()
 
 
+_invalidating_names = set()  # names get_cache_invalidating_env_vars() was seen to return
+
+
+def refused_variable(env, tool_env=None):
+    """Why a job's variables are not set here, or None. A job sets only what
+    its key holds (this Triton's cache-invalidating variables) and the ptxas
+    kilnd checked (tool_env): a remote caller or a stranger's bundle naming
+    LD_PRELOAD, or TRITON_PTXAS_PATH among env, would have this worker run
+    a program of its choosing."""
+    for name, value in (tool_env or {}).items():
+        if name not in _TOOL_VARIABLES or not isinstance(value, str):
+            return "tool_env names %r; a job takes only %s there" % (name, " and ".join(_TOOL_VARIABLES))
+    for name, value in env.items():
+        if not (isinstance(name, str) and isinstance(value, str)) or "=" in name or "\0" in name + value:
+            return "env holds %r, which is not a variable of the environment" % (name,)
+        if name in _invalidating_names:
+            continue
+        # Triton keeps the list in libtriton and returns the ones set: ask it.
+        saved = os.environ.get(name)
+        os.environ[name] = "1"
+        try:
+            invalidating = name in get_cache_invalidating_env_vars()
+        finally:
+            if saved is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = saved
+        if not invalidating:
+            return ("env names %s, which is not one of this Triton's cache-invalidating variables "
+                    "(get_cache_invalidating_env_vars): a client sends only those" % name)
+        _invalidating_names.add(name)
+    return None
+
+
 @contextlib.contextmanager
 def client_environment(env):
     """Sets exactly the client's cache-invalidating variables. Left in place
@@ -421,6 +455,9 @@ def compile_job(header, parts):
         ir_text = parts["ir"].decode()
     except (KeyError, UnicodeDecodeError):
         return _error("invalid_request", "compile request needs the TTIR as UTF-8 text")
+    refused = refused_variable(header.get("env", {}), header.get("tool_env", {}))
+    if refused:
+        return _error("invalid_request", refused)
     try:
         with client_environment({**header.get("env", {}), **header.get("tool_env", {})}):
             outputs, timings, ptxas_log = _run_stages(header, ir_text)
@@ -505,7 +542,17 @@ def _skipped(reason):
 
 def retarget(header, parts):
     try:
-        return _retarget(header, parts)
+        # The toolchain's own ptxas unless a key names another: never the
+        # one the previous job's client ran.
+        recorded = json.loads(header["key_inputs_json"])
+        env = recorded.get("env", {}) if isinstance(recorded, dict) else {}
+        if not isinstance(env, dict):
+            raise TypeError("its env is not a map")
+        refused = refused_variable(env)
+        if refused:
+            return _error("invalid_request", "the recording's " + refused)
+        with client_environment(dict(env)):
+            return _retarget(header, parts)
     except Exception as error:  # a recording is client input: a bad one is refused, never a lost worker
         return _error("invalid_request", "the recorded key inputs are not usable: %s: %s"
                       % (type(error).__name__, error))
@@ -543,18 +590,95 @@ def _retarget(header, parts):
     if recorded.get("triton_key") != triton_key():
         return _error("invalid_request", "the recording is of another Triton than this toolchain's")
     prefix = triton_key() + "-"
-    suffix = "-%s-%s-%s" % (recorded_backend.hash(), recorded_options.hash(), env_text)
-    if not (key.startswith(prefix) and key.endswith(suffix)) or len(key) <= len(prefix) + len(suffix):
+
+    def source_hash_if_made_so(backend_hash):
+        suffix = "-%s-%s-%s" % (backend_hash, recorded_options.hash(), env_text)
+        if key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix) + len(suffix):
+            return key[len(prefix):len(key) - len(suffix)]
+        return None
+
+    source_hash = source_hash_if_made_so(recorded_backend.hash())
+    tool_env, new_backend_hash = {}, None
+    if source_hash is None:
+        # Inductor points TRITON_PTXAS_PATH at torch's ptxas, whose version
+        # is in its kernels' keys: a ptxas of that version installed beside
+        # this triton compiles them as the recording did.
+        for variable, path, version in _ptxases_beside_triton(recorded_backend.target.arch):
+            # New backends: Triton 3.6 on remembers each one's hash.
+            with _ptxas_answering(version):
+                source_hash = source_hash_if_made_so(make_backend(recorded_backend.target).hash())
+                if source_hash is not None and _ptxas_variable(new_backend.target.arch) == variable:
+                    # A client of the target with the same variable set runs it too.
+                    tool_env, new_backend_hash = {variable: path}, make_backend(new_backend.target).hash()
+            if source_hash is not None:
+                break
+    if source_hash is None:
         return _skipped("its key was made by another Triton or ptxas than this toolchain's")
     if _FP8_TYPE.search(ir_text) and any(recorded_options.__dict__[k] != new_options.__dict__[k]
                                          for k in _TARGET_DERIVED_OPTIONS if k != "arch"):
         return _skipped("it uses fp8 types, which Triton's frontend treats differently on %s" % new_name)
-    source_hash = key[len(prefix):len(key) - len(suffix)]
-    new_key = "%s%s-%s-%s-%s" % (prefix, source_hash, new_backend.hash(), new_options.hash(), env_text)
+    new_key = "%s%s-%s-%s-%s" % (prefix, source_hash, new_backend_hash or new_backend.hash(), new_options.hash(),
+                                 env_text)
     new_inputs = dict(recorded, key=new_key, target=header["target"], options_json=json.dumps(new_options.__dict__))
     return {"ok": True, "cache_key": hashlib.sha256(new_key.encode()).hexdigest(),
-            "options_json": new_inputs["options_json"], "key_inputs_json": json.dumps(new_inputs)}, \
-        {"ir": restore_loop_names(ir_text).encode()}
+            "options_json": new_inputs["options_json"], "key_inputs_json": json.dumps(new_inputs),
+            "tool_env": tool_env}, {"ir": restore_loop_names(ir_text).encode()}
+
+
+_ptxases_found = None
+
+
+def _ptxases_beside_triton(arch):
+    """(variable, path, `--version` answer) of each ptxas installed in this
+    toolchain's environment (site-packages: torch/bin, an nvidia-cuda-nvcc
+    wheel's nvidia/cuda_nvcc/bin), as the variable Triton reads for `arch`
+    would name it. Whoever registered the toolchain installed them; kilnd
+    runs these, and no other, for callers that are not its own user."""
+    global _ptxases_found
+    if _ptxases_found is None:
+        import glob
+        import sysconfig
+
+        site = os.path.dirname(os.path.dirname(os.path.abspath(triton.__file__)))
+        program = "ptxas" + (sysconfig.get_config_var("EXE") or "")
+        _ptxases_found = []
+        for path in sorted(glob.glob(os.path.join(site, "*", "bin", program)) +
+                           glob.glob(os.path.join(site, "*", "*", "bin", program))):
+            try:
+                answer = subprocess.run([path, "--version"], capture_output=True, check=True, timeout=60).stdout
+                _ptxases_found.append((path, answer.decode("utf-8")))
+            except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+                continue  # not a ptxas that runs here
+    variable = _ptxas_variable(arch)
+    return [(variable, path, version) for path, version in _ptxases_found]
+
+
+def _ptxas_variable(arch):
+    """The variable naming the ptxas Triton runs for `arch`: ptxas-blackwell's
+    for the archs that Triton (3.6 on) gives it, else ptxas's. Asked of Triton
+    in a job's environment, where neither variable is set."""
+    import inspect
+
+    from triton import knobs
+    from triton.backends.nvidia import compiler as nvidia
+
+    if not inspect.signature(nvidia.get_ptxas).parameters:
+        return "TRITON_PTXAS_PATH"
+    return "TRITON_PTXAS_PATH" if nvidia.get_ptxas(int(arch)).path == knobs.nvidia.ptxas.path \
+        else "TRITON_PTXAS_BLACKWELL_PATH"
+
+
+@contextlib.contextmanager
+def _ptxas_answering(version):
+    """Triton's nvidia backend takes `version` for every ptxas's answer."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    ask_ptxas = nvidia.get_ptxas_version
+    nvidia.get_ptxas_version = lambda *_args, **_kwargs: version
+    try:
+        yield
+    finally:
+        nvidia.get_ptxas_version = ask_ptxas
 
 
 _SCF_FOR = re.compile(r"^(?P<indent>\s*)(?:(?P<results>%[\w$.:]+) = )?scf\.for (?P<iv>%[\w$.]+) = "
@@ -790,6 +914,9 @@ def _inductor_kernel_here(header, parts):
         source = source.decode()
     except UnicodeDecodeError:
         return _error("invalid_request", "the kernel's module is not UTF-8 text")
+    refused = refused_variable(header.get("env", {}), header.get("tool_env", {}))
+    if refused:
+        return _error("invalid_request", refused)
     with client_environment({**header.get("env", {}), **header.get("tool_env", {})}), \
             tempfile.TemporaryDirectory(prefix="kiln-inductor-") as triton_cache:
         # Triton's own cache manager, whatever kilnd's environment names: the

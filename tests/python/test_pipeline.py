@@ -272,6 +272,18 @@ def test_a_clients_ptxas_runs_for_its_own_user_only(fresh_kilnd, tmp_path):
         server.stub.Compile(request)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
+    # Nor among the cache-invalidating variables, which the worker sets for
+    # the job: only this Triton's are taken there.
+    for name in ("TRITON_PTXAS_PATH", "LD_PRELOAD"):
+        request = compile_request(triton_frontend.run_frontend(kernel_suite.SUITE[2], TARGETS[0]))
+        request.env[name] = str(ptxas)
+        with pytest.raises(grpc.RpcError) as error:
+            remote.Compile(request)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"env names {name}, which is not one of this Triton's cache-invalidating variables" \
+            in error.value.details()
+        assert not marker.exists()
+
 
 def test_job_over_the_timeout_is_killed_and_reported(fresh_kilnd):
     server = fresh_kilnd(f"--toolchain={sys.executable}", "--compile-workers=1", "--compile-timeout-seconds=2")
