@@ -10,6 +10,10 @@ from a fresh process against each. Rounds interleave:
   subscribed       a fresh kilnd with empty data, subscribed, trusting the publisher's key
   subscribed-untrusted   the same, trusting no key: kilnd compiles every kernel at import
 
+With --program deep the program is bench/inductor_program.py's training step
+of torch.compile (about 60 kernels; inductor's pool of compile processes, as
+stock runs it, which points Triton at torch's ptxas).
+
 Each subscribed kilnd is started, and the program run once it reports the
 import, so the figure is the program's first call. Prints each kind's median
 from the first call to both results and its ratio to stock, how many
@@ -18,7 +22,7 @@ compiles and launcher builds each subscribed kilnd ran during the program
 and whether every result was correct. Run on the GPU
 machine:
 
-  python3 bench/subscription_gpu_bench.py gpu_bundle [--rounds 3]
+  python3 bench/subscription_gpu_bench.py gpu_bundle [--rounds 3] [--program autotune|deep]
 """
 
 import argparse
@@ -31,9 +35,24 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from autotune_gpu_bench import Kilnd, prepare, run  # noqa: E402  (beside this file)
+import autotune_gpu_bench  # noqa: E402  (beside this file)
+import inductor_gpu_bench  # noqa: E402
+from autotune_gpu_bench import Kilnd, prepare  # noqa: E402
 
 KINDS = ("stock", "kiln-record", "kiln-warm", "subscribed", "subscribed-untrusted")
+
+
+def run_autotune(kind, work, kilnd=None):
+    return autotune_gpu_bench.run(kind, work, 16, True, kilnd=kilnd)
+
+
+def run_deep(kind, work, kilnd=None):
+    # Inductor's defaults (its pool), as stock and Kiln's users run it.
+    measured = inductor_gpu_bench.run("stock-pool" if kilnd is None else "kiln-pool", work, "deep", kilnd=kilnd)
+    return dict(measured, seconds=measured["first_call_s"])
+
+
+PROGRAMS = {"autotune": run_autotune, "deep": run_deep}
 
 
 def compiles(kilnd):
@@ -63,7 +82,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--program", choices=sorted(PROGRAMS), default="autotune")
     options = parser.parse_args()
+    run = PROGRAMS[options.program]
     bundle, root = prepare(options.bundle, "kiln-subscription-")
     shelf = root / "shelf"
     shelf.mkdir()
@@ -76,17 +97,17 @@ def main():
     for number in range(options.rounds):
         work = root / f"{number}-stock"
         work.mkdir()
-        results["stock"].append(run("stock", work, 16, True))
+        results["stock"].append(run("stock", work))
 
         work = root / f"{number}-kiln-record"
         work.mkdir()
         recorder = Kilnd(bundle, work)
-        results["kiln-record"].append(run("kiln", work, 16, True, kilnd=recorder))
+        results["kiln-record"].append(run("kiln", work, kilnd=recorder))
         warm = root / f"{number}-kiln-warm"
         warm.mkdir()
-        results["kiln-warm"].append(run("kiln-warm", warm, 16, True, kilnd=recorder))
+        results["kiln-warm"].append(run("kiln-warm", warm, kilnd=recorder))
         if number == 0:
-            exported = subprocess.run([str(bundle / "kiln"), "export", str(shelf / "autotune.kilnbundle"),
+            exported = subprocess.run([str(bundle / "kiln"), "export", str(shelf / f"{options.program}.kilnbundle"),
                                        "--sign", str(key)], env=recorder.env, capture_output=True, text=True)
             if exported.returncode != 0:
                 raise SystemExit(exported.stderr)
@@ -99,19 +120,19 @@ def main():
             node = Kilnd(bundle, work, f"--bundle-sources={shelf}", *trust)
             import_seconds[kind].append(wait_for_import(node, shelf))
             before, built_before = compiles(node), launchers_built(node.stats())
-            results[kind].append(run("kiln", work, 16, True, kilnd=node))
+            results[kind].append(run("kiln", work, kilnd=node))
             during[kind].append((compiles(node) - before, launchers_built(node.stats()) - built_before))
             if number == 0:
                 print(f"  {kind}: " + "; ".join(line.strip() for line in node.stats().splitlines()
                                                if "imported" in line or "bundle source" in line
-                                               or "launchers:" in line))
+                                               or "launchers:" in line or "refused" in line))
             node.stop()
         print(f"round {number + 1}: " + ", ".join(f"{kind} {results[kind][-1]['seconds']:.2f} s" for kind in KINDS))
 
     stock = statistics.median(r["seconds"] for r in results["stock"])
     warm = statistics.median(r["seconds"] for r in results["kiln-warm"])
     print(f"\nGPU: {subprocess.run(['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'], capture_output=True, text=True).stdout.strip()}, "
-          f"cores: {os.cpu_count()}, rounds: {options.rounds}, TRITON_CACHE_AUTOTUNING=1")
+          f"cores: {os.cpu_count()}, rounds: {options.rounds}, program: {options.program}")
     for kind in KINDS:
         seconds = statistics.median(r["seconds"] for r in results[kind])
         print(f"{kind:22s} {seconds:7.3f} s  {seconds / stock:5.2f}x stock  {seconds / warm:5.2f}x kiln-warm")

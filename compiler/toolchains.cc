@@ -365,7 +365,8 @@ absl::StatusOr<Retargeted> WorkerPool::Retarget(const RetargetJob& job, Priority
                    Ask(request, {{"ir", job.frontend_ir}}, priority, "the recorded kernel"));
   const worker::Reply& header = reply.header;
   Retargeted retargeted{header.skipped(), header.cache_key(), header.options_json(),
-                        header.key_inputs_json(), ""};
+                        header.key_inputs_json(), "",
+                        {header.tool_env().begin(), header.tool_env().end()}};
   if (!retargeted.skipped.empty()) return retargeted;
   const std::string* ir = PartNamed(reply.parts, "ir");
   if (ir == nullptr || retargeted.cache_key.empty()) {

@@ -109,6 +109,7 @@ struct Retargeted {
   std::string options_json;
   std::string key_inputs_json;  // of the new entry
   std::string frontend_ir;  // to compile (loop variables keep their names)
+  std::map<std::string, std::string> tool_env;  // the ptxas its key names, when not Triton's own
 };
 
 // A torch.compile kernel: the Python module inductor generated for it, whose

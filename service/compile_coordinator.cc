@@ -233,6 +233,9 @@ absl::StatusOr<PrewarmPlan> CompileCoordinator::PlanPrewarmOnThread(
   compile.set_ir(std::move(retargeted.frontend_ir));
   compile.set_options_json(std::move(retargeted.options_json));
   compile.mutable_env()->insert(key_inputs.env().begin(), key_inputs.env().end());
+  // Checked again by the compile as any client's: only a ptxas of the
+  // toolchain's own environment.
+  compile.mutable_tool_paths()->insert(retargeted.tool_env.begin(), retargeted.tool_env.end());
   compile.set_namespace_(request.namespace_());
   compile.set_cache_key(std::move(retargeted.cache_key));
   compile.set_priority(request.priority());

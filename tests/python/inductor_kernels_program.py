@@ -7,12 +7,15 @@ GPU driver, loading each cubin into a launcher) are left out; what is tested
 is the compile.
 
 usage: inductor_kernels_program.py KERNELS SALT [--failing] [--hanging-in-kilnd] [--compile-threads N]
+                                   [--torch-ptxas]
 
 KERNELS: how many kernels; SALT: a number in their source, so that a run can
 have kernels no cache has seen. --failing: the last kernel does not compile.
 --hanging-in-kilnd: the last kernel's module, loaded in a kilnd worker's job
 (KILN_INDUCTOR_IN_KILND=1), sleeps for an hour; anywhere else it loads.
 --compile-threads: inductor's config.compile_threads (1 unless given).
+--torch-ptxas: Triton runs torch's ptxas from the start, as in inductor's
+compile processes, so that its version is in every kernel's key.
 
 Prints: how many configs of each kernel inductor holds compiled, each
 kernel's cubins (sha256 per config compiled, twice if compiled twice), the names of the threads
@@ -105,6 +108,10 @@ def main():
     # graph, before it points TRITON_PTXAS_PATH at torch's ptxas: Triton then
     # remembers the ptxas it found first (its own, where torch's differs) in
     # every kernel's key, whichever ptxas compiles.
+    if "--torch-ptxas" in sys.argv:
+        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+
+        _set_triton_ptxas_path()
     from torch.utils._triton import triton_hash_with_backend
 
     triton_hash_with_backend()

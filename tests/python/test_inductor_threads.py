@@ -210,6 +210,32 @@ def test_a_fork_server_address_another_account_holds_is_sent_no_module(tmp_path,
     assert rpc_calls(stats, "CompileInductorKernel") == (4, 0) and stats.compiles == 0, stats
 
 
+def test_kernels_keyed_with_torchs_ptxas_come_from_a_strangers_bundle_as_stocks_kernels(tmp_path, kilnd):
+    """Where Triton runs torch's ptxas from the start (inductor's compile
+    processes), its version is in every kernel's key: the importing kilnd
+    compiles them with the ptxas of that version beside its toolchain's
+    triton (torch's), which a recording never names, into stock's cubins."""
+    stock, _ = run(tmp_path, "stock", "3", "12", "--torch-ptxas")
+    run(tmp_path, "kiln", "3", "12", "--torch-ptxas", kilnd=kilnd)
+    bundle = tmp_path / "torch-ptxas.kilnbundle"
+    kiln = [str(BUILD / "client" / "cpp" / "kiln"), "--endpoint"]
+    exported = subprocess.run([*kiln, f"unix:{kilnd.socket}", "export", str(bundle)], capture_output=True, text=True)
+    assert exported.returncode == 0, exported.stderr
+    configs = sum(stock["configs_compiled"].values())
+    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={PYTHON}", "--compile-workers=2")
+    try:
+        imported = subprocess.run([*kiln, f"unix:{stranger.socket}", "import", str(bundle)], capture_output=True,
+                                  text=True, timeout=600)
+        assert imported.returncode == 0, imported.stderr
+        assert f"kernels compiled by kilnd {configs}" in imported.stdout and "refused" not in imported.stdout, \
+            imported.stdout
+        again, _ = run(tmp_path, "again", "3", "12", "--torch-ptxas", kilnd=stranger)
+        assert again["cubins"] == stock["cubins"]
+        assert stranger.stats().compiles == configs
+    finally:
+        stranger.stop()
+
+
 def test_kernels_compiled_whole_in_kilnds_workers_all_come_from_a_strangers_bundle_and_compile_nothing_again(tmp_path, kilnd):
     """Each kernel a worker compiles for inductor keeps what its key came from
     (kiln.key-inputs.json beside Triton's .source), as the client's own do: an
