@@ -347,6 +347,10 @@ absl::StatusOr<v1::BuildLauncherRequest> LauncherRecipeOf(const v1::BundleEntry&
   return recipe;
 }
 
+std::filesystem::path ImportsDir(const std::filesystem::path& data_dir) {
+  return (data_dir.empty() ? std::filesystem::temp_directory_path() : data_dir) / "imports";
+}
+
 absl::StatusOr<std::vector<Ed25519PublicKey>> LoadTrustedBundleKeys(const std::string& file) {
   std::vector<Ed25519PublicKey> keys;
   if (file.empty()) return keys;

@@ -27,8 +27,10 @@
 
 namespace kiln::service {
 
-// The directory of kilnd's data dir where bundles are received, then imported.
-inline constexpr absl::string_view kImportsDirName = "imports";
+// Where bundles are received, then imported: `imports` in kilnd's data dir
+// (the system's temporary directory without one). A start empties it of
+// what a stopped kilnd was receiving.
+std::filesystem::path ImportsDir(const std::filesystem::path& data_dir);
 
 // How an entry of a bundle comes in: stored as it is, compiled by kilnd
 // from what it recorded, or refused (`reason` says why).

@@ -72,6 +72,8 @@ BundleSubscriptions::BundleSubscriptions(BundleSubscriptionOptions options)
     sources_.push_back(std::move(source));
   }
   LoadState();
+  std::error_code error;
+  fs::create_directories(ImportsDir(options_.data_dir), error);  // else each fetch says it cannot write there
   spdlog::info("subscribed to {} bundle source(s), checked every {}", sources_.size(),
                absl::FormatDuration(options_.refresh));
   // A thread each: a registry that hangs holds up only its own source.
@@ -114,10 +116,6 @@ std::vector<std::string> BundleSubscriptions::GpuTargets() {
   return gpu_targets_;
 }
 
-fs::path BundleSubscriptions::ImportsDir() const {
-  return (options_.data_dir.empty() ? fs::temp_directory_path() : options_.data_dir) / std::string(kImportsDirName);
-}
-
 void BundleSubscriptions::Run(Source& source) {
   while (!stopping()) {
     Check(source);
@@ -157,8 +155,7 @@ void BundleSubscriptions::CheckReference(Source& source, std::vector<std::string
     return;
   }
   std::error_code error;
-  fs::create_directories(ImportsDir(), error);
-  const fs::path file = ImportsDir() / TempName();
+  const fs::path file = ImportsDir(options_.data_dir) / TempName();
   PullOptions options;
   if (const auto found = source.imported.find(""); found != source.imported.end()) {
     options.known_digests.push_back(found->second);
@@ -234,10 +231,10 @@ void BundleSubscriptions::CheckDirectory(Source& source, std::vector<std::string
       errors.push_back(absl::StrCat(name, " (refused, and unchanged since): ", refused->second.second));
       continue;
     }
-    fs::create_directories(ImportsDir(), error);
-    const fs::path copy = ImportsDir() / TempName();
+    const fs::path copy = ImportsDir(options_.data_dir) / TempName();
     if (!fs::copy_file(path, copy, fs::copy_options::overwrite_existing, error)) {
-      errors.push_back(absl::StrFormat("%s: cannot copy it into %s: %s", name, ImportsDir().string(), error.message()));
+      errors.push_back(absl::StrFormat("%s: cannot copy it into %s: %s", name, copy.parent_path().string(),
+                                       error.message()));
       continue;
     }
     const std::string problem = Import(source, name, identity, copy, /*completes=*/true);
@@ -245,11 +242,12 @@ void BundleSubscriptions::CheckDirectory(Source& source, std::vector<std::string
     if (!problem.empty()) errors.push_back(absl::StrCat(name, ": ", problem));
   }
   // A file taken away is forgotten (its kernels stay in the store, as any entry does).
+  size_t forgotten = 0;
   {
     std::lock_guard lock(state_mutex_);
-    std::erase_if(source.imported, [&](const auto& item) { return !present.contains(item.first); });
+    forgotten = std::erase_if(source.imported, [&](const auto& item) { return !present.contains(item.first); });
   }
-  SaveState();
+  if (forgotten > 0) SaveState();  // an import saved it already
   std::lock_guard lock(report_mutex_);
   source.report.set_imported(absl::StrFormat("%d of %d files", source.imported.size(), present.size()));
 }

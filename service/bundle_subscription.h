@@ -97,7 +97,6 @@ class BundleSubscriptions {
   std::vector<std::string> GpuTargets();
   void LoadState();
   void SaveState();
-  std::filesystem::path ImportsDir() const;
   bool stopping() const;
 
   const BundleSubscriptionOptions options_;

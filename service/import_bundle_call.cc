@@ -46,7 +46,7 @@ class KilnService::ImportBundleCall final
       return;
     }
     caller_ = *std::move(caller);
-    const fs::path dir = ImportsDir(service_.data_dir_);
+    const fs::path dir = ImportsDir(fs::path(service_.data_dir_));
     std::error_code error;
     fs::create_directories(dir, error);
     spool_ = dir / absl::StrCat(RandomHex(), ".kilnbundle");
@@ -59,12 +59,6 @@ class KilnService::ImportBundleCall final
       return;
     }
     StartRead(&chunk_);
-  }
-
-  // Where bundles are received: kilnd's data dir (what a stop left there goes at the next start).
-  static fs::path ImportsDir(const std::string& data_dir) {
-    return (data_dir.empty() ? fs::temp_directory_path() : fs::path(data_dir)) /
-           std::string(kImportsDirName);
   }
 
   void OnReadDone(bool ok) override {
@@ -166,14 +160,15 @@ absl::StatusOr<v1::ImportBundleResponse> KilnService::ImportBundleFileFor(const 
               spdlog::warn("import: {}/{} not served as files: {}", bundle_ns, key, served.message());
             }
           },
-  };
-  context.build_launchers = [this](std::vector<v1::BuildLauncherRequest> recipes) {
-    for (v1::BuildLauncherRequest& recipe : recipes) {
-      const std::string module = recipe.module_name();
-      coordinator_.BuildLauncherAhead(std::move(recipe), [module](const absl::Status& built) {
-        if (!built.ok()) spdlog::info("import: launcher {} not built ahead: {}", module, built.message());
-      });
-    }
+      .build_launchers =
+          [this](std::vector<v1::BuildLauncherRequest> recipes) {
+            for (v1::BuildLauncherRequest& recipe : recipes) {
+              const std::string module = recipe.module_name();
+              coordinator_.BuildLauncherAhead(std::move(recipe), [module](const absl::Status& built) {
+                if (!built.ok()) spdlog::info("import: launcher {} not built ahead: {}", module, built.message());
+              });
+            }
+          },
   };
   absl::StatusOr<v1::ImportBundleResponse> imported = ImportBundleFile(context, file);
   if (imported.ok()) {

@@ -222,8 +222,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
   if (!options.data_dir.empty()) {
     // Bundles a kilnd that stopped was receiving (their imports stored nothing that stays).
     std::error_code error;
-    std::filesystem::remove_all(std::filesystem::path(options.data_dir) / std::string(kImportsDirName),
-                                error);
+    std::filesystem::remove_all(ImportsDir(options.data_dir), error);
   }
   // Must precede building the server; serves grpc.health.v1 with no extra code.
   grpc::EnableDefaultHealthCheckService(true);
