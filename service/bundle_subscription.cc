@@ -116,6 +116,19 @@ std::vector<std::string> BundleSubscriptions::GpuTargets() {
   return gpu_targets_;
 }
 
+std::optional<std::vector<std::string>> BundleSubscriptions::TritonVersions() {
+  if (!options_.triton_versions) return std::nullopt;
+  const absl::Time give_up = absl::Now() + absl::Minutes(1);
+  for (;;) {
+    if (std::optional<std::vector<std::string>> versions = options_.triton_versions()) return versions;
+    std::unique_lock lock(stop_mutex_);
+    if (absl::Now() > give_up ||
+        stop_changed_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
+      return std::nullopt;  // any member, as with no toolchain
+    }
+  }
+}
+
 void BundleSubscriptions::Run(Source& source) {
   while (!stopping()) {
     Check(source);
@@ -165,6 +178,9 @@ void BundleSubscriptions::CheckReference(Source& source, std::vector<std::string
   }
   options.cancelled = [this] { return stopping(); };
   options.targets = GpuTargets();
+  if (std::optional<std::vector<std::string>> versions = TritonVersions(); versions.has_value()) {
+    options.tritons = *std::move(versions);
+  }
   absl::StatusOr<PulledBundle> pulled = PullBundle(*reference, file, options);
   if (!pulled.ok()) {
     if (!absl::IsCancelled(pulled.status())) errors.push_back(std::string(pulled.status().message()));

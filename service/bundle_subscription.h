@@ -53,6 +53,10 @@ struct BundleSubscriptionOptions {
   // This machine's GPU targets, which an index's members are taken for;
   // empty: those nvidia-smi names, asked at the first check of a registry.
   std::vector<std::string> gpu_targets;
+  // The Triton versions kilnd has toolchains of, which an index's members
+  // are taken for (none registered: any member); nullopt while a toolchain
+  // is being probed (kilnd's start), which a check waits out (a minute at most).
+  std::function<std::optional<std::vector<std::string>>()> triton_versions;
   // Imports a received bundle file (kilnd's ImportBundleAsOwner).
   std::function<absl::StatusOr<v1::ImportBundleResponse>(const std::filesystem::path&)> import;
 };
@@ -95,6 +99,8 @@ class BundleSubscriptions {
                      const std::filesystem::path& file, bool completes);
   // options_.gpu_targets, else nvidia-smi's (asked once).
   std::vector<std::string> GpuTargets();
+  // options_.triton_versions, once no toolchain is being probed.
+  std::optional<std::vector<std::string>> TritonVersions();
   void LoadState();
   void SaveState();
   bool stopping() const;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -293,6 +294,13 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Start(
       .refresh = options.bundle_refresh,
       .data_dir = options.data_dir,
       .gpu_targets = options.gpu_targets,
+      .triton_versions =
+          [&toolchains]() -> std::optional<std::vector<std::string>> {
+            if (toolchains.AnyProbeUnderWay()) return std::nullopt;
+            std::vector<std::string> versions;
+            for (const compiler::ToolchainInfo& info : toolchains.List()) versions.push_back(info.triton_version);
+            return versions;
+          },
       .import = [service](const std::filesystem::path& file) { return service->ImportBundleAsOwner(file); },
   });
   service->set_subscriptions(server->subscriptions_.get());

@@ -618,7 +618,7 @@ int Push(kiln::Client& client, const std::vector<std::string>& args) {
   if (!checked.ok()) return Fail(checked.status(), "nothing was pushed");
   const std::string signer = checked->signature().has_value() ? checked->signature()->key_id : "";
   if (targets.empty()) {
-    absl::StatusOr<kiln::PushedBundle> pushed = kiln::PushBundle({file, entries, signer, ""}, *reference);
+    absl::StatusOr<kiln::PushedBundle> pushed = kiln::PushBundle({file, entries, signer, "", {}}, *reference);
     if (!pushed.ok()) return Fail(pushed.status());
     std::cout << absl::StrFormat("pushed %s (%d entries, %s, %s) to %s@%s\n", file, entries,
                                  signer.empty() ? "unsigned" : "signed by key " + signer,
@@ -650,9 +650,10 @@ int Push(kiln::Client& client, const std::vector<std::string>& args) {
   }
   std::vector<kiln::BundleToPush> bundles;
   for (const kiln::TargetBundle& bundle : *made) {
-    bundles.push_back({bundle.file, bundle.entries, key.has_value() ? key->id() : "", bundle.target});
-    std::cout << absl::StrFormat("%s: %d entries, %d of them kernels%s\n", bundle.target, bundle.entries,
+    bundles.push_back({bundle.file, bundle.entries, key.has_value() ? key->id() : "", bundle.target, bundle.tritons});
+    std::cout << absl::StrFormat("%s: %d entries, %d of them kernels%s%s\n", bundle.target, bundle.entries,
                                  bundle.kernels,
+                                 bundle.tritons.empty() ? "" : " of Triton " + absl::StrJoin(bundle.tritons, ", "),
                                  bundle.left_out.empty() ? "" : absl::StrFormat("; %d kernels left out:",
                                                                                 bundle.left_out.size()));
     for (const std::string& why : bundle.left_out) std::cout << "  " << why << "\n";
@@ -707,6 +708,12 @@ int Pull(kiln::Client& client, const std::vector<std::string>& args) {
   kiln::ProgressLine progress(std::cout, kiln::platform::StdoutIsTerminal());
   kiln::PullOptions options;
   options.targets = targets;
+  // Of an index, kernels of a Triton kilnd has toolchains of (all, where it has none yet).
+  if (absl::StatusOr<std::vector<kiln::v1::Toolchain>> toolchains =
+          import ? client.Toolchains() : absl::UnavailableError("");
+      toolchains.ok()) {
+    for (const kiln::v1::Toolchain& toolchain : *toolchains) options.tritons.push_back(toolchain.triton_version());
+  }
   options.received = [&](uint64_t received) {
     progress.Update(absl::StrFormat("fetching %s: %s", ref, kiln::FormatByteSize(received)));
   };

@@ -402,12 +402,19 @@ absl::StatusOr<PushedBundle> PushBundleIndex(const std::vector<BundleToPush>& bu
     if (!PlainJsonText(bundle.target) || bundle.target.empty() || !PlainJsonText(bundle.signed_by)) {
       return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a target (cuda:89)", bundle.target));
     }
+    const std::string tritons = absl::StrJoin(bundle.tritons, ",");
+    if (!PlainJsonText(tritons)) {
+      return absl::InvalidArgumentError(absl::StrFormat("'%s' are not Triton versions", tritons));
+    }
     uint64_t bytes = 0;
     ASSIGN_OR_RETURN(const Descriptor manifest, PushBundleManifest(session, reference, bundle, "", bytes));
     pushed.bytes += bytes;
+    const std::string triton_annotation =
+        tritons.empty() ? "" : absl::StrFormat(R"(,"%s":"%s")", kTritonAnnotation, tritons);
     members.push_back(absl::StrFormat(
-        R"({"mediaType":"%s","artifactType":"%s","digest":"%s","size":%d,"annotations":{"%s":"%s"}})",
-        kManifestMediaType, kBundleMediaType, manifest.digest, manifest.size, kTargetAnnotation, bundle.target));
+        R"({"mediaType":"%s","artifactType":"%s","digest":"%s","size":%d,"annotations":{"%s":"%s"%s}})",
+        kManifestMediaType, kBundleMediaType, manifest.digest, manifest.size, kTargetAnnotation, bundle.target,
+        triton_annotation));
   }
   const std::string index =
       absl::StrFormat(R"({"schemaVersion":2,"mediaType":"%s","artifactType":"%s","manifests":[%s]})",
@@ -447,18 +454,31 @@ absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs:
     pulled.files.push_back({file, ""});
     return pulled;
   }
-  // An index: a bundle per GPU target; those of `options.targets` are fetched.
+  // An index: a bundle per GPU target; those of `options.targets` (and
+  // `options.tritons`) are fetched.
   std::vector<std::pair<std::string, std::string>> chosen;  // target, digest
+  bool for_another_triton = false;  // a member of a target asked for, of no Triton asked for
+  std::vector<std::string> described;  // each member, for an error: "cuda:89 (Triton 3.6.0)"
   if (members != parsed.fields().end()) {
     for (const google::protobuf::Value& member : members->second.list_value().values()) {
       const google::protobuf::Struct& descriptor = member.struct_value();
       const auto annotations = descriptor.fields().find("annotations");
-      const std::string target =
-          annotations == descriptor.fields().end() ? "" : Field(annotations->second.struct_value(),
-                                                                std::string(kTargetAnnotation));
+      if (annotations == descriptor.fields().end()) continue;
+      const google::protobuf::Struct& annotated = annotations->second.struct_value();
+      const std::string target = Field(annotated, std::string(kTargetAnnotation));
       if (target.empty() || Field(descriptor, "mediaType") != kManifestMediaType) continue;
+      const std::vector<std::string> tritons =
+          absl::StrSplit(Field(annotated, std::string(kTritonAnnotation)), ',', absl::SkipEmpty());
       pulled.index_targets.push_back(target);
-      if (absl::c_linear_search(options.targets, target)) chosen.emplace_back(target, Field(descriptor, "digest"));
+      described.push_back(
+          tritons.empty() ? target : absl::StrFormat("%s (Triton %s)", target, absl::StrJoin(tritons, ", ")));
+      if (!absl::c_linear_search(options.targets, target)) continue;
+      if (!tritons.empty() && !options.tritons.empty() &&
+          absl::c_none_of(tritons, [&](const std::string& triton) { return absl::c_linear_search(options.tritons, triton); })) {
+        for_another_triton = true;
+        continue;
+      }
+      chosen.emplace_back(target, Field(descriptor, "digest"));
     }
   }
   if (pulled.index_targets.empty()) {
@@ -466,6 +486,12 @@ absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs:
         "%s is an index with no Kiln bundle for any GPU target (annotation %s); push one with "
         "`kiln push --target`",
         reference.ToString(), kTargetAnnotation));
+  }
+  if (chosen.empty() && for_another_triton) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s holds kernels for %s, none of a Triton this kilnd has a toolchain of (%s); push them from a "
+        "recording made with that Triton, or register a toolchain of the index's Triton (kilnd --toolchain)",
+        reference.ToString(), absl::StrJoin(described, ", "), absl::StrJoin(options.tritons, ", ")));
   }
   if (chosen.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(

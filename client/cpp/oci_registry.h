@@ -11,7 +11,8 @@
 //   layer:    application/vnd.kiln.bundle.v1              the bundle file
 //
 // Kernels for several GPUs go as an OCI image index of such manifests, each
-// annotated with its target (kTargetAnnotation), under one tag.
+// annotated with its target (kTargetAnnotation) and the Triton versions of
+// its kernels (kTritonAnnotation), under one tag.
 //
 // Spoken over the distribution API with https_client.h, logged in as docker
 // does (registry_auth.h).
@@ -43,12 +44,16 @@ absl::StatusOr<OciReference> ParseOciReference(absl::string_view text);
 
 // The annotation of an index's member that names its GPU target ("cuda:89").
 inline constexpr absl::string_view kTargetAnnotation = "dev.kiln.target";
+// The annotation of an index's member that names the Triton versions of its
+// kernels ("3.5.1,3.6.0"): a kilnd with toolchains of none has no use for it.
+inline constexpr absl::string_view kTritonAnnotation = "dev.kiln.triton";
 
 struct BundleToPush {
   std::filesystem::path file;
   uint64_t entries = 0;
   std::string signed_by;  // the key id; empty when unsigned
   std::string target;     // "cuda:89": the GPU its kernels are for (an index's member)
+  std::vector<std::string> tritons;  // "3.6.0": the Triton versions of its kernels (an index's member)
 };
 struct PushedBundle {
   std::string manifest_digest;  // "sha256:HEX" of the manifest, or of the index
@@ -68,8 +73,11 @@ struct PullOptions {
   // Manifests ("sha256:HEX") the caller has seen before: one of them is not
   // fetched (a subscription's check costs one request).
   std::vector<std::string> known_digests;
-  // Of an index, the members for these GPU targets ("cuda:89") are fetched.
+  // Of an index, the members for these GPU targets ("cuda:89") are fetched,
+  // and of those, when `tritons` is given, the ones holding kernels of one
+  // of these Triton versions ("3.6.0"; a member that does not say is taken).
   std::vector<std::string> targets;
+  std::vector<std::string> tritons;
   // Ends the pull (CANCELLED, nothing kept) when it returns true.
   std::function<bool()> cancelled;
 };
@@ -84,8 +92,8 @@ struct PulledBundle {
   std::vector<std::string> index_targets;  // every target an index holds
 };
 // Fetches the bundle `reference` names into `file`; of an index, the members
-// for `options.targets` (FAILED_PRECONDITION naming what it holds when none
-// matches): into `file` for one, else FILE.TARGET.kilnbundle beside it. A
+// for `options.targets` and `options.tritons` (FAILED_PRECONDITION naming
+// what it holds when none matches): into `file` for one, else FILE.TARGET.kilnbundle beside it. A
 // manifest must be a Kiln bundle's and match the digest that names it (the
 // reference's pin, the index's entry); the layer's bytes must match the
 // manifest's digest and size (DATA_LOSS naming both when not: nothing of it

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -22,14 +23,25 @@ namespace fs = std::filesystem;
 constexpr absl::string_view kKeyInputsBlob = "kiln.key-inputs.json";
 constexpr absl::string_view kSourceSuffix = ".source";
 
-// The target a kernel's key inputs name: empty when they are missing or
-// unreadable (its kernel is then compiled for every target).
-std::string RecordedTarget(const v1::Blob& key_inputs) {
+// The Triton version a triton_key begins with: Triton writes its version,
+// then, with no separator, the first of its sources' SHA-256 digests
+// ("3.6.0" "0355c3...", then "-" and the next).
+std::string TritonVersionOfKey(absl::string_view triton_key) {
+  constexpr size_t kDigestHex = 64;
+  const absl::string_view first = triton_key.substr(0, triton_key.find('-'));
+  if (first.size() <= kDigestHex) return "";
+  return std::string(first.substr(0, first.size() - kDigestHex));
+}
+
+// The target and Triton version a kernel's key inputs name: empty when they
+// are missing or unreadable (its kernel is then compiled for every target).
+void ReadKeyInputs(const v1::Blob& key_inputs, RecordedKernel& kernel) {
   v1::KeyInputs inputs;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
-  if (!google::protobuf::util::JsonStringToMessage(key_inputs.data(), &inputs, options).ok()) return "";
-  return inputs.has_target() ? TargetName(inputs.target()) : "";
+  if (!google::protobuf::util::JsonStringToMessage(key_inputs.data(), &inputs, options).ok()) return;
+  if (inputs.has_target()) kernel.recorded_target = TargetName(inputs.target());
+  kernel.triton_version = TritonVersionOfKey(inputs.triton_key());
 }
 
 bool IsKernel(const v1::BundleEntry& entry) {
@@ -52,7 +64,7 @@ absl::StatusOr<std::vector<RecordedKernel>> RecordedKernels(const std::string& f
         kernel.name = blob.name().substr(0, blob.name().size() - kSourceSuffix.size());
         *kernel.request.add_recorded() = blob;
       } else if (blob.name() == kKeyInputsBlob) {
-        kernel.recorded_target = RecordedTarget(blob);
+        ReadKeyInputs(blob, kernel);
         *kernel.request.add_recorded() = blob;
       }
     }
@@ -166,12 +178,21 @@ absl::StatusOr<std::vector<TargetBundle>> MakeTargetBundles(Client& client, cons
     absl::StatusOr<BundleWriter> writer = BundleWriter::Create(bundle.file, signer);
     if (!writer.ok()) return writer.status();
     // The bundle's own entries: all but its kernels recorded for other targets.
-    std::map<std::string, std::string> recorded_for;  // key -> target
-    for (const RecordedKernel& kernel : kernels) recorded_for[kernel.key] = kernel.recorded_target;
+    std::map<std::string, const RecordedKernel*> kernel_by_key;  // by key
+    for (const RecordedKernel& kernel : kernels) kernel_by_key[kernel.key] = &kernel;
+    std::set<std::string> tritons;
+    const auto count_kernel = [&](const RecordedKernel& kernel) {
+      ++bundle.kernels;
+      if (!kernel.triton_version.empty()) tritons.insert(kernel.triton_version);
+    };
     absl::StatusOr<BundleReader> read = ForEachBundleEntry(file, [&](v1::BundleEntry&& entry) -> absl::Status {
-      if (IsKernel(entry) && recorded_for[entry.key()] != bundle.target) return absl::OkStatus();
+      const auto kernel = kernel_by_key.find(entry.key());
+      const bool is_kernel = IsKernel(entry) && kernel != kernel_by_key.end();
+      if (IsKernel(entry) && (!is_kernel || kernel->second->recorded_target != bundle.target)) {
+        return absl::OkStatus();
+      }
       if (absl::Status added = writer->Add(entry); !added.ok()) return added;
-      if (IsKernel(entry)) ++bundle.kernels;
+      if (is_kernel) count_kernel(*kernel->second);
       return absl::OkStatus();
     });
     if (!read.ok()) return read.status();
@@ -189,8 +210,9 @@ absl::StatusOr<std::vector<TargetBundle>> MakeTargetBundles(Client& client, cons
       out.set_key(key);
       *out.mutable_blobs() = std::move(*(*entry)->mutable_blobs());
       if (absl::Status added = writer->Add(out); !added.ok()) return added;
-      ++bundle.kernels;
+      count_kernel(kernels[k]);
     }
+    bundle.tritons.assign(tritons.begin(), tritons.end());
     bundle.entries = writer->entries();
     if (absl::Status finished_writing = writer->Finish(); !finished_writing.ok()) return finished_writing;
   }

@@ -25,6 +25,7 @@ struct RecordedKernel {
   std::string name;
   std::string key;                   // its entry's key in the bundle
   std::string recorded_target;       // "cuda:90" (from its key inputs); empty if unknown
+  std::string triton_version;        // "3.6.0": of the Triton that compiled it; empty if unknown
   v1::PrewarmRequest request;        // without its target
 };
 
@@ -47,6 +48,7 @@ struct TargetBundle {
   std::string target;  // "cuda:89"
   uint64_t entries = 0;
   uint64_t kernels = 0;          // of them, Triton kernels
+  std::vector<std::string> tritons;   // the Triton versions of its kernels, sorted
   std::vector<std::string> left_out;  // "KERNEL: why", of kernels not in it
 };
 

@@ -13,11 +13,12 @@ import threading
 import time
 
 import pytest
+import triton
 
 import hermetic
 import registry_server
 from bundle_files import publisher_key, write_bundle
-from conftest import BUILD, Kilnd, probe_json, run_probe
+from conftest import BUILD, REPO, Kilnd, probe_json, run_probe
 from test_bundle import KILN, trusting
 from test_metrics import scrape
 from test_registry import kiln
@@ -251,7 +252,8 @@ def test_a_bundle_recorded_for_sm90_pushed_as_an_index_for_three_targets_leaves_
                       "--target", "cuda:90", "--sign", private, kilnd=publisher)
         assert pushed.returncode == 0, pushed.stderr
         for target in ("cuda:80", "cuda:89", "cuda:90"):
-            assert re.search(rf"^{target}: \d+ entries, 15 of them kernels$", pushed.stdout, re.M), pushed.stdout
+            assert re.search(rf"^{target}: \d+ entries, 15 of them kernels of Triton {triton.__version__}$",
+                             pushed.stdout, re.M), pushed.stdout
         assert f"pushed an index of 3 targets (signed by key {key_id}" in pushed.stdout, pushed.stdout
         # sm80 and sm89; the sm90 kernels went as recorded.
         assert publisher.stats().compiles - recorded == 30
@@ -269,6 +271,7 @@ def test_a_bundle_recorded_for_sm90_pushed_as_an_index_for_three_targets_leaves_
                                       text=True, timeout=120).stdout)
     assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
     assert [m["annotations"]["dev.kiln.target"] for m in index["manifests"]] == ["cuda:80", "cuda:89", "cuda:90"]
+    assert {m["annotations"]["dev.kiln.triton"] for m in index["manifests"]} == {triton.__version__}
     for member in index["manifests"]:
         manifest = json.loads(subprocess.run(
             [*skopeo, f"docker://{registry.address}/fleet/suite@{member['digest']}"], check=True,
@@ -302,5 +305,19 @@ def test_a_bundle_recorded_for_sm90_pushed_as_an_index_for_three_targets_leaves_
         report = wait_for(lambda: source_report(other, reference).checks >= 1 and source_report(other, reference),
                           30, "a check")
         assert report.imports == 0 and "holds kernels for cuda:80, cuda:89, cuda:90, none for cuda:75" in report.error
+    finally:
+        other.stop()
+
+    # Nor does a node of the GPU whose kilnd has toolchains of another Triton only.
+    other_triton = REPO / ".venv-triton" / "3.5.1" / "bin" / "python"
+    other = Kilnd(tmp_path / "other-triton", f"--toolchain={other_triton}", f"--bundle-sources={reference}",
+                  "--gpu-targets=cuda:89", f"--bundle-refresh={REFRESH}", env=env)
+    try:
+        report = wait_for(lambda: source_report(other, reference).checks >= 1 and source_report(other, reference),
+                          60, "a check")
+        assert report.imports == 0, report
+        assert (f"holds kernels for cuda:80 (Triton {triton.__version__}), cuda:89 (Triton {triton.__version__}), "
+                f"cuda:90 (Triton {triton.__version__}), none of a Triton this kilnd has a toolchain of (3.5.1)"
+                in report.error), report.error
     finally:
         other.stop()
