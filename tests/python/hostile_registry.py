@@ -27,6 +27,34 @@ def manifest(size=len(BUNDLE)):
     }).encode()
 
 
+def digest_of(body):
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def index(*members, manifests=None):
+    """An OCI image index of bundles for cuda:90 (`kiln push --target`): a
+    member per digest, or `manifests` as given."""
+    return json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": manifests if manifests is not None else [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest, "size": 500,
+             "annotations": {"dev.kiln.target": "cuda:90"}} for digest in members],
+    }).encode()
+
+
+NESTED = index(digest_of(manifest()))
+# behaviour -> (the index under the tag, {digest: what the registry answers for it})
+INDEXES = {
+    "index-bad-digest": (index("sha256:zz/../../x"), {}),
+    # A member that is itself an index: never followed further.
+    "index-nested": (index(digest_of(NESTED)), {digest_of(NESTED): NESTED}),
+    # The member the registry sends is not the one the index names.
+    "index-wrong-member": (index(digest_of(manifest())), {digest_of(manifest()): manifest(size=len(BUNDLE) + 1)}),
+    "index-not-a-list": (index(manifests=5), {}),
+    "index-members-not-objects": (index(manifests=["cuda:90", 7, None]), {}),
+}
+
+
 def _plain(body, headers=b""):
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), headers, body)
 
@@ -90,6 +118,10 @@ class HostileRegistry:
         parts = path.split("/")
         behaviour = parts[3] if len(parts) > 5 and parts[2] == "hostile" else ""
         on_manifest, on_layer = BEHAVIOURS.get(behaviour, (None, None))
+        if behaviour in INDEXES and "/manifests/" in path:
+            top, members = INDEXES[behaviour]
+            reference = path.rsplit("/", 1)[1]
+            return _plain(members.get(reference, top) if reference.startswith("sha256:") else top)
         if "/manifests/" in path:
             return on_manifest or _plain(manifest())
         if path.endswith(LAYER_DIGEST):

@@ -574,3 +574,29 @@ def test_the_launchers_a_recording_built_are_built_ahead_after_an_import_from_wh
     finally:
         target.stop()
 
+    # make_launcher's arguments are a literal, never run, and a hostile one
+    # costs its own launcher only: huge, code, nested past the parser, or of
+    # another shape.
+    marker = tmp_path / "ran"
+    hostile = {"huge": repr(("a" * (4 << 20),)), "code": f"__import__('os').system('touch {marker}')",
+               "nested": "(" * 30_000 + ")" * 30_000, "shape": repr({"signature": 1})}
+    entries = []
+    for number, literal in enumerate(hostile.values()):
+        recipe = api.BuildLauncherRequest(module_name="__triton_launcher", triton_key=triton_key())
+        recipe.origin.make_launcher_args = literal
+        entries.append(("kiln.launchers", f"{number:064x}", {"kiln.launcher-recipe.pb": recipe.SerializeToString()}))
+    write_bundle(crafted, entries)
+    target = Kilnd(tmp_path / "hostile-recipes", f"--toolchain={sys.executable}")
+    try:
+        imported = kiln(target, "import", crafted)
+        assert imported.returncode == 0, imported.stderr
+        log = tmp_path / "hostile-recipes" / "kilnd.out"
+        deadline = time.monotonic() + 60
+        while log.read_text().count("not built ahead") < len(hostile) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert log.read_text().count("not built ahead") == len(hostile), log.read_text()[-3000:]
+        stats = target.stats()  # still serving, with every worker it started
+        assert stats.launcher_builds == 0 and stats.workers_lost == 0 and not marker.exists()
+    finally:
+        assert target.stop() == 0
+

@@ -259,3 +259,23 @@ def test_a_registry_that_breaks_the_rules_gets_a_clear_error_and_nothing_is_kept
     # The same server, behaving: the pull works, so the refusal was the behaviour's.
     well = kiln(env, "pull", f"{hostile.address}/team/kernels:v1", "-o", tmp_path / "well.kilnbundle")
     assert well.returncode == 0 and (tmp_path / "well.kilnbundle").read_bytes() == hostile_registry.BUNDLE, well.stderr
+
+
+@pytest.mark.parametrize("behaviour, said", [
+    ("index-bad-digest", "the index names no valid digest for cuda:90"),
+    ("index-nested", "is not a Kiln bundle"),
+    ("index-wrong-member", "the manifest for cuda:90 has digest"),
+    ("index-not-a-list", "is an index with no Kiln bundle for any GPU target"),
+    ("index-members-not-objects", "is an index with no Kiln bundle for any GPU target"),
+])
+def test_an_index_that_is_not_what_push_makes_gets_a_clear_error_and_nothing_is_kept(
+        tmp_path, registry, hostile, behaviour, said):
+    env = dict(os.environ, SSL_CERT_FILE=str(registry.ca), DOCKER_CONFIG=str(tmp_path / "no-docker"))
+    env.pop("KILN_REGISTRY_TOKEN", None)
+    bundle = tmp_path / "pulled.kilnbundle"
+    pulled = kiln(env, "pull", f"{hostile.address}/hostile/{behaviour}:v1", "--target", "cuda:90", "-o", bundle)
+    assert pulled.returncode != 0 and said in pulled.stderr, pulled.stderr
+    assert "Traceback" not in pulled.stderr and len(pulled.stderr) < 2000
+    assert list(tmp_path.glob("pulled*")) == []
+    # Each member is asked for once at most: nothing is followed further.
+    assert len([line for line in hostile.requests if f"/hostile/{behaviour}/" in line]) <= 2
