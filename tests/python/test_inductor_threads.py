@@ -210,6 +210,24 @@ def test_a_fork_server_address_another_account_holds_is_sent_no_module(tmp_path,
     assert rpc_calls(stats, "CompileInductorKernel") == (4, 0) and stats.compiles == 0, stats
 
 
+def strangers_import(tmp_path, kilnd, kernels):
+    """A fresh kilnd of the same toolchain that imported what `kilnd` holds,
+    exported unsigned, compiling every one of its `kernels` and refusing
+    none; the caller stops it."""
+    bundle = tmp_path / "unsigned.kilnbundle"
+    kiln = [str(BUILD / "client" / "cpp" / "kiln"), "--endpoint"]
+    exported = subprocess.run([*kiln, f"unix:{kilnd.socket}", "export", str(bundle)], capture_output=True, text=True)
+    assert exported.returncode == 0, exported.stderr
+    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={PYTHON}", "--compile-workers=2")
+    imported = subprocess.run([*kiln, f"unix:{stranger.socket}", "import", str(bundle)], capture_output=True,
+                              text=True, timeout=600)
+    if imported.returncode != 0 or f"kernels compiled by kilnd {kernels}" not in imported.stdout \
+            or "refused" in imported.stdout:
+        stranger.stop()
+        pytest.fail(f"the import: {imported.stdout}{imported.stderr}")
+    return stranger
+
+
 def test_kernels_keyed_with_torchs_ptxas_come_from_a_strangers_bundle_as_stocks_kernels(tmp_path, kilnd):
     """Where Triton runs torch's ptxas from the start (inductor's compile
     processes), its version is in every kernel's key: the importing kilnd
@@ -217,18 +235,9 @@ def test_kernels_keyed_with_torchs_ptxas_come_from_a_strangers_bundle_as_stocks_
     triton (torch's), which a recording never names, into stock's cubins."""
     stock, _ = run(tmp_path, "stock", "3", "12", "--torch-ptxas")
     run(tmp_path, "kiln", "3", "12", "--torch-ptxas", kilnd=kilnd)
-    bundle = tmp_path / "torch-ptxas.kilnbundle"
-    kiln = [str(BUILD / "client" / "cpp" / "kiln"), "--endpoint"]
-    exported = subprocess.run([*kiln, f"unix:{kilnd.socket}", "export", str(bundle)], capture_output=True, text=True)
-    assert exported.returncode == 0, exported.stderr
     configs = sum(stock["configs_compiled"].values())
-    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={PYTHON}", "--compile-workers=2")
+    stranger = strangers_import(tmp_path, kilnd, configs)
     try:
-        imported = subprocess.run([*kiln, f"unix:{stranger.socket}", "import", str(bundle)], capture_output=True,
-                                  text=True, timeout=600)
-        assert imported.returncode == 0, imported.stderr
-        assert f"kernels compiled by kilnd {configs}" in imported.stdout and "refused" not in imported.stdout, \
-            imported.stdout
         again, _ = run(tmp_path, "again", "3", "12", "--torch-ptxas", kilnd=stranger)
         assert again["cubins"] == stock["cubins"]
         assert stranger.stats().compiles == configs
@@ -241,23 +250,14 @@ def test_kernels_compiled_whole_in_kilnds_workers_all_come_from_a_strangers_bund
     (kiln.key-inputs.json beside Triton's .source), as the client's own do: an
     unsigned bundle of them brings every one, compiled by the importing kilnd,
     and a graph's process there compiles nothing. (Their cubins are not the
-    recording's: inductor compiles with torch's ptxas, named in the recorded
-    environment, and an import never runs a tool a bundle names: the
-    importing kilnd's toolchain's own ptxas compiles them.)"""
+    recording's: here inductor compiles with torch's ptxas, which its keys do
+    not name (inductor_kernels_program.py), and the importing kilnd compiles
+    with the ptxas they name, its toolchain's own.)"""
     stock, _ = run(tmp_path, "stock", "3", "11")
     run(tmp_path, "kiln", "3", "11", kilnd=kilnd, KILN_INDUCTOR_IN_KILND="1")
-    bundle = tmp_path / "inductor.kilnbundle"
-    kiln = [str(BUILD / "client" / "cpp" / "kiln"), "--endpoint"]
-    exported = subprocess.run([*kiln, f"unix:{kilnd.socket}", "export", str(bundle)], capture_output=True, text=True)
-    assert exported.returncode == 0, exported.stderr
     configs = sum(stock["configs_compiled"].values())
-    stranger = Kilnd(tmp_path / "stranger", f"--toolchain={PYTHON}", "--compile-workers=2")
+    stranger = strangers_import(tmp_path, kilnd, configs)
     try:
-        imported = subprocess.run([*kiln, f"unix:{stranger.socket}", "import", str(bundle)], capture_output=True,
-                                  text=True, timeout=600)
-        assert imported.returncode == 0, imported.stderr
-        assert f"kernels compiled by kilnd {configs}" in imported.stdout and "refused" not in imported.stdout, \
-            imported.stdout
         again, _ = run(tmp_path, "again", "3", "11", kilnd=stranger)
         assert again["configs_compiled"] == stock["configs_compiled"]
         stats = stranger.stats()

@@ -235,6 +235,19 @@ def hostile(registry):
     server.stop()
 
 
+def hostile_env(tmp_path, registry):
+    """A client that trusts the test's CA and has no login."""
+    env = dict(os.environ, SSL_CERT_FILE=str(registry.ca), DOCKER_CONFIG=str(tmp_path / "no-docker"))
+    env.pop("KILN_REGISTRY_TOKEN", None)
+    return env
+
+
+def refused_pull(env, reference, said, *flags):
+    pulled = kiln(env, "pull", reference, *flags)
+    assert pulled.returncode != 0 and said in pulled.stderr, pulled.stderr
+    assert "Traceback" not in pulled.stderr and len(pulled.stderr) < 2000
+
+
 @pytest.mark.parametrize("behaviour, said", [
     ("long-header", "longer than 64 KiB"),
     ("endless-headers", "more than 256 header lines"),
@@ -249,12 +262,9 @@ def hostile(registry):
 ])
 def test_a_registry_that_breaks_the_rules_gets_a_clear_error_and_nothing_is_kept(
         tmp_path, registry, hostile, behaviour, said):
-    env = dict(os.environ, SSL_CERT_FILE=str(registry.ca), DOCKER_CONFIG=str(tmp_path / "no-docker"))
-    env.pop("KILN_REGISTRY_TOKEN", None)
+    env = hostile_env(tmp_path, registry)
     bundle = tmp_path / "pulled.kilnbundle"
-    pulled = kiln(env, "pull", f"{hostile.address}/hostile/{behaviour}:v1", "-o", bundle)
-    assert pulled.returncode != 0 and said in pulled.stderr, pulled.stderr
-    assert "Traceback" not in pulled.stderr and len(pulled.stderr) < 2000
+    refused_pull(env, f"{hostile.address}/hostile/{behaviour}:v1", said, "-o", bundle)
     assert not bundle.exists() and not bundle.with_name(bundle.name + ".partial").exists()
     # The same server, behaving: the pull works, so the refusal was the behaviour's.
     well = kiln(env, "pull", f"{hostile.address}/team/kernels:v1", "-o", tmp_path / "well.kilnbundle")
@@ -270,12 +280,8 @@ def test_a_registry_that_breaks_the_rules_gets_a_clear_error_and_nothing_is_kept
 ])
 def test_an_index_that_is_not_what_push_makes_gets_a_clear_error_and_nothing_is_kept(
         tmp_path, registry, hostile, behaviour, said):
-    env = dict(os.environ, SSL_CERT_FILE=str(registry.ca), DOCKER_CONFIG=str(tmp_path / "no-docker"))
-    env.pop("KILN_REGISTRY_TOKEN", None)
-    bundle = tmp_path / "pulled.kilnbundle"
-    pulled = kiln(env, "pull", f"{hostile.address}/hostile/{behaviour}:v1", "--target", "cuda:90", "-o", bundle)
-    assert pulled.returncode != 0 and said in pulled.stderr, pulled.stderr
-    assert "Traceback" not in pulled.stderr and len(pulled.stderr) < 2000
+    refused_pull(hostile_env(tmp_path, registry), f"{hostile.address}/hostile/{behaviour}:v1", said,
+                 "--target", "cuda:90", "-o", tmp_path / "pulled.kilnbundle")
     assert list(tmp_path.glob("pulled*")) == []
     # Each member is asked for once at most: nothing is followed further.
     assert len([line for line in hostile.requests if f"/hostile/{behaviour}/" in line]) <= 2
