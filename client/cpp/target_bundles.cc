@@ -169,6 +169,8 @@ absl::StatusOr<std::vector<TargetBundle>> MakeTargetBundles(Client& client, cons
   });
   if (!whole) return stopped_by.ok() ? absl::UnavailableError("kilnd stopped answering") : stopped_by;
 
+  std::map<std::string, const RecordedKernel*> kernel_by_key;
+  for (const RecordedKernel& kernel : kernels) kernel_by_key[kernel.key] = &kernel;
   for (size_t t = 0; t < targets.size(); ++t) {
     TargetBundle& bundle = bundles[t];
     bundle.target = TargetName(targets[t]);
@@ -178,17 +180,15 @@ absl::StatusOr<std::vector<TargetBundle>> MakeTargetBundles(Client& client, cons
     absl::StatusOr<BundleWriter> writer = BundleWriter::Create(bundle.file, signer);
     if (!writer.ok()) return writer.status();
     // The bundle's own entries: all but its kernels recorded for other targets.
-    std::map<std::string, const RecordedKernel*> kernel_by_key;  // by key
-    for (const RecordedKernel& kernel : kernels) kernel_by_key[kernel.key] = &kernel;
     std::set<std::string> tritons;
     const auto count_kernel = [&](const RecordedKernel& kernel) {
       ++bundle.kernels;
       if (!kernel.triton_version.empty()) tritons.insert(kernel.triton_version);
     };
     absl::StatusOr<BundleReader> read = ForEachBundleEntry(file, [&](v1::BundleEntry&& entry) -> absl::Status {
+      const bool is_kernel = IsKernel(entry);
       const auto kernel = kernel_by_key.find(entry.key());
-      const bool is_kernel = IsKernel(entry) && kernel != kernel_by_key.end();
-      if (IsKernel(entry) && (!is_kernel || kernel->second->recorded_target != bundle.target)) {
+      if (is_kernel && (kernel == kernel_by_key.end() || kernel->second->recorded_target != bundle.target)) {
         return absl::OkStatus();
       }
       if (absl::Status added = writer->Add(entry); !added.ok()) return added;
