@@ -1,6 +1,5 @@
 #include "oci_registry.h"
 
-#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -20,8 +19,6 @@
 #include "common/platform.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "https_client.h"
 #include "registry_auth.h"
 
@@ -29,9 +26,6 @@ namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr absl::string_view kManifestMediaType = "application/vnd.oci.image.manifest.v1+json";
-constexpr absl::string_view kIndexMediaType = "application/vnd.oci.image.index.v1+json";
 
 std::string OciDigest(absl::string_view data) {
   return absl::StrCat("sha256:", DigestHex(DigestBytes(Sha256(data))));
@@ -70,19 +64,6 @@ bool IsRegistryHost(absl::string_view host) {
          absl::c_all_of(host, [](char c) {
     return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == ':' || c == '[' || c == ']';
   });
-}
-
-absl::StatusOr<google::protobuf::Struct> ParseJson(absl::string_view text, absl::string_view what) {
-  google::protobuf::Struct parsed;
-  if (!google::protobuf::util::JsonStringToMessage(std::string(text), &parsed).ok()) {
-    return absl::DataLossError(absl::StrCat(what, " is not JSON"));
-  }
-  return parsed;
-}
-
-std::string Field(const google::protobuf::Struct& object, const std::string& name) {
-  auto found = object.fields().find(name);
-  return found == object.fields().end() ? "" : found->second.string_value();
 }
 
 // Requests to one repository of one registry for one operation, logged in
@@ -267,29 +248,6 @@ absl::StatusOr<Descriptor> PushBundleManifest(RegistrySession& session, const Oc
   return Descriptor{manifest_digest, manifest.size()};
 }
 
-// A JSON string's characters as they may stand between its quotes here:
-// what Kiln writes (targets, key ids) never needs escaping, so anything
-// else is refused rather than escaped.
-bool PlainJsonText(absl::string_view text) {
-  return absl::c_all_of(text, [](char c) { return absl::ascii_isalnum(c) || c == ':' || c == '.' || c == '_' || c == '-'; });
-}
-
-absl::StatusOr<uint64_t> WholeSize(const google::protobuf::Struct& descriptor, const OciReference& reference,
-                                   absl::string_view what) {
-  const auto size_field = descriptor.fields().find("size");
-  // JSON numbers are doubles: a size is a whole number no larger than 2^53
-  // (a negative or NaN one cast to uint64_t would be undefined behaviour).
-  const double size_value = size_field == descriptor.fields().end() ? -1 : size_field->second.number_value();
-  if (size_field == descriptor.fields().end() ||
-      size_field->second.kind_case() != google::protobuf::Value::kNumberValue || !std::isfinite(size_value) ||
-      size_value < 0 || size_value > 9007199254740992.0 || size_value != std::floor(size_value)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the manifest gives %s no valid size; nothing was fetched (was it pushed by `kiln push`?)",
-        reference.ToString(), what));
-  }
-  return static_cast<uint64_t>(size_value);
-}
-
 // GETs the manifest (or index) at `where` (a tag or digest): its bytes.
 absl::StatusOr<std::string> FetchManifest(RegistrySession& session, const OciReference& reference,
                                           const std::string& where, const PullOptions& options) {
@@ -308,22 +266,7 @@ absl::StatusOr<std::string> FetchManifest(RegistrySession& session, const OciRef
 // Fetches the layer of the bundle manifest `manifest_text` into `file`.
 absl::Status FetchBundleLayer(RegistrySession& session, const OciReference& reference,
                               const std::string& manifest_text, const fs::path& file, const PullOptions& options) {
-  ASSIGN_OR_RETURN(google::protobuf::Struct manifest, ParseJson(manifest_text, "the manifest"));
-  const auto& fields = manifest.fields();
-  const auto config = fields.find("config");
-  const auto layers = fields.find("layers");
-  if (config == fields.end() ||
-      Field(config->second.struct_value(), "mediaType") != kBundleConfigMediaType ||
-      layers == fields.end() || layers->second.list_value().values_size() != 1 ||
-      Field(layers->second.list_value().values(0).struct_value(), "mediaType") != kBundleMediaType) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s is not a Kiln bundle (its manifest has no single layer of %s); push one with "
-        "`kiln push`",
-        reference.ToString(), kBundleMediaType));
-  }
-  const google::protobuf::Struct& layer = layers->second.list_value().values(0).struct_value();
-  const std::string layer_digest = Field(layer, "digest");
-  ASSIGN_OR_RETURN(const uint64_t expected_size, WholeSize(layer, reference, "its layer"));
+  ASSIGN_OR_RETURN(const BundleLayer layer, ParseBundleManifest(manifest_text, reference.ToString()));
 
   const fs::path partial = fs::path(file.string() + ".partial");
   std::ofstream out(partial, std::ios::binary | std::ios::trunc);
@@ -331,13 +274,13 @@ absl::Status FetchBundleLayer(RegistrySession& session, const OciReference& refe
   Sha256Stream digest;
   uint64_t size = 0;
   HttpsRequest blob;
-  blob.url = session.Url(absl::StrCat("/blobs/", layer_digest));
+  blob.url = session.Url(absl::StrCat("/blobs/", layer.digest));
   blob.cancelled = options.cancelled;
   blob.on_body = [&](absl::string_view data) -> absl::Status {
     digest.Update(data);
     out.write(data.data(), static_cast<std::streamsize>(data.size()));
     size += data.size();
-    if (size > expected_size) {
+    if (size > layer.size) {
       return absl::DataLossError("the layer is larger than its manifest says");
     }
     if (options.received) options.received(size);
@@ -354,11 +297,11 @@ absl::Status FetchBundleLayer(RegistrySession& session, const OciReference& refe
   const std::string actual = absl::StrCat("sha256:", DigestHex(DigestBytes(digest.Finish())));
   absl::Status status = fetched.status();
   if (status.ok() && fetched->status != 200) status = Unexpected(*fetched, "fetching the bundle");
-  if (status.ok() && (actual != layer_digest || size != expected_size)) {
+  if (status.ok() && (actual != layer.digest || size != layer.size)) {
     status = absl::DataLossError(absl::StrFormat(
         "%s: the bundle's bytes have digest %s (%d bytes), its manifest says %s (%d bytes): "
         "tampered with or damaged in the registry; nothing was kept",
-        reference.ToString(), actual, size, layer_digest, expected_size));
+        reference.ToString(), actual, size, layer.digest, layer.size));
   }
   std::error_code error;
   if (!status.ok()) {
@@ -447,71 +390,24 @@ absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs:
     pulled.known = true;
     return pulled;
   }
-  ASSIGN_OR_RETURN(google::protobuf::Struct parsed, ParseJson(top, "the manifest"));
-  const auto members = parsed.fields().find("manifests");
-  if (Field(parsed, "mediaType") != kIndexMediaType && members == parsed.fields().end()) {
+  ASSIGN_OR_RETURN(const std::optional<IndexChoice> index,
+                   ChooseIndexMembers(top, reference.ToString(), options.targets, options.tritons));
+  if (!index.has_value()) {
     RETURN_IF_ERROR(FetchBundleLayer(session, reference, top, file, options));
     pulled.files.push_back({file, ""});
     return pulled;
   }
   // An index: a bundle per GPU target; those of `options.targets` (and
   // `options.tritons`) are fetched.
-  std::vector<std::pair<std::string, std::string>> chosen;  // target, digest
-  bool for_another_triton = false;  // a member of a target asked for, of no Triton asked for
-  std::vector<std::string> described;  // each member, for an error: "cuda:89 (Triton 3.6.0)"
-  if (members != parsed.fields().end()) {
-    for (const google::protobuf::Value& member : members->second.list_value().values()) {
-      const google::protobuf::Struct& descriptor = member.struct_value();
-      const auto annotations = descriptor.fields().find("annotations");
-      if (annotations == descriptor.fields().end()) continue;
-      const google::protobuf::Struct& annotated = annotations->second.struct_value();
-      const std::string target = Field(annotated, std::string(kTargetAnnotation));
-      if (target.empty() || Field(descriptor, "mediaType") != kManifestMediaType) continue;
-      const std::vector<std::string> tritons =
-          absl::StrSplit(Field(annotated, std::string(kTritonAnnotation)), ',', absl::SkipEmpty());
-      pulled.index_targets.push_back(target);
-      described.push_back(
-          tritons.empty() ? target : absl::StrFormat("%s (Triton %s)", target, absl::StrJoin(tritons, ", ")));
-      if (!absl::c_linear_search(options.targets, target)) continue;
-      if (!tritons.empty() && !options.tritons.empty() &&
-          absl::c_none_of(tritons, [&](const std::string& triton) { return absl::c_linear_search(options.tritons, triton); })) {
-        for_another_triton = true;
-        continue;
-      }
-      chosen.emplace_back(target, Field(descriptor, "digest"));
-    }
-  }
-  if (pulled.index_targets.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s is an index with no Kiln bundle for any GPU target (annotation %s); push one with "
-        "`kiln push --target`",
-        reference.ToString(), kTargetAnnotation));
-  }
-  if (chosen.empty() && for_another_triton) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s holds kernels for %s, none of a Triton this kilnd has a toolchain of (%s); push them from a "
-        "recording made with that Triton, or register a toolchain of the index's Triton (kilnd --toolchain)",
-        reference.ToString(), absl::StrJoin(described, ", "), absl::StrJoin(options.tritons, ", ")));
-  }
-  if (chosen.empty()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s holds kernels for %s, none for %s; push it for that target too (kiln push --target), "
-        "or name the targets to take (kiln pull --target, or kilnd's gpu_targets)",
-        reference.ToString(), absl::StrJoin(pulled.index_targets, ", "),
-        options.targets.empty() ? "this machine's GPUs (none found)" : absl::StrJoin(options.targets, ", ")));
-  }
-  for (const auto& [target, digest] : chosen) {
-    if (!absl::StartsWith(digest, "sha256:") || digest.size() != 71 || !PlainJsonText(digest)) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s: the index names no valid digest for %s",
-                                                        reference.ToString(), target));
-    }
+  pulled.index_targets = index->targets;
+  for (const auto& [target, digest] : index->chosen) {
     ASSIGN_OR_RETURN(const std::string manifest, FetchManifest(session, reference, digest, options));
     if (OciDigest(manifest) != digest) {
       return absl::DataLossError(absl::StrFormat(
           "%s: the manifest for %s has digest %s, its index says %s; nothing was kept", reference.ToString(),
           target, OciDigest(manifest), digest));
     }
-    const fs::path target_file = chosen.size() == 1 ? file : FileForTarget(file, target);
+    const fs::path target_file = index->chosen.size() == 1 ? file : FileForTarget(file, target);
     if (absl::Status fetched = FetchBundleLayer(session, reference, manifest, target_file, options); !fetched.ok()) {
       std::error_code error;
       for (const PulledFile& kept : pulled.files) fs::remove(kept.path, error);

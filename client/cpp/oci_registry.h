@@ -15,7 +15,8 @@
 // its kernels (kTritonAnnotation), under one tag.
 //
 // Spoken over the distribution API with https_client.h, logged in as docker
-// does (registry_auth.h).
+// does (registry_auth.h). The media types and annotations, and the reading
+// of what a registry answers, are oci_manifest.h's.
 
 #include <cstdint>
 #include <filesystem>
@@ -25,12 +26,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "oci_manifest.h"
 
 namespace kiln {
-
-inline constexpr absl::string_view kBundleMediaType = "application/vnd.kiln.bundle.v1";
-inline constexpr absl::string_view kBundleConfigMediaType =
-    "application/vnd.kiln.bundle.config.v1+json";
 
 // REGISTRY/REPOSITORY[:TAG][@sha256:HEX]; the tag is "latest" when neither is given.
 struct OciReference {
@@ -41,12 +39,6 @@ struct OciReference {
   std::string ToString() const;
 };
 absl::StatusOr<OciReference> ParseOciReference(absl::string_view text);
-
-// The annotation of an index's member that names its GPU target ("cuda:89").
-inline constexpr absl::string_view kTargetAnnotation = "dev.kiln.target";
-// The annotation of an index's member that names the Triton versions of its
-// kernels ("3.5.1,3.6.0"): a kilnd with toolchains of none has no use for it.
-inline constexpr absl::string_view kTritonAnnotation = "dev.kiln.triton";
 
 struct BundleToPush {
   std::filesystem::path file;

@@ -31,8 +31,6 @@ namespace fs = std::filesystem;
 // What a credential helper may take to answer, and write.
 constexpr absl::Duration kHelperTimeout = absl::Seconds(30);
 constexpr size_t kMaxHelperAnswer = 64 << 10;
-// The distribution token spec's default lifetime of a token that states none.
-constexpr absl::Duration kDefaultTokenLifetime = absl::Seconds(60);
 // A token is not used this close to its expiry: a request may take that long to arrive.
 constexpr absl::Duration kExpiryMargin = absl::Seconds(10);
 
@@ -243,6 +241,23 @@ std::vector<AuthChallenge> ParseChallenges(absl::string_view header) {
   return ChallengeReader(header).ReadAll();
 }
 
+absl::StatusOr<IssuedToken> ParseTokenAnswer(absl::string_view body, absl::string_view registry) {
+  absl::StatusOr<google::protobuf::Struct> parsed = ParseJsonObject(body, "the token service's answer");
+  if (!parsed.ok()) return absl::UnavailableError(absl::StrCat(registry, ": ", parsed.status().message()));
+  IssuedToken token;
+  token.value = StringField(*parsed, "token");
+  if (token.value.empty()) token.value = StringField(*parsed, "access_token");
+  if (token.value.empty() || token.value.find_first_of("\r\n") != std::string::npos) {
+    return absl::UnavailableError(absl::StrFormat("%s's token service answered with no usable token", registry));
+  }
+  if (const google::protobuf::Value* expires_in = FieldOf(*parsed, "expires_in");
+      expires_in != nullptr && expires_in->kind_case() == google::protobuf::Value::kNumberValue &&
+      std::isfinite(expires_in->number_value()) && expires_in->number_value() > 0) {
+    token.lifetime = absl::Seconds(std::min(expires_in->number_value(), 86400.0));
+  }
+  return token;
+}
+
 std::string UrlEncodeComponent(absl::string_view text) {
   std::string out;
   for (char c : text) {
@@ -418,22 +433,8 @@ absl::StatusOr<RegistryAuth::Token> RegistryAuth::FetchToken(const AuthChallenge
     return absl::UnavailableError(absl::StrFormat("%s's token service (%s) answered %d", registry_, realm,
                                                   answer.status));
   }
-  absl::StatusOr<google::protobuf::Struct> parsed = ParseJsonObject(answer.body, "the token service's answer");
-  if (!parsed.ok()) return absl::UnavailableError(absl::StrCat(registry_, ": ", parsed.status().message()));
-  Token token;
-  token.value = StringField(*parsed, "token");
-  if (token.value.empty()) token.value = StringField(*parsed, "access_token");
-  if (token.value.empty() || token.value.find_first_of("\r\n") != std::string::npos) {
-    return absl::UnavailableError(absl::StrFormat("%s's token service answered with no usable token", registry_));
-  }
-  absl::Duration lifetime = kDefaultTokenLifetime;
-  if (const google::protobuf::Value* expires_in = FieldOf(*parsed, "expires_in");
-      expires_in != nullptr && expires_in->kind_case() == google::protobuf::Value::kNumberValue &&
-      std::isfinite(expires_in->number_value()) && expires_in->number_value() > 0) {
-    lifetime = absl::Seconds(std::min(expires_in->number_value(), 86400.0));
-  }
-  token.expires = absl::Now() + lifetime;
-  return token;
+  ASSIGN_OR_RETURN(IssuedToken issued, ParseTokenAnswer(answer.body, registry_));
+  return Token{std::move(issued.value), absl::Now() + issued.lifetime};
 }
 
 absl::Status RegistryAuth::Refusal(int status, absl::string_view challenge_header) {

@@ -64,6 +64,17 @@ struct TokenAnswer {
   std::string body;
 };
 
+// A token service's answer to a request, when it granted one (status 200).
+struct IssuedToken {
+  std::string value;
+  // The distribution token spec's default for a token that states none; at most a day.
+  absl::Duration lifetime = absl::Seconds(60);
+};
+// The token in `body`: its "token", else its "access_token" (OAuth2's
+// name), and its "expires_in". UNAVAILABLE naming `registry` when `body`
+// is not a JSON object or holds no token that fits on one header line.
+absl::StatusOr<IssuedToken> ParseTokenAnswer(absl::string_view body, absl::string_view registry);
+
 // The Authorization header of one operation (pull, or push) on one repository.
 class RegistryAuth {
  public:
