@@ -351,25 +351,19 @@ std::filesystem::path ImportsDir(const std::filesystem::path& data_dir) {
   return (data_dir.empty() ? std::filesystem::temp_directory_path() : data_dir) / "imports";
 }
 
-absl::StatusOr<std::vector<Ed25519PublicKey>> LoadTrustedBundleKeys(const std::string& file) {
+absl::StatusOr<std::vector<Ed25519PublicKey>> ParseTrustedBundleKeys(absl::string_view text,
+                                                                     const std::string& file) {
   std::vector<Ed25519PublicKey> keys;
-  if (file.empty()) return keys;
-  absl::StatusOr<std::string> text = platform::ReadWholeFile(file);
-  if (!text.ok()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "trusted_bundle_keys: cannot read %s (%s); name a file of PEM public keys", file,
-        text.status().message()));
-  }
-  const std::string kEnd = "-----END PUBLIC KEY-----";
+  constexpr absl::string_view kEnd = "-----END PUBLIC KEY-----";
   size_t from = 0;
   while (true) {
-    const size_t begin = text->find("-----BEGIN PUBLIC KEY-----", from);
-    if (begin == std::string::npos) break;
-    const size_t end = text->find(kEnd, begin);
-    if (end == std::string::npos) break;
+    const size_t begin = text.find("-----BEGIN PUBLIC KEY-----", from);
+    if (begin == absl::string_view::npos) break;
+    const size_t end = text.find(kEnd, begin);
+    if (end == absl::string_view::npos) break;
     from = end + kEnd.size();
     ASSIGN_OR_RETURN(Ed25519PublicKey key,
-                     Ed25519PublicKey::FromPem(absl::string_view(*text).substr(begin, from - begin),
+                     Ed25519PublicKey::FromPem(text.substr(begin, from - begin),
                                                absl::StrCat("a key of trusted_bundle_keys (", file, ")")));
     keys.push_back(std::move(key));
   }
@@ -380,6 +374,17 @@ absl::StatusOr<std::vector<Ed25519PublicKey>> LoadTrustedBundleKeys(const std::s
         file));
   }
   return keys;
+}
+
+absl::StatusOr<std::vector<Ed25519PublicKey>> LoadTrustedBundleKeys(const std::string& file) {
+  if (file.empty()) return std::vector<Ed25519PublicKey>();
+  absl::StatusOr<std::string> text = platform::ReadWholeFile(file);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "trusted_bundle_keys: cannot read %s (%s); name a file of PEM public keys", file,
+        text.status().message()));
+  }
+  return ParseTrustedBundleKeys(*text, file);
 }
 
 absl::StatusOr<v1::ImportBundleResponse> ImportBundleFile(const BundleImportContext& context,

@@ -54,6 +54,11 @@ absl::StatusOr<v1::BuildLauncherRequest> LauncherRecipeOf(const v1::BundleEntry&
 // file holds from the next import on. INVALID_ARGUMENT naming the file when
 // it cannot be read or holds no key.
 absl::StatusOr<std::vector<Ed25519PublicKey>> LoadTrustedBundleKeys(const std::string& file);
+// The PEM public keys in `text`, the contents of `file` (named in messages):
+// what lies around and between them is ignored. INVALID_ARGUMENT when one
+// is not an Ed25519 key or there is none.
+absl::StatusOr<std::vector<Ed25519PublicKey>> ParseTrustedBundleKeys(absl::string_view text,
+                                                                     const std::string& file);
 
 struct BundleImportContext {
   cache::ArtifactStore& store;
