@@ -9,7 +9,10 @@ packages. The schema keeps one source, kiln.proto.
 
 What proto3 as kiln.proto uses: scalars of every type, enums (as ints),
 nested messages, repeated fields (numbers packed), maps, oneofs and `optional`
-fields (with presence). Unknown fields are skipped when parsing. The message
+fields (with presence). Unknown fields are skipped when parsing; a known
+field sent with another wire type than its own, or a proto2 group, is refused
+with DecodeError where protobuf would keep it as an unknown field: a kilnd
+that sends one has another schema than the client's. The message
 classes behave as protobuf's for what the client does with them: keyword
 construction, attributes, HasField, WhichOneof, ClearField, CopyFrom,
 SerializeToString and FromString, `add()` on repeated messages. The codec and
@@ -50,7 +53,7 @@ def _read_varint(data, position):
         position += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return value, position
+            return value & 0xFFFF_FFFF_FFFF_FFFF, position  # a tenth byte's bits past 64 are dropped, as protobuf does
         shift += 7
         if shift >= 70:
             raise DecodeError("varint longer than 10 bytes")
@@ -72,7 +75,10 @@ def _records(data):
     varint, the bytes of a fixed or length-delimited field."""
     position, end = 0, len(data)
     while position < end:
+        start = position
         tag, position = _read_varint(data, position)
+        if tag >> 32 or position - start > 5:
+            raise DecodeError("a field tag past protobuf's 32 bits")
         number, wire_type = tag >> 3, tag & 7
         if wire_type == _VARINT:
             value, position = _read_varint(data, position)
@@ -405,6 +411,8 @@ class Message:
 
     def _merge_record(self, field, wire_type, value):
         if field.map_entry is not None:
+            if wire_type != _LENGTH_DELIMITED:
+                raise DecodeError(f"map field {field.name} sent with wire type {wire_type}")
             entry = field.message.FromString(value)
             getattr(self, field.name)[entry.key] = entry.value
             return

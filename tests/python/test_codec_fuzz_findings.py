@@ -1,0 +1,29 @@
+"""What the fuzzers of the client's codecs (tests/fuzz/python) found, each
+input kept here as the fuzzer's regression file keeps it
+(tests/fuzz/python/regressions/<fuzzer>/): bytes a hostile or broken kilnd may
+send get the codec's own clean error, or read as google.protobuf reads them."""
+
+import pytest
+
+from kiln.service import api, wire
+
+
+@pytest.mark.parametrize("message, data, error", [
+    # A map's record that is no entry: a varint raised TypeError, a fixed
+    # field's 8 octets were read as an entry protobuf never sees.
+    (api.CompileResponse, b"(\x05", "map field stage_seconds sent with wire type 0"),
+    (api.CompileResponse, b")\x0a\x06abcdef", "map field stage_seconds sent with wire type 1"),
+    # A tag past 32 bits, which protobuf refuses, was read as an unknown field.
+    (api.LookupResponse, b"\xf8\xff\xff\xff\x1f\x00", "field tag past protobuf's 32 bits"),
+    (api.ListMissesResponse, b"\xca\xca\xca\xca\xca\x08\x00", "field tag past protobuf's 32 bits"),
+    (api.LookupResponse, b"\x88\x80\x80\x80\x80\x00\x00", "field tag past protobuf's 32 bits"),  # 6 octets
+], ids=["map-as-varint", "map-as-fixed64", "tag-past-32-bits", "tag-past-32-bits-fuzzed", "tag-of-6-octets"])
+def test_records_protobuf_does_not_read_as_the_field_get_a_decode_error(message, data, error):
+    with pytest.raises(wire.DecodeError, match=error):
+        message.FromString(data)
+
+
+def test_a_varints_bits_past_64_are_dropped_as_protobuf_drops_them():
+    # found = 2^64 in ten octets: protobuf reads the low 64 bits, false.
+    assert not api.LookupResponse.FromString(b"\x08" + b"\x80" * 9 + b"\x02").found
+    assert api.GetStatsResponse.FromString(b"\x08" + b"\xff" * 9 + b"\x7f").hits == (1 << 64) - 1
