@@ -368,3 +368,20 @@ def test_a_call_kilnd_said_it_never_started_is_made_again_on_a_new_connection(tm
         assert server.connections == 2
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("status", [b"\xb2", b"9" * 4301], ids=["superscript-two", "past-ints-4300-digits"])
+def test_a_grpc_status_that_is_no_number_is_unknown_and_the_message_still_reaches_the_caller(tmp_path, status):
+    """fuzz_frames' finding: str.isdigit() passes "²", and a status of more
+    than 4300 digits, both of which int() refuses: the ValueError ended the
+    call as the client's own INTERNAL failure, its message lost."""
+    def script(index, encoder, stream):
+        return _frame(1, 0x5, stream, encoder.encode([(":status", "200"), ("grpc-status", status),
+                                                      ("grpc-message", "no")], huffman=len(status) > 1))
+    server = _ScriptedServer(tmp_path / "s.sock", script)
+    try:
+        with pytest.raises(RpcError) as refused:
+            api.KilnStub(local_grpc.Channel(f"unix:{server.path}")).GetStats(api.GetStatsRequest(), timeout=10)
+        assert refused.value.code() is StatusCode.UNKNOWN and refused.value.details() == "no"
+    finally:
+        server.close()

@@ -184,7 +184,9 @@ class _Connection(http2.Connection):
         if status is None:
             raise RpcError(StatusCode.INTERNAL, "kilnd ended the call without a status")
         if status != "0":
-            code = status_code(int(status)) if status.isdigit() else StatusCode.UNKNOWN
+            # isdigit() alone passes "²", which int() refuses, as it refuses more than 4300 digits.
+            readable = status.isascii() and status.isdigit() and len(status) <= 10
+            code = status_code(int(status)) if readable else StatusCode.UNKNOWN
             raise RpcError(code, _percent_decoded(trailers.get("grpc-message", "")))
 
     def reset(self):
