@@ -276,6 +276,7 @@ absl::StatusOr<CompileResult> WorkerPool::Compile(const CompileJob& job) {
   output.artifacts = std::move(reply.parts);
   output.ptxas_log = reply.header.ptxas_log();
   output.stage_seconds.insert(reply.header.timings().begin(), reply.header.timings().end());
+  output.warnings.assign(reply.header.warnings().begin(), reply.header.warnings().end());
   return output;
 }
 

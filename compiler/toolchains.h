@@ -64,6 +64,7 @@ struct CompileOutput {
   Parts artifacts;
   std::string ptxas_log;  // ptxas -v: registers, spills, shared memory
   std::map<std::string, double> stage_seconds;
+  std::vector<std::string> warnings;  // what the worker mended on the way, for the log
 };
 
 // A compile that failed because of the kernel (or killed its worker).

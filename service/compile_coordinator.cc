@@ -500,6 +500,9 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
       return produced;
     }
     auto& output = std::get<compiler::CompileOutput>(result);
+    for (const std::string& warning : output.warnings) {
+      spdlog::warn("compile of {}: {}", shared_key, warning);
+    }
     produced.ptxas_log = output.ptxas_log;
     produced.stage_seconds = output.stage_seconds;
     answer(CompileOutcome{UnstoredEntry(output.artifacts, have), false, produced.ptxas_log,

@@ -36,6 +36,7 @@ compilation_error, ptxas_error, out_of_resources, invalid_request.
 import base64
 import contextlib
 import ctypes
+import errno
 import faulthandler
 import gc
 import hashlib
@@ -379,7 +380,7 @@ def _new_context(backend):
     return context
 
 
-def _run_stages(header, ir_text):
+def _run_stages(header, ir_text, warnings):
     target = _parse_target(header["target"])
     backend = make_backend(target)
     stage = header.get("stage", "ttir")
@@ -414,7 +415,7 @@ def _run_stages(header, ir_text):
         compile_ir = stages[ext]
         start = time.perf_counter()
         if ext == "cubin":
-            module, ptxas_log = _run_ptxas_stage(compile_ir, module, metadata)
+            module, ptxas_log = _run_ptxas_stage(compile_ir, module, metadata, warnings)
         else:
             module = compile_ir(module, metadata)
         timings[ext] = time.perf_counter() - start
@@ -423,18 +424,36 @@ def _run_stages(header, ir_text):
     return outputs, timings, ptxas_log
 
 
-def _run_ptxas_stage(compile_ir, module, metadata):
-    """make_cubin deletes ptxas's -v report unless asked to print it: capture the print."""
+def _ptxas_never_started(error):
+    """Whether starting ptxas failed before it ran, for a reason that passes:
+    Wine's CreateProcess now and then fails with ERROR_INTERNAL_ERROR (1359)
+    on a busy machine, as fork does with EAGAIN on a POSIX one. Any other
+    failure (no such file, no permission) would fail again."""
+    return getattr(error, "winerror", None) == 1359 or error.errno == errno.EAGAIN
+
+
+def _run_ptxas_stage(compile_ir, module, metadata, warnings):
+    """make_cubin deletes ptxas's -v report unless asked to print it: capture the
+    print. A ptxas that never started is started once more, and `warnings` says so."""
     from triton import knobs
 
+    def make_cubin():
+        try:
+            return compile_ir(module, metadata)
+        except OSError as error:
+            if not _ptxas_never_started(error):
+                raise
+            warnings.append("ptxas did not start (%s); started it again" % error)
+            return compile_ir(module, metadata)
+
     if not can_print_ptxas_log(knobs):
-        return compile_ir(module, metadata), ""
+        return make_cubin(), ""
     captured = io.StringIO()
     previous = knobs.nvidia.dump_ptxas_log
     knobs.nvidia.dump_ptxas_log = True
     try:
         with contextlib.redirect_stdout(captured):
-            cubin = compile_ir(module, metadata)
+            cubin = make_cubin()
     finally:
         knobs.nvidia.dump_ptxas_log = previous
     return cubin, captured.getvalue()
@@ -458,14 +477,15 @@ def compile_job(header, parts):
     refused = refused_variable(header.get("env", {}), header.get("tool_env", {}))
     if refused:
         return _error("invalid_request", refused)
+    warnings = []
     try:
         with client_environment({**header.get("env", {}), **header.get("tool_env", {})}):
-            outputs, timings, ptxas_log = _run_stages(header, ir_text)
+            outputs, timings, ptxas_log = _run_stages(header, ir_text, warnings)
     except ValueError as error:
         return _error("compilation_error", str(error))
     except Exception as error:  # any stage failure goes back to the client, typed
         return _error(_classify(error), str(error) or type(error).__name__, traceback.format_exc())
-    return {"ok": True, "timings": timings, "ptxas_log": ptxas_log}, outputs
+    return {"ok": True, "timings": timings, "ptxas_log": ptxas_log, "warnings": warnings}, outputs
 
 
 # A remote client's make_launcher arguments are a few hundred characters; a

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import struct
+import subprocess
 import sys
 import termios
 import threading
@@ -20,7 +21,7 @@ from triton.compiler.compiler import ASTSource
 
 import kernel_suite
 import triton_frontend
-from conftest import Kilnd
+from conftest import REPO, Kilnd
 from kiln.service import api as kiln_pb2
 from pipeline_client import blobs_by_name, compile_request, only_worker_held
 
@@ -229,6 +230,50 @@ def test_remote_client_interpreter_path_is_never_run(fresh_kilnd, tmp_path):
         remote.Compile(compile_request(frontend, local_python_executable=str(fake_python)))
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert not marker.exists()
+
+
+_PTXAS_START_PROGRAM = """
+import errno, json, sys
+sys.path.insert(0, sys.argv[1])
+import kiln_worker
+
+failures = [OSError(errno.EAGAIN, "fork failed")] * int(sys.argv[2]) + [OSError(errno.ENOENT, "no ptxas")] * int(sys.argv[3])
+starts = []
+
+def make_cubin(module, metadata):  # Triton's make_cubin, as far as starting ptxas goes
+    starts.append(module)
+    if failures:
+        raise failures.pop(0)
+    return b"cubin"
+
+warnings = []
+try:
+    result = repr(kiln_worker._run_ptxas_stage(make_cubin, "ptx", {}, warnings)[0])
+except OSError as error:
+    result = "raised %s" % error
+with open(sys.argv[4], "w") as out:
+    json.dump({"result": result, "starts": len(starts), "warnings": warnings}, out)
+"""
+
+
+@pytest.mark.parametrize("passing_failures, lasting_failures, result, starts, warned", [
+    (1, 0, "b'cubin'", 2, True),   # started again once, and said
+    (2, 0, "raised [Errno 11] fork failed", 2, True),  # only once
+    (0, 1, "raised [Errno 2] no ptxas", 1, False),  # a failure that would only fail again
+])
+def test_a_ptxas_that_never_started_is_started_again_once_and_said(
+        tmp_path, passing_failures, lasting_failures, result, starts, warned):
+    # Wine's CreateProcess fails now and then with ERROR_INTERNAL_ERROR (1359)
+    # on a busy machine (failing CI runs' compiles of ptxas.exe); fork's EAGAIN
+    # is POSIX's like of it, and what this machine can raise.
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, "-c", _PTXAS_START_PROGRAM, str(REPO / "compiler" / "worker"),
+                    str(passing_failures), str(lasting_failures), str(out)], check=True)
+    ran = json.loads(out.read_text())
+    assert (ran["result"], ran["starts"]) == (result, starts)
+    assert bool(ran["warnings"]) == warned
+    if warned:
+        assert ran["warnings"] == ["ptxas did not start ([Errno 11] fork failed); started it again"]
 
 
 def _ptxas_wrapper(path, marker):
