@@ -17,7 +17,10 @@ from kiln.service import api, wire
     (api.LookupResponse, b"\xf8\xff\xff\xff\x1f\x00", "field tag past protobuf's 32 bits"),
     (api.ListMissesResponse, b"\xca\xca\xca\xca\xca\x08\x00", "field tag past protobuf's 32 bits"),
     (api.LookupResponse, b"\x88\x80\x80\x80\x80\x00\x00", "field tag past protobuf's 32 bits"),  # 6 octets
-], ids=["map-as-varint", "map-as-fixed64", "tag-past-32-bits", "tag-past-32-bits-fuzzed", "tag-of-6-octets"])
+    # A length of 2^64 must not be read as its low 64 bits (0), as a number's is.
+    (api.RecordHitsResponse, b"2" + b"\x80" * 9 + b"\x02", "truncated field 6"),
+], ids=["map-as-varint", "map-as-fixed64", "tag-past-32-bits", "tag-past-32-bits-fuzzed", "tag-of-6-octets",
+        "length-past-64-bits"])
 def test_records_protobuf_does_not_read_as_the_field_get_a_decode_error(message, data, error):
     with pytest.raises(wire.DecodeError, match=error):
         message.FromString(data)

@@ -53,7 +53,7 @@ def _read_varint(data, position):
         position += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return value & 0xFFFF_FFFF_FFFF_FFFF, position  # a tenth byte's bits past 64 are dropped, as protobuf does
+            return value, position
         shift += 7
         if shift >= 70:
             raise DecodeError("varint longer than 10 bytes")
@@ -105,6 +105,7 @@ def _signed(value, bits):
 
 
 def _decode_varint_scalar(kind, value):
+    value &= (1 << 64) - 1  # a tenth byte's bits past 64 are dropped, as protobuf drops them
     if kind in (_INT64, _INT32, _ENUM):
         return _signed(value, 64 if kind == _INT64 else 32)
     if kind == _BOOL:
