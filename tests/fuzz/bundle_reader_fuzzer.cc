@@ -30,6 +30,7 @@
 #include "client/cpp/bundle.h"
 #include "common/ed25519.h"
 #include "common/sha256.h"
+#include "google/protobuf/stubs/logging.h"
 #include "kiln/v1/kiln.pb.h"
 #include "service/bundle_import.h"
 #include "service/request_validation.h"
@@ -99,6 +100,12 @@ void CheckOneEntry(absl::string_view bytes) {
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  // protobuf logs each string field that is not UTF-8 it parses: noise here.
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);

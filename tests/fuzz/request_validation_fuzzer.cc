@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
+#include "google/protobuf/stubs/logging.h"
 #include "kiln/v1/kiln.pb.h"
 #include "service/request_validation.h"
 
@@ -67,6 +68,12 @@ constexpr Validator kValidators[] = {
 };
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  // protobuf logs each string field that is not UTF-8 it parses: noise here.
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
