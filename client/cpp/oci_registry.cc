@@ -318,6 +318,19 @@ fs::path FileForTarget(const fs::path& file, const std::string& target) {
          absl::StrCat(file.stem().string(), ".", absl::StrReplaceAll(target, {{":", "_"}}), file.extension().string());
 }
 
+// Fetches an index member's manifest, which must have the digest the index
+// gives it, and its layer into `file`.
+absl::Status FetchIndexMember(RegistrySession& session, const OciReference& reference, const IndexMember& member,
+                              const fs::path& file, const PullOptions& options) {
+  ASSIGN_OR_RETURN(const std::string manifest, FetchManifest(session, reference, member.digest, options));
+  if (OciDigest(manifest) != member.digest) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: the manifest for %s has digest %s, its index says %s; nothing was kept", reference.ToString(),
+        member.target, OciDigest(manifest), member.digest));
+  }
+  return FetchBundleLayer(session, reference, manifest, file, options);
+}
+
 }  // namespace
 
 absl::StatusOr<PushedBundle> PushBundle(const BundleToPush& bundle, const OciReference& reference) {
@@ -400,20 +413,14 @@ absl::StatusOr<PulledBundle> PullBundle(const OciReference& reference, const fs:
   // An index: a bundle per GPU target; those of `options.targets` (and
   // `options.tritons`) are fetched.
   pulled.index_targets = index->targets;
-  for (const auto& [target, digest] : index->chosen) {
-    ASSIGN_OR_RETURN(const std::string manifest, FetchManifest(session, reference, digest, options));
-    if (OciDigest(manifest) != digest) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: the manifest for %s has digest %s, its index says %s; nothing was kept", reference.ToString(),
-          target, OciDigest(manifest), digest));
-    }
-    const fs::path target_file = index->chosen.size() == 1 ? file : FileForTarget(file, target);
-    if (absl::Status fetched = FetchBundleLayer(session, reference, manifest, target_file, options); !fetched.ok()) {
+  for (const IndexMember& member : index->chosen) {
+    const fs::path target_file = index->chosen.size() == 1 ? file : FileForTarget(file, member.target);
+    if (absl::Status fetched = FetchIndexMember(session, reference, member, target_file, options); !fetched.ok()) {
       std::error_code error;
       for (const PulledFile& kept : pulled.files) fs::remove(kept.path, error);
       return fetched;
     }
-    pulled.files.push_back({target_file, target});
+    pulled.files.push_back({target_file, member.target});
   }
   return pulled;
 }
