@@ -250,10 +250,12 @@ absl::StatusOr<IssuedToken> ParseTokenAnswer(absl::string_view body, absl::strin
   if (token.value.empty() || token.value.find_first_of("\r\n") != std::string::npos) {
     return absl::UnavailableError(absl::StrFormat("%s's token service answered with no usable token", registry));
   }
+  // Docker's floor: a shorter lifetime (a few seconds, or 1e-300) would have
+  // the token dropped as expiring before it was ever sent (kExpiryMargin).
   if (const google::protobuf::Value* expires_in = FieldOf(*parsed, "expires_in");
       expires_in != nullptr && expires_in->kind_case() == google::protobuf::Value::kNumberValue &&
       std::isfinite(expires_in->number_value()) && expires_in->number_value() > 0) {
-    token.lifetime = absl::Seconds(std::min(expires_in->number_value(), 86400.0));
+    token.lifetime = absl::Seconds(std::clamp(expires_in->number_value(), 60.0, 86400.0));
   }
   return token;
 }

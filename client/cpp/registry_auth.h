@@ -67,7 +67,8 @@ struct TokenAnswer {
 // A token service's answer to a request, when it granted one (status 200).
 struct IssuedToken {
   std::string value;
-  // The distribution token spec's default for a token that states none; at most a day.
+  // The distribution token spec's default for a token that states none, and
+  // the least docker takes; at most a day.
   absl::Duration lifetime = absl::Seconds(60);
 };
 // The token in `body`: its "token", else its "access_token" (OAuth2's

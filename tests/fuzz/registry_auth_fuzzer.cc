@@ -3,7 +3,7 @@
 //   0: a WWW-Authenticate header, ParseChallenges: schemes and parameter
 //      names come back non-empty and in lower case;
 //   1: a token service's answer, ParseTokenAnswer: refused with UNAVAILABLE,
-//      or a token on one line lasting from 0 s to a day;
+//      or a token on one line lasting from a minute to a day;
 //   2: a challenge and the token service's answer to it, split at the first
 //      NUL, through RegistryAuth::Answer, Authorization and Refusal with a
 //      token service that is a function here (no network, no docker login:
@@ -50,7 +50,7 @@ void TokenAnswer(absl::string_view body) {
   if (token->value.empty() || absl::StrContains(token->value, '\n') || absl::StrContains(token->value, '\r')) {
     Fail("a token that does not fit a header line", token->value);
   }
-  if (token->lifetime < absl::ZeroDuration() || token->lifetime > absl::Hours(24)) {
+  if (token->lifetime < absl::Seconds(60) || token->lifetime > absl::Hours(24)) {
     Fail("a lifetime out of range", absl::FormatDuration(token->lifetime));
   }
 }
