@@ -126,8 +126,10 @@ bool ProtobufParses(const std::string& text, google::protobuf::Struct& parsed, s
 
 // protobuf refusing, for a reason that RFC 8259 does not give.
 bool ProtobufStricterThanJson(absl::string_view error, const Strictness& strictness) {
-  for (absl::string_view quirk : {"Repeated map key", "Number exceeds the range of double",
-                                  "Missing low surrogate", "Invalid unicode code point"}) {
+  // Surrogates: "Missing low surrogate", "Invalid low surrogate" (a high one
+  // followed by another \u escape), "Invalid unicode code point" (a lone low one).
+  for (absl::string_view quirk : {"Repeated map key", "Number exceeds the range of double", "surrogate",
+                                  "Invalid unicode code point"}) {
     if (absl::StrContains(error, quirk)) return true;
   }
   return strictness.depth > kStructSafeDepth;
