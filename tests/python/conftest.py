@@ -28,6 +28,15 @@ hermetic.apply_test_settings()
 
 from kiln.service import api as _api  # noqa: E402  (the client package's API messages and stub)
 
+
+def pytest_configure(config):
+    # tests/run-suites picks its lanes by these: the linux lane runs every test
+    # but outside_bytes ones that a sanitizer can run, the asan lane those.
+    config.addinivalue_line("markers", "outside_bytes: kilnd takes bytes from outside (stores, bundles, "
+                            "registries, TCP callers, faults); run against the ASan+UBSan kilnd")
+    config.addinivalue_line("markers", "release_build: measures what a sanitizer changes (memory, "
+                            "address space); run against the release build only")
+
 PROBE = Path(__file__).parent / "client_probe.py"
 
 

@@ -18,6 +18,9 @@ import kernel_suite
 from bundle_files import openssl, publisher_key, read_bundle, write_bundle
 from conftest import BUILD, Kilnd, probe_json, run_on_terminal, run_probe
 
+# kilnd takes outside bytes here: the asan lane runs these against its ASan+UBSan build.
+pytestmark = pytest.mark.outside_bytes
+
 KILN = BUILD / "client" / "cpp" / "kiln"
 
 
@@ -306,6 +309,9 @@ def peak_rss_mib(pid):
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
 
+# ASan's shadow memory takes terabytes of address space, more than any limit
+# this holds kiln to: the linux lane measures it.
+@pytest.mark.release_build
 def test_importing_a_3_gib_bundle_holds_a_few_records_at_a_time_in_kiln_and_kilnd(tmp_path):
     """768 entries of 4 MiB: kiln sends it under an address-space limit far
     below its size in 64 MiB, and kilnd holds a few records, not the bundle.

@@ -18,6 +18,9 @@ import hermetic
 from conftest import PROBE, Kilnd, probe_json, tcp_kilnd
 from test_launcher import libcuda_dir  # noqa: F401  (fixture)
 
+# kilnd takes outside bytes here: the asan lane runs these against its ASan+UBSan build.
+pytestmark = pytest.mark.outside_bytes
+
 FALLBACK_WARNING = "compiling with stock Triton instead"
 
 

@@ -26,6 +26,9 @@ from kiln.service import api, http2, local_grpc
 from kiln.service.errors import RpcError, StatusCode
 from test_remote_tls import new_ca, new_key_and_request, sign, tls_kilnd
 
+# kilnd takes outside bytes here: the asan lane runs these against its ASan+UBSan build.
+pytestmark = pytest.mark.outside_bytes
+
 FALLBACK_WARNING = "compiling with stock Triton instead"
 # What a program may cost beyond stock's against any of them (the bound).
 SECONDS_ALLOWED = 15.0

@@ -14,6 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from kiln.service import api as _api
 
 import hermetic
@@ -21,6 +23,9 @@ import process_table
 from conftest import BUILD, Kilnd
 from bundle_files import publisher_key
 from test_bundle import trusting
+
+# kilnd takes outside bytes here: the asan lane runs these against its ASan+UBSan build.
+pytestmark = pytest.mark.outside_bytes
 
 LONG_COMPILE = Path(__file__).parent / "long_compile_program.py"
 KILN = BUILD / "client" / "cpp" / "kiln"

@@ -23,6 +23,9 @@ from test_bundle import KILN, trusting
 from test_metrics import scrape
 from test_registry import kiln
 
+# kilnd takes outside bytes here: the asan lane runs these against its ASan+UBSan build.
+pytestmark = pytest.mark.outside_bytes
+
 REFRESH = 2  # seconds between a subscribed kilnd's checks
 
 
