@@ -3,6 +3,9 @@ input kept here as the fuzzer's regression file keeps it
 (tests/fuzz/python/regressions/<fuzzer>/): bytes a hostile or broken kilnd may
 send get the codec's own clean error, or read as google.protobuf reads them."""
 
+import math
+import struct
+
 import pytest
 
 from kiln.service import api, wire
@@ -30,3 +33,18 @@ def test_a_varints_bits_past_64_are_dropped_as_protobuf_drops_them():
     # found = 2^64 in ten octets: protobuf reads the low 64 bits, false.
     assert not api.LookupResponse.FromString(b"\x08" + b"\x80" * 9 + b"\x02").found
     assert api.GetStatsResponse.FromString(b"\x08" + b"\xff" * 9 + b"\x7f").hits == (1 << 64) - 1
+
+
+def test_a_negative_zero_double_is_written_back_as_protobuf_writes_it():
+    # fuzz_wire: -0.0 equals 0.0, the default, so wire.py left it out when it
+    # wrote a message back; protobuf leaves out only 0.0's own bits.
+    def stats_with_p99(value):
+        latency = b"\n\x06Lookup1" + struct.pack("<d", value)  # name, p99_ms (field 6, a double)
+        return api.GetStatsResponse.FromString(b"R" + bytes([len(latency)]) + latency)
+
+    negative = stats_with_p99(-0.0)
+    assert math.copysign(1.0, negative.rpc_latency[0].p99_ms) < 0
+    assert b"1" + struct.pack("<d", -0.0) in negative.SerializeToString()
+    again = api.GetStatsResponse.FromString(negative.SerializeToString())
+    assert math.copysign(1.0, again.rpc_latency[0].p99_ms) < 0
+    assert stats_with_p99(0.0).rpc_latency[0].SerializeToString() == b"\n\x06Lookup"

@@ -20,6 +20,7 @@ the reading of descriptors stay one module: under Wine each module is a few ms
 of the very load this exists to cut.
 """
 
+import math
 import struct
 
 
@@ -142,6 +143,13 @@ class _Field:
         self.message_name, self.message, self.map_entry = message_name, None, None
         self.oneof, self.presence = oneof, presence
         self.default = {_DOUBLE: 0.0, _FLOAT: 0.0, _BOOL: False, _STRING: "", _BYTES: b""}.get(kind, 0)
+
+    def is_default(self, value):
+        """Whether a field without presence holding `value` is left out. -0.0 is
+        not 0.0's bits, and protobuf sends it."""
+        if value == 0 and self.kind in (_DOUBLE, _FLOAT):
+            return math.copysign(1.0, value) > 0
+        return value == self.default
 
     def check(self, value):
         """`value` as this scalar field stores it, or TypeError/ValueError."""
@@ -395,7 +403,7 @@ class Message:
         present = []
         for name, value in self._values.items():
             field = self._fields[name]
-            if field.presence or (value != field.default if not field.repeated else value):
+            if field.presence or (not field.is_default(value) if not field.repeated else value):
                 present.append((field.number, name))
         present.sort()
         return present
