@@ -21,9 +21,11 @@ from kiln.service import api, wire
     (api.ListMissesResponse, b"\xca\xca\xca\xca\xca\x08\x00", "field tag past protobuf's 32 bits"),
     (api.LookupResponse, b"\x88\x80\x80\x80\x80\x00\x00", "field tag past protobuf's 32 bits"),  # 6 octets
     # A length of 2^64 must not be read as its low 64 bits (0), as a number's is.
-    (api.RecordHitsResponse, b"2" + b"\x80" * 9 + b"\x02", "truncated field 6"),
+    (api.RecordHitsResponse, b"2" + b"\x80" * 9 + b"\x02", "field 6's length past protobuf's 32 bits"),
+    # A length of 0 in 8 octets, which protobuf refuses (5 at most), read as an empty field.
+    (api.CompileResponse, b"\n" + b"\x80" * 7 + b"\x00\x12\x00", "field 1's length past protobuf's 32 bits"),
 ], ids=["map-as-varint", "map-as-fixed64", "tag-past-32-bits", "tag-past-32-bits-fuzzed", "tag-of-6-octets",
-        "length-past-64-bits"])
+        "length-past-64-bits", "length-of-8-octets"])
 def test_records_protobuf_does_not_read_as_the_field_get_a_decode_error(message, data, error):
     with pytest.raises(wire.DecodeError, match=error):
         message.FromString(data)

@@ -89,7 +89,11 @@ def _records(data):
             if position > end:
                 raise DecodeError(f"truncated fixed field {number}")
         elif wire_type == _LENGTH_DELIMITED:
+            size_start = position
             size, position = _read_varint(data, position)
+            # protobuf reads a length as at most 5 octets of a 32-bit size.
+            if size >> 32 or position - size_start > 5:
+                raise DecodeError(f"field {number}'s length past protobuf's 32 bits")
             value, position = data[position:position + size], position + size
             if position > end:
                 raise DecodeError(f"truncated field {number} ({size} bytes)")
