@@ -76,10 +76,11 @@ def run(name, seconds, jobs, scratch):
         crashed = True
         kept = Path(tempfile.gettempdir()) / "kiln-fuzz-crashes" / name  # outlives the scratch dir
         kept.mkdir(parents=True, exist_ok=True)
-        for artifact in artifacts.iterdir():
+        # This run's inputs only: the kept directory also holds earlier runs'.
+        found = sorted(artifacts.iterdir())
+        for artifact in found:
             shutil.copy(artifact, kept / artifact.name)
-        found = sorted(kept.iterdir())
-        reproduce = f"{sys.executable} {script} {found[-1] if found else ''}"
+        reproduce = f"{sys.executable} {script} {kept / found[-1].name if found else ''}"
         print(output[-4000:], file=sys.stderr)
     last, stats = _last_status(output), _final_stats(output)
     runs = stats.get("number_of_executed_units", last.get("runs", "?"))
