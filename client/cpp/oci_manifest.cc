@@ -11,25 +11,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "json_object.h"
 #include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace kiln {
 namespace {
-
-absl::StatusOr<google::protobuf::Struct> ParseJson(absl::string_view text, absl::string_view what) {
-  google::protobuf::Struct parsed;
-  if (!google::protobuf::util::JsonStringToMessage(std::string(text), &parsed).ok()) {
-    return absl::DataLossError(absl::StrCat(what, " is not JSON"));
-  }
-  return parsed;
-}
-
-std::string Field(const google::protobuf::Struct& object, const std::string& name) {
-  auto found = object.fields().find(name);
-  return found == object.fields().end() ? "" : found->second.string_value();
-}
 
 absl::StatusOr<uint64_t> WholeSize(const google::protobuf::Struct& descriptor, absl::string_view reference,
                                    absl::string_view what) {
@@ -62,10 +49,10 @@ IndexReading ReadIndex(const google::protobuf::Value& members, const std::vector
     const auto annotations = descriptor.fields().find("annotations");
     if (annotations == descriptor.fields().end()) continue;
     const google::protobuf::Struct& annotated = annotations->second.struct_value();
-    const std::string target = Field(annotated, std::string(kTargetAnnotation));
-    if (target.empty() || Field(descriptor, "mediaType") != kManifestMediaType) continue;
+    const std::string target = StringField(annotated, std::string(kTargetAnnotation));
+    if (target.empty() || StringField(descriptor, "mediaType") != kManifestMediaType) continue;
     const std::vector<std::string> member_tritons =
-        absl::StrSplit(Field(annotated, std::string(kTritonAnnotation)), ',', absl::SkipEmpty());
+        absl::StrSplit(StringField(annotated, std::string(kTritonAnnotation)), ',', absl::SkipEmpty());
     reading.choice.targets.push_back(target);
     reading.described.push_back(member_tritons.empty() ? target
                                                        : absl::StrFormat("%s (Triton %s)", target,
@@ -76,7 +63,7 @@ IndexReading ReadIndex(const google::protobuf::Value& members, const std::vector
       reading.for_another_triton = true;
       continue;
     }
-    reading.choice.chosen.push_back({target, Field(descriptor, "digest")});
+    reading.choice.chosen.push_back({target, StringField(descriptor, "digest")});
   }
   return reading;
 }
@@ -88,14 +75,14 @@ bool PlainJsonText(absl::string_view text) {
 }
 
 absl::StatusOr<BundleLayer> ParseBundleManifest(absl::string_view text, absl::string_view reference) {
-  ASSIGN_OR_RETURN(google::protobuf::Struct manifest, ParseJson(text, "the manifest"));
+  ASSIGN_OR_RETURN(google::protobuf::Struct manifest, ParseJsonObject(text, "the manifest"));
   const auto& fields = manifest.fields();
   const auto config = fields.find("config");
   const auto layers = fields.find("layers");
   if (config == fields.end() ||
-      Field(config->second.struct_value(), "mediaType") != kBundleConfigMediaType ||
+      StringField(config->second.struct_value(), "mediaType") != kBundleConfigMediaType ||
       layers == fields.end() || layers->second.list_value().values_size() != 1 ||
-      Field(layers->second.list_value().values(0).struct_value(), "mediaType") != kBundleMediaType) {
+      StringField(layers->second.list_value().values(0).struct_value(), "mediaType") != kBundleMediaType) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s is not a Kiln bundle (its manifest has no single layer of %s); push one with "
         "`kiln push`",
@@ -103,7 +90,7 @@ absl::StatusOr<BundleLayer> ParseBundleManifest(absl::string_view text, absl::st
   }
   const google::protobuf::Struct& layer = layers->second.list_value().values(0).struct_value();
   BundleLayer found;
-  found.digest = Field(layer, "digest");
+  found.digest = StringField(layer, "digest");
   ASSIGN_OR_RETURN(found.size, WholeSize(layer, reference, "its layer"));
   return found;
 }
@@ -112,9 +99,9 @@ absl::StatusOr<std::optional<IndexChoice>> ChooseIndexMembers(absl::string_view 
                                                                absl::string_view reference,
                                                                const std::vector<std::string>& targets,
                                                                const std::vector<std::string>& tritons) {
-  ASSIGN_OR_RETURN(google::protobuf::Struct parsed, ParseJson(text, "the manifest"));
+  ASSIGN_OR_RETURN(google::protobuf::Struct parsed, ParseJsonObject(text, "the manifest"));
   const auto members = parsed.fields().find("manifests");
-  if (Field(parsed, "mediaType") != kIndexMediaType && members == parsed.fields().end()) return std::nullopt;
+  if (StringField(parsed, "mediaType") != kIndexMediaType && members == parsed.fields().end()) return std::nullopt;
   IndexReading reading;
   if (members != parsed.fields().end()) reading = ReadIndex(members->second, targets, tritons);
   if (reading.choice.targets.empty()) {

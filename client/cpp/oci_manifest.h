@@ -38,7 +38,7 @@ struct BundleLayer {
   std::string digest;  // as the manifest gives it: unchecked until the bytes come
   uint64_t size = 0;
 };
-// The layer of a bundle's manifest. DATA_LOSS when `text` is not JSON;
+// The layer of a bundle's manifest. DATA_LOSS when `text` is not a JSON object;
 // INVALID_ARGUMENT when it is not a Kiln bundle's (one layer of
 // kBundleMediaType, a config of kBundleConfigMediaType) or gives the layer
 // no whole size.
@@ -55,7 +55,7 @@ struct IndexChoice {
 // Of the top document a reference names, when it is an index: its members
 // for `targets` and, when `tritons` is given, of one of those Triton
 // versions (a member that names none is taken). nullopt when `text` is a
-// single bundle's manifest. DATA_LOSS when it is not JSON;
+// single bundle's manifest. DATA_LOSS when it is not a JSON object;
 // INVALID_ARGUMENT when the index holds no Kiln bundle or a chosen member
 // names no valid digest; FAILED_PRECONDITION naming what it holds when no
 // member matches.
