@@ -16,6 +16,7 @@ exits 1 if any crashed. Runs with the interpreter that runs it (the project's
 """
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -68,9 +69,13 @@ def run(name, seconds, jobs, scratch):
             print(replay.stderr[-4000:], file=sys.stderr)
     command = [sys.executable, str(script), *LIMITS, f"-max_total_time={seconds}", "-print_final_stats=1",
                f"-artifact_prefix={artifacts}/", str(corpus)]
+    env = None
     if jobs > 1:
         command[2:2] = [f"-fork={jobs}"]
-    fuzzing = subprocess.run(command, capture_output=True, text=True, cwd=scratch)  # fork mode's files go there
+        # Fork mode's workers run the script itself, by its #! line: its
+        # python3 must be this interpreter (the one with atheris), not PATH's.
+        env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    fuzzing = subprocess.run(command, capture_output=True, text=True, cwd=scratch, env=env)  # fork mode's files go there
     output = fuzzing.stdout + fuzzing.stderr
     if fuzzing.returncode:
         crashed = True
