@@ -92,6 +92,8 @@ def _canonical(message, descriptor):
 def _varint(data, position):
     value = shift = 0
     while True:
+        if shift == 70:  # more than 10 octets: upb refuses it, in a map entry's stray field too
+            raise IndexError("a varint longer than 10 octets")
         byte = data[position]
         value |= (byte & 0x7F) << shift
         position += 1
