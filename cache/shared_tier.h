@@ -21,7 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/latency_histogram.h"
@@ -74,25 +73,6 @@ class SharedTier {
   virtual void Release(absl::string_view ns, absl::string_view key) = 0;
   virtual SharedTierStats Stats() = 0;
 };
-
-struct RedisOptions {
-  std::string url;     // redis://[:PASSWORD@]HOST[:PORT][/DB]
-  std::string prefix;  // every key starts with it: one farm's keys apart from others'
-  // The fleet's secret (redis_secret_file): each entry is signed with it
-  // (HMAC-SHA256 of its key and listing), and an entry without a valid
-  // signature is never served, so whoever can write to Redis without the
-  // secret cannot make the fleet serve their bytes. Empty: entries are
-  // trusted as any writer left them (only their digests are checked).
-  std::string secret;
-  // How long a write may wait on Redis, and a lookup: a request waiting for
-  // a hung Redis pays lookup_timeout once, and the tier is then down.
-  absl::Duration timeout = absl::Seconds(2);
-  absl::Duration lookup_timeout = absl::Milliseconds(250);
-};
-
-// INVALID_ARGUMENT for a URL that does not parse; FAILED_PRECONDITION in a
-// kilnd built without Redis support. Connects on first use, not here.
-absl::StatusOr<std::unique_ptr<SharedTier>> OpenRedisTier(const RedisOptions& options);
 
 }  // namespace kiln::cache
 

@@ -109,7 +109,7 @@ CompileCoordinator::CompileCoordinator(cache::ArtifactStore& store,
                                        cache::SharedTier* shared_tier,
                                        absl::Duration fleet_patience)
     : store_(store),
-      shared_tier_(shared_tier),
+      results_(store, shared_tier),
       fleet_patience_(fleet_patience),
       toolchains_(toolchains),
       launcher_builder_(std::move(launcher_builder)),
@@ -304,16 +304,7 @@ void CompileCoordinator::RecordAlias(const cache::CacheEntry& entry, const Alias
 absl::StatusOr<std::optional<cache::CacheEntry>> CompileCoordinator::LookupShared(
     absl::string_view shared_ns, const std::string& shared_key,
     const absl::flat_hash_set<std::string>& have, const Alias& alias) {
-  absl::StatusOr<cache::CacheEntry> entry = store_.Lookup(shared_ns, shared_key, have);
-  if (absl::IsNotFound(entry.status()) && shared_tier_ != nullptr) {
-    // Another kilnd of the fleet may have made it: its checked blobs fill ours.
-    if (std::optional<cache::NamedContent> fetched = shared_tier_->Fetch(shared_ns, shared_key)) {
-      std::vector<cache::BlobInput> inputs;
-      for (auto& [name, data] : *fetched) inputs.push_back({name, std::move(data), ""});
-      RETURN_IF_ERROR(store_.Put(shared_ns, shared_key, std::move(inputs)).status());
-      entry = store_.Lookup(shared_ns, shared_key, have);
-    }
-  }
+  absl::StatusOr<cache::CacheEntry> entry = results_.Lookup(shared_ns, shared_key, have);
   if (absl::IsNotFound(entry.status())) return std::nullopt;
   RETURN_IF_ERROR(entry.status());
   RecordAlias(*entry, alias);
@@ -323,14 +314,8 @@ absl::StatusOr<std::optional<cache::CacheEntry>> CompileCoordinator::LookupShare
 absl::StatusOr<cache::CacheEntry> CompileCoordinator::StoreShared(absl::string_view shared_ns,
                                                                   const std::string& shared_key,
                                                                   compiler::Parts artifacts) {
-  std::vector<cache::BlobInput> inputs;
-  for (const auto& [name, data] : artifacts) inputs.push_back({name, data, ""});
   ASSIGN_OR_RETURN(std::vector<cache::StoredBlob> manifest,
-                   store_.Put(shared_ns, shared_key, std::move(inputs)));
-  if (shared_tier_ != nullptr) {
-    shared_tier_->Offer(std::string(shared_ns), shared_key,
-                        cache::NamedContent(artifacts.begin(), artifacts.end()));
-  }
+                   results_.Put(shared_ns, shared_key, artifacts));
   cache::CacheEntry entry;
   entry.created = absl::Now();
   for (cache::StoredBlob& blob : manifest) {
@@ -488,9 +473,8 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
     const absl::Time start = absl::Now();
     absl::StatusOr<compiler::CompileResult> compiled = (*pool)->Compile(job);
     compile_micros_.fetch_add(absl::ToInt64Microseconds(absl::Now() - start));
-    if (shared_tier_ != nullptr &&
-        (!compiled.ok() || std::holds_alternative<compiler::CompileFailure>(*compiled))) {
-      shared_tier_->Release(kCompileNamespace, shared_key);
+    if (!compiled.ok() || std::holds_alternative<compiler::CompileFailure>(*compiled)) {
+      results_.Release(kCompileNamespace, shared_key);
     }
     ASSIGN_OR_RETURN(compiler::CompileResult result, std::move(compiled));
     Produced produced;
@@ -509,9 +493,7 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
                           produced.stage_seconds});
     absl::StatusOr<cache::CacheEntry> stored =
         StoreSharedAtLoweredCpu(kCompileNamespace, shared_key, std::move(output.artifacts));
-    if (!stored.ok() && shared_tier_ != nullptr) {
-      shared_tier_->Release(kCompileNamespace, shared_key);  // StoreShared never offered it
-    }
+    if (!stored.ok()) results_.Release(kCompileNamespace, shared_key);  // never offered
     ASSIGN_OR_RETURN(produced.entry, std::move(stored));
     return produced;
   });
@@ -520,9 +502,8 @@ void CompileCoordinator::CompileOnThread(const v1::CompileRequest& request, cons
 
 std::optional<cache::CacheEntry> CompileCoordinator::AwaitFleetCompile(
     const std::string& shared_key, const absl::flat_hash_set<std::string>& have) {
-  if (shared_tier_ == nullptr) return std::nullopt;
   const cache::SharedTier::Turn turn =
-      shared_tier_->AwaitTurn(kCompileNamespace, shared_key, fleet_patience_);
+      results_.AwaitTurn(kCompileNamespace, shared_key, fleet_patience_);
   if (turn != cache::SharedTier::Turn::kDone) return std::nullopt;
   // The other kilnd's result, checked, into this kilnd's store.
   absl::StatusOr<std::optional<cache::CacheEntry>> fetched =
@@ -698,13 +679,12 @@ void CompileCoordinator::BuildLauncher(compiler::LauncherRequest launcher,
 }
 
 void CompileCoordinator::RequestStop() {
-  if (shared_tier_ != nullptr) shared_tier_->StopWaiting();
+  results_.StopWaiting();
   toolchains_.StopWorkers();
 }
 
 std::optional<cache::SharedTierStats> CompileCoordinator::SharedTierStats() const {
-  if (shared_tier_ == nullptr) return std::nullopt;
-  return shared_tier_->Stats();
+  return results_.SharedStats();
 }
 
 CoordinatorStats CompileCoordinator::Stats() const {

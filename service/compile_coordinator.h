@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "cache/artifact_store.h"
 #include "cache/shared_tier.h"
+#include "cache/tiered_store.h"
 #include "common/thread_pool.h"
 #include "compiler/launcher_builder.h"
 #include "compiler/toolchains.h"
@@ -241,8 +242,10 @@ class CompileCoordinator {
       absl::string_view shared_ns, const std::string& shared_key,
       const absl::flat_hash_set<std::string>& have, const Alias& alias);
 
+  // Client namespaces' entries (aliases, launcher recipes): this kilnd's alone.
   cache::ArtifactStore& store_;
-  cache::SharedTier* const shared_tier_;
+  // kilnd's own results, through the fleet's tier where there is one.
+  cache::TieredStore results_;
   const absl::Duration fleet_patience_;
   compiler::ToolchainRegistry& toolchains_;
   // What builds launchers, or why none does: replaced when a toolchain

@@ -22,6 +22,7 @@
 #include "service/bundle_subscription.h"
 #include "service/compile_coordinator.h"
 #include "cache/artifact_store.h"
+#include "cache/redis/redis_tier.h"
 #include "common/fmt_absl.h"
 #include "common/platform.h"
 #include "common/status_macros.h"

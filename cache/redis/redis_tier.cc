@@ -29,7 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "cache/shared_tier.h"
+#include "cache/redis/redis_tier.h"
 #include "common/fmt_absl.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"

@@ -1,6 +1,6 @@
 // OpenRedisTier where hiredis was not found at build time (the Windows build).
 
-#include "cache/shared_tier.h"
+#include "cache/redis/redis_tier.h"
 
 namespace kiln::cache {
 
