@@ -58,7 +58,8 @@ ArtifactStore::ArtifactStore(StoreOptions options)
     : options_(std::move(options)),
       trusted_blob_files_(options_.trust_files_changed_before),
       served_files_(options_.data_dir / "files", options_.trust_files_changed_before),
-      hit_journal_(served_files_.hits_dir()) {}
+      hit_journal_(served_files_.hits_dir()),
+      accounting_(options_.data_dir) {}
 
 void ArtifactStore::RequestStop() {
   stop_requested_ = true;
@@ -88,7 +89,8 @@ void ArtifactStore::SaveStateAtStop() {
     // Every file written is recorded by now: the next start need not sweep,
     // nor count what these totals say.
     if (!sweep_orphans_.load()) {
-      absl::Status saved = SaveTotalsLocked();
+      absl::Status saved = accounting_.SaveTotals(*writer_->db, served_files_.file_bytes(),
+                                                  static_cast<uint64_t>(use_clock_.load()));
       if (saved.ok()) saved = platform::WriteFileDurably(options_.data_dir / kCleanStopFile, "");
       if (!saved.ok()) {
         spdlog::warn("cache: cannot mark the stop as clean ({}); the next start sweeps the data "
@@ -259,13 +261,10 @@ absl::Status ArtifactStore::Initialize() {
   // A new store has none.
   const bool stopped_cleanly = fs::remove(options_.data_dir / kCleanStopFile, error);
   sweep_orphans_ = found_version != 0 && !stopped_cleanly;
-  ASSIGN_OR_RETURN(Totals totals, ReadTotals(db, stopped_cleanly));
-  blob_count_ = totals.blobs;
-  stored_bytes_ = totals.stored_bytes;
-  file_blob_bytes_ = totals.file_blob_bytes;
-  entry_count_ = totals.entries;
+  ASSIGN_OR_RETURN(StoreAccounting::Totals totals,
+                   StoreAccounting::ReadTotals(db, stopped_cleanly));
+  accounting_.Restore(totals);
   use_clock_ = static_cast<int64_t>(totals.use_clock);
-  leftover_bytes_ = totals.leftover_bytes;
   writer_ = std::move(writer);
   {
     std::lock_guard lock(writer_mutex_);
@@ -273,7 +272,7 @@ absl::Status ArtifactStore::Initialize() {
   }
   RETURN_IF_ERROR(served_files_.Initialize(options_.served_file_readers));
   served_files_.AddRecordedBytes(totals.served_bytes);
-  EnsureSpaceReserve();
+  accounting_.EnsureSpaceReserve(options_.max_size_bytes);
   MeasureUnrecordedBytes();
   return absl::OkStatus();
 }
@@ -654,7 +653,7 @@ void ArtifactStore::NoteEntriesStored(const std::vector<QueuedPut>& puts, size_t
     }
   }
   if (!any_stored) return;
-  NoteStored();
+  if (accounting_.NoteStored()) accounting_.EnsureSpaceReserve(options_.max_size_bytes);
   const bool over_cap = DiskBytes() > options_.max_size_bytes;
   if (capped_domains.empty() && !over_cap) return;
   {
@@ -696,7 +695,7 @@ void ArtifactStore::CommitInGroup(std::vector<QueuedPut>& puts, size_t first, si
   lock.unlock();
   for (size_t i = first; i < end; ++i) {
     RemoveTempFiles(puts[i].prepared);
-    if (absl::IsResourceExhausted(puts[i].result)) NoteDiskFull(puts[i].result);
+    if (absl::IsResourceExhausted(puts[i].result)) accounting_.NoteDiskFull(puts[i].result);
   }
   NoteEntriesStored(puts, first, end);
 }
@@ -744,10 +743,10 @@ void ArtifactStore::CommitGroupLocked(const std::vector<QueuedPut*>& group) {
   }
   for (QueuedPut* put : group) {
     if (!put->result.ok()) continue;
-    stored_bytes_ += put->added_bytes;
-    file_blob_bytes_ += put->added_file_bytes;
-    blob_count_ += put->inserted_digests.size();
-    if (put->new_entry) ++entry_count_;
+    accounting_.Add({.stored_bytes = put->added_bytes,
+                     .file_blob_bytes = put->added_file_bytes,
+                     .blobs = put->inserted_digests.size(),
+                     .entries = put->new_entry ? 1u : 0u});
     std::erase_if(put->freed.files, [&](const fs::path& file) {
       return stored_again.contains(absl::HexStringToBytes(file.filename().string()));
     });
@@ -938,10 +937,10 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
 }
 
 void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
-  stored_bytes_ -= std::min<uint64_t>(freed.bytes, stored_bytes_.load());
-  blob_count_ -= std::min<uint64_t>(freed.blob_rows, blob_count_.load());
-  entry_count_ -= std::min<uint64_t>(freed.entries.size(), entry_count_.load());
-  file_blob_bytes_ -= std::min<uint64_t>(freed.file_bytes, file_blob_bytes_.load());
+  accounting_.Remove({.stored_bytes = freed.bytes,
+                      .file_blob_bytes = freed.file_bytes,
+                      .blobs = freed.blob_rows,
+                      .entries = freed.entries.size()});
   std::vector<ServedFiles::Leftover> leftovers;
   for (const fs::path& file : freed.files) {
     std::error_code error;
@@ -959,7 +958,7 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
     std::vector<ServedFiles::Leftover> detached;
     served_files_.Detach(digest, extensions, detached);
     for (ServedFiles::Leftover& copy : detached) {
-      leftover_bytes_ += copy.disk_bytes;
+      accounting_.AddLeftover(copy.disk_bytes);
       served_copies_going_.push_back({now, std::move(copy)});
     }
   }
@@ -974,7 +973,7 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
 void ArtifactStore::RecordLeftoverLocked(const ServedFiles::Leftover& leftover) {
   spdlog::info("cache: {} is held open by another process; it is deleted once let go",
                leftover.path.string());
-  leftover_bytes_ += leftover.disk_bytes;
+  accounting_.AddLeftover(leftover.disk_bytes);
   const std::string relative = leftover.path.lexically_relative(options_.data_dir).generic_string();
   if (absl::Status status = writer_->record_leftover.BindText(1, relative)
                                 .Bind(2, static_cast<int64_t>(leftover.disk_bytes))
@@ -1009,7 +1008,7 @@ void ArtifactStore::RemoveServedCopiesGoneLocked(bool all) {
          (all || now - served_copies_going_.front().since >= options_.served_copy_grace)) {
     const ServedFiles::Leftover copy = served_copies_going_.front().copy;
     served_copies_going_.pop_front();
-    leftover_bytes_ -= std::min(copy.disk_bytes, leftover_bytes_.load());
+    accounting_.RemoveLeftover(copy.disk_bytes);
     if (RecordedAgainLocked(copy.path)) continue;
     std::error_code error;
     // One held open (Windows) is retried as any leftover is.
@@ -1044,7 +1043,7 @@ void ArtifactStore::RemoveLeftoversLocked() {
     const bool in_use = RecordedAgainLocked(path);
     std::error_code error;
     if (!in_use && !fs::remove(path, error) && fs::exists(path, error)) continue;  // still held
-    leftover_bytes_ -= std::min(disk_bytes, leftover_bytes_.load());
+    accounting_.RemoveLeftover(disk_bytes);
     w.forget_leftover.BindText(1, relative).Run().IgnoreError();
   }
 }
@@ -1133,22 +1132,19 @@ absl::StatusOr<StoreStats> ArtifactStore::Stats() {
     // flight. Never waiting for one: an eviction holds the writer batch after
     // batch, and stats must answer meanwhile.
     std::unique_lock lock(writer_mutex_, std::try_to_lock);
-    stats.stored_bytes = stored_bytes_.load();
+    stats.stored_bytes = accounting_.stored_bytes();
     stats.disk_bytes = DiskBytes();
   }
   stats.max_size_bytes = options_.max_size_bytes;
-  stats.puts_refused_disk_full = puts_refused_disk_full_.load();
-  {
-    std::lock_guard lock(disk_full_mutex_);
-    stats.disk_full_since = disk_full_since_;
-  }
+  stats.puts_refused_disk_full = accounting_.puts_refused_disk_full();
+  stats.disk_full_since = accounting_.disk_full_since();
   {
     std::lock_guard lock(namespace_stats_mutex_);
     stats.lookups_by_namespace.insert(lookups_by_namespace_.begin(), lookups_by_namespace_.end());
   }
   // Kept as rows come and go: counting a million rows takes a tenth of a second.
-  stats.entries = entry_count_.load();
-  stats.blobs = blob_count_.load();
+  stats.entries = accounting_.entries();
+  stats.blobs = accounting_.blobs();
   return stats;
 }
 

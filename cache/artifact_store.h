@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "cache/hit_journal.h"
 #include "cache/served_files.h"
+#include "cache/store_accounting.h"
 #include "cache/trusted_stamps.h"
 #include "cache/wal_checkpointer.h"
 #include "common/platform.h"
@@ -265,7 +266,7 @@ class ArtifactStore {
 
   // Evicts least recently used entries until the data directory holds at
   // most `target_bytes` on disk (StoreStats::disk_bytes). Works on a full
-  // disk: it gives up the space reserve (kReserveFile) to do so. Returns how
+  // disk: it gives up the space reserve (StoreAccounting) to do so. Returns how
   // many entries went.
   absl::StatusOr<uint64_t> EvictToSize(uint64_t target_bytes);
   // Waits until the served copies of blobs that went so far are past their
@@ -274,18 +275,9 @@ class ArtifactStore {
   void RemoveServedCopiesGone();
 
   // StoreStats::disk_bytes.
-  uint64_t DiskBytes() const;
-  // What DiskBytes counts besides the index's database file and WAL.
-  uint64_t BytesBesideTheIndex() const;
-  // The store's size as eviction measures it between its batches: the index
-  // by its pages as last committed rather than by its files, which a
-  // checkpoint brings to that size only later, and without its WAL, which the
-  // checkpoint after the last batch empties. Measuring the files, eviction
-  // took each batch's WAL pages for entries still to evict, unless it
-  // checkpointed after every batch (a third of its time at a million entries).
-  uint64_t EvictionBytesLocked();
+  uint64_t DiskBytes() const { return accounting_.DiskBytes(served_files_.bytes()); }
   // StoreStats::stored_bytes, without Stats()'s counting of rows.
-  uint64_t StoredBytes() const { return stored_bytes_.load(); }
+  uint64_t StoredBytes() const { return accounting_.stored_bytes(); }
 
   // Ends eviction, sweeps and VerifyAll at their next step, ahead of the
   // destructor: kilnd calls it as soon as it is asked to stop, before it waits
@@ -313,21 +305,6 @@ class ArtifactStore {
 
   explicit ArtifactStore(StoreOptions options);
   absl::Status Initialize();
-  // What the store holds, and what the files it recorded take on disk.
-  struct Totals {
-    uint64_t blobs = 0;
-    uint64_t stored_bytes = 0;
-    uint64_t file_blob_bytes = 0;  // of blob files, in whole disk blocks
-    uint64_t entries = 0;
-    uint64_t served_bytes = 0;  // served copies, index files and links
-    uint64_t use_clock = 0;
-    uint64_t leftover_bytes = 0;
-  };
-  // The totals a clean stop saved (when `stopped_cleanly`), else counted from
-  // the records; either way, the saved row is gone when it returns.
-  static absl::StatusOr<Totals> ReadTotals(sqlite::Database& db, bool stopped_cleanly);
-  // Saves the totals for the next open, at a clean stop.
-  absl::Status SaveTotalsLocked();
   absl::StatusOr<std::unique_ptr<ReaderConnection>> OpenReader();
   absl::StatusOr<ReaderLease> AcquireReader();
   void ReleaseReader(std::unique_ptr<ReaderConnection> reader);
@@ -449,8 +426,6 @@ class ArtifactStore {
   void SaveStateAtStop();
   // Removes the files a killed kilnd left unrecorded; false when stopped.
   bool RemoveOrphanFiles();
-  // Measures what the store does not record: directories, logs, the reserve.
-  void MeasureUnrecordedBytes();
   // A version 1 store's served files, which it never recorded, move to
   // <data dir>/retired, which DeleteRetiredFiles empties in the background.
   void RetireUnrecordedServedFiles();
@@ -492,25 +467,16 @@ class ArtifactStore {
   ServedFiles served_files_;
   HitJournal hit_journal_;
 
-  // A full disk: counted, logged once per episode, shown in the stats.
-  void NoteDiskFull(const absl::Status& status);
-  void NoteStored();
-  // The space reserve: a file kept in the data directory so that eviction has
-  // room to write its transaction when the disk is full.
-  void EnsureSpaceReserve();
   // Evicts entries by the batch while the disk footprint is over
   // `target_bytes`; needs no lock.
   absl::StatusOr<uint64_t> EvictBatchesToSize(uint64_t target_bytes);
 
-  std::atomic<uint64_t> stored_bytes_{0};
-  std::atomic<uint64_t> entry_count_{0};  // rows of entries, as committed
-  std::atomic<uint64_t> blob_count_{0};   // rows of blobs, as committed
-  std::atomic<uint64_t> file_blob_bytes_{0};  // on disk, of blobs stored as files (blobs/)
-  std::atomic<uint64_t> unrecorded_bytes_{0};  // MeasureUnrecordedBytes
-  std::atomic<uint64_t> leftover_bytes_{0};    // of the files in leftover_files
-  std::mutex disk_full_mutex_;
-  std::optional<absl::Time> disk_full_since_;  // guarded by disk_full_mutex_
-  std::atomic<uint64_t> puts_refused_disk_full_{0};
+  // What the store holds and takes on disk, the reserve, disk-full episodes.
+  StoreAccounting accounting_;
+  // What eviction measures between its batches (StoreAccounting::EvictionBytes).
+  uint64_t EvictionBytesLocked();
+  // What the data directory holds beside what the store's parts count.
+  void MeasureUnrecordedBytes();
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> puts_{0};

@@ -11,8 +11,8 @@
 //   blob_codec.cc              how a blob's content is stored (zstd or raw)
 //   store_served_files.cc      blobs served as files, and their records
 //   store_eviction.cc          eviction to a size, and trust domains' caps
-//   store_disk_accounting.cc   what the data directory takes on disk, the
-//                              space reserve, the totals a clean stop saves
+//   store_accounting.cc        (a part of its own: StoreAccounting) what the
+//                              store holds and takes on disk, the reserve
 //   store_maintenance.cc       the maintenance thread, sweeps, verify
 
 #include <algorithm>
@@ -35,11 +35,6 @@
 namespace kiln::cache {
 namespace store_internal {
 
-// The space reserve's file in the data directory, and its size: room for an
-// eviction's transaction (a batch rewrites some hundred pages) on a full disk,
-// at most a 64th of the cap.
-inline constexpr char kReserveFile[] = "space-reserve";
-inline constexpr uint64_t kMaxReserveBytes = 2 << 20;
 // Where the unrecorded served files of a version 1 store go to be deleted.
 inline constexpr char kRetiredDir[] = "retired";
 

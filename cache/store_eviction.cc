@@ -21,7 +21,6 @@ namespace kiln::cache {
 namespace {
 
 namespace fs = std::filesystem;
-using store_internal::kReserveFile;
 
 // Entries an eviction transaction takes at most: the writer is held for some
 // 80 ms (about 13,000 entries/s at 300k entries on the 2-core machine), so
@@ -119,6 +118,10 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) 
     spdlog::debug("cache: incremental_vacuum: {}", status.message());
   }
   return candidates.size();
+}
+
+uint64_t ArtifactStore::EvictionBytesLocked() {
+  return accounting_.EvictionBytes(writer_->index_pages, served_files_.bytes());
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::DomainBytes(absl::string_view domain) {
@@ -223,13 +226,12 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
   }
   if (absl::IsResourceExhausted(evicted.status())) {
     // The transaction found no room to write in: give it the reserve's.
-    std::error_code error;
-    if (fs::remove(options_.data_dir / kReserveFile, error)) {
+    if (accounting_.GiveUpSpaceReserve()) {
       spdlog::warn("cache: the disk is full; evicting with the space kept in reserve for it");
       evicted = EvictBatchesToSize(target_bytes);
     }
   }
-  EnsureSpaceReserve();
+  accounting_.EnsureSpaceReserve(options_.max_size_bytes);
   return evicted;
 }
 

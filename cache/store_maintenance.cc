@@ -97,6 +97,11 @@ void ArtifactStore::DeleteRetiredFiles() {
   fs::remove(retired, error);
 }
 
+void ArtifactStore::MeasureUnrecordedBytes() {
+  served_files_.MeasureDirectories();
+  accounting_.MeasureUnrecorded(served_files_.hits_dir(), options_.data_dir / kRetiredDir);
+}
+
 void ArtifactStore::MaintenanceLoop() {
   // Eviction, sweeps and counts yield the CPU to lookups: on a machine of few
   // cores, an eviction beside a stream of lookups otherwise put milliseconds

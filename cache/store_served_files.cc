@@ -103,8 +103,7 @@ void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view k
       return txn.Commit();
     };
     if (absl::Status status = record(); status.ok()) {
-      stored_bytes_ -= std::min(rows_merged.bytes, stored_bytes_.load());
-      blob_count_ -= std::min(rows_merged.blob_rows, blob_count_.load());
+      accounting_.Remove({.stored_bytes = rows_merged.bytes, .blobs = rows_merged.blob_rows});
     } else {
       // Unrecorded, they would be counted by no one and removed by nothing.
       spdlog::warn("cache: served files of {}/{} not recorded ({}); removing them",
