@@ -90,7 +90,7 @@ void ArtifactStore::SaveStateAtStop() {
     // nor count what these totals say.
     if (!sweep_orphans_.load()) {
       absl::Status saved = accounting_.SaveTotals(*writer_->db, served_files_.file_bytes(),
-                                                  static_cast<uint64_t>(use_clock_.load()));
+                                                  static_cast<uint64_t>(lru_.clock()));
       if (saved.ok()) saved = platform::WriteFileDurably(options_.data_dir / kCleanStopFile, "");
       if (!saved.ok()) {
         spdlog::warn("cache: cannot mark the stop as clean ({}); the next start sweeps the data "
@@ -264,7 +264,7 @@ absl::Status ArtifactStore::Initialize() {
   ASSIGN_OR_RETURN(StoreAccounting::Totals totals,
                    StoreAccounting::ReadTotals(db, stopped_cleanly));
   accounting_.Restore(totals);
-  use_clock_ = static_cast<int64_t>(totals.use_clock);
+  lru_.StartClockAt(static_cast<int64_t>(totals.use_clock));
   writer_ = std::move(writer);
   {
     std::lock_guard lock(writer_mutex_);
@@ -423,7 +423,7 @@ absl::StatusOr<CacheEntry> ArtifactStore::Lookup(
     (hit ? hits_ : misses_).fetch_add(1, std::memory_order_relaxed);
   }
   if (!hit) return read.status();
-  RecordTouch(read->entry_id);
+  lru_.RecordUse(read->entry_id);
   return std::move(read->entry);
 }
 
@@ -444,7 +444,7 @@ absl::StatusOr<uint64_t> ArtifactStore::RecordHits(absl::string_view ns,
     find.Reset();
     RETURN_IF_ERROR(row.status());
     if (entry_id < 0) continue;  // evicted meanwhile: the client's copy still served it
-    RecordTouch(entry_id);
+    lru_.RecordUse(entry_id);
     CountLookup(ns, true);
     hits_.fetch_add(1, std::memory_order_relaxed);
     ++recorded;
@@ -468,10 +468,6 @@ void ArtifactStore::CountLookup(absl::string_view ns, bool hit) {
   ++(hit ? hits : misses);
 }
 
-void ArtifactStore::RecordTouch(int64_t entry_id) {
-  std::lock_guard lock(touches_mutex_);
-  pending_touches_[entry_id] = ++use_clock_;
-}
 
 absl::StatusOr<ArtifactStore::PreparedBlob> ArtifactStore::PrepareBlob(BlobInput input) {
   PreparedBlob blob;
@@ -877,7 +873,7 @@ absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
   if (exists) {
     RETURN_IF_ERROR(DeleteEntriesLocked({old_entry}, replaced_blob_ids));
   }
-  w.insert_entry.BindText(1, ns).BindText(2, key).Bind(3, NowMillis()).Bind(4, ++use_clock_);
+  w.insert_entry.BindText(1, ns).BindText(2, key).Bind(3, NowMillis()).Bind(4, lru_.Tick());
   w.insert_entry.Bind(5, index_disk_bytes);
   if (link_extension.has_value()) {
     w.insert_entry.BindText(6, *link_extension);
@@ -1083,11 +1079,7 @@ void ArtifactStore::DropCorruptBlob(const BrokenBlob& blob) {
 }
 
 absl::Status ArtifactStore::FlushTouches() {
-  absl::flat_hash_map<int64_t, int64_t> touches;
-  {
-    std::lock_guard lock(touches_mutex_);
-    touches.swap(pending_touches_);
-  }
+  const LruPolicy::Uses touches = lru_.TakeUses();
   if (touches.empty()) return absl::OkStatus();
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));

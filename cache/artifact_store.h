@@ -41,6 +41,7 @@
 #include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "cache/hit_journal.h"
+#include "cache/lru_policy.h"
 #include "cache/served_files.h"
 #include "cache/store_accounting.h"
 #include "cache/trusted_stamps.h"
@@ -403,12 +404,7 @@ class ArtifactStore {
   // least_recently_used...); every one `query` (bound) selects, in its order.
   static EntryToEvict EntryToEvictAt(const sqlite::Statement& row);
   static absl::StatusOr<std::vector<EntryToEvict>> EntriesToEvict(sqlite::Statement& query);
-  // How many of `candidates`, in their order, go to bring `held` bytes down
-  // to `target_bytes`: as many as it takes by what each stores (its index
-  // file and link too, when `count_index_files`; a blob another entry shares
-  // counts in full: the caller measures again after the batch), at least one.
-  static size_t EntriesToFree(absl::Span<const EntryToEvict> candidates, uint64_t held,
-                              uint64_t target_bytes, bool count_index_files);
+  // Writes the uses lookups recorded (lru_) to the index's LRU column.
   absl::Status FlushTouches();
   absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
   // Evicts `domain`'s least recently used entries, when it holds more than
@@ -419,7 +415,6 @@ class ArtifactStore {
   // above `target_bytes`. Returns how many went.
   absl::StatusOr<uint64_t> EvictDomainBatchLocked(absl::string_view domain, uint64_t& held,
                                                   uint64_t target_bytes);
-  void RecordTouch(int64_t entry_id);
   void CountLookup(absl::string_view ns, bool hit);
   void MaintenanceLoop();
   // At a stop: the LRU order, and the totals and clean-stop mark the next open reads.
@@ -455,9 +450,7 @@ class ArtifactStore {
 
   // Lookups record entry ids here; the maintenance thread writes them to the
   // LRU column in one transaction, so a hit never waits for the writer.
-  std::mutex touches_mutex_;
-  absl::flat_hash_map<int64_t, int64_t> pending_touches_;  // entry id -> use_clock_
-  std::atomic<int64_t> use_clock_{0};  // the LRU's logical clock
+  LruPolicy lru_;
 
   std::mutex namespace_stats_mutex_;
   absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> lookups_by_namespace_;

@@ -37,6 +37,24 @@ std::pair<std::string, std::string> DomainRange(absl::string_view domain) {
   return {absl::StrCat(domain, "/"), absl::StrCat(domain, "0")};
 }
 
+// What a domain's cap counts is its blobs' stored bytes; the store's size
+// counts its served index files and links too.
+enum class IndexFiles { kCounted, kNotCounted };
+
+// What each entry's going frees at most, for LruPolicy::EntriesToFree: a blob
+// another entry shares counts in full (the caller measures again after the
+// batch).
+template <typename Entry>
+std::vector<uint64_t> BytesFreedByEach(const std::vector<Entry>& entries, IndexFiles index_files) {
+  std::vector<uint64_t> bytes;
+  bytes.reserve(entries.size());
+  for (const Entry& entry : entries) {
+    bytes.push_back(entry.stored_bytes +
+                    (index_files == IndexFiles::kCounted ? entry.index_disk_bytes : 0));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 ArtifactStore::EntryToEvict ArtifactStore::EntryToEvictAt(const sqlite::Statement& row) {
@@ -88,25 +106,13 @@ absl::Status ArtifactStore::EvictEntriesLocked(absl::Span<const EntryToEvict> en
   return absl::OkStatus();
 }
 
-size_t ArtifactStore::EntriesToFree(absl::Span<const EntryToEvict> candidates, uint64_t held,
-                                    uint64_t target_bytes, bool count_index_files) {
-  uint64_t freeing = 0;
-  size_t taken = 0;
-  while (taken < candidates.size() && held - std::min(held, freeing) > target_bytes) {
-    freeing += candidates[taken].stored_bytes;
-    if (count_index_files) freeing += candidates[taken].index_disk_bytes;
-    ++taken;
-  }
-  return taken;
-}
-
 absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) {
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
   w.least_recently_used.Bind(1, kEvictionBatch);
   ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates, EntriesToEvict(w.least_recently_used));
-  candidates.resize(
-      EntriesToFree(candidates, EvictionBytesLocked(), target_bytes, /*count_index_files=*/true));
+  candidates.resize(LruPolicy::EntriesToFree(
+      BytesFreedByEach(candidates, IndexFiles::kCounted), EvictionBytesLocked(), target_bytes));
   FreedBlobs freed;
   RETURN_IF_ERROR(EvictEntriesLocked(candidates, freed));
   RETURN_IF_ERROR(txn.Commit());
@@ -201,7 +207,8 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictDomainBatchLocked(absl::string_view
   w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
   ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates,
                    EntriesToEvict(w.least_recently_used_in_range));
-  candidates.resize(EntriesToFree(candidates, held, target_bytes, /*count_index_files=*/false));
+  candidates.resize(LruPolicy::EntriesToFree(
+      BytesFreedByEach(candidates, IndexFiles::kNotCounted), held, target_bytes));
   FreedBlobs freed;
   RETURN_IF_ERROR(EvictEntriesLocked(candidates, freed));
   for (const EntryToEvict& entry : candidates) held -= std::min(held, entry.stored_bytes);
