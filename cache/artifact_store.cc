@@ -236,14 +236,6 @@ absl::Status ArtifactStore::Initialize() {
        "SELECT eb.name, coalesce(b.content_digest, b.digest) FROM entries e "
        "JOIN entry_blobs eb ON eb.entry_id = e.id "
        "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace = ?1 AND e.key = ?2"},
-      {&Writer::journal_import,
-       "INSERT OR IGNORE INTO imported_entries (import_id, namespace, key) VALUES (?1, ?2, ?3)"},
-      {&Writer::imported_entries,
-       "SELECT namespace, key FROM imported_entries WHERE import_id = ?1 LIMIT ?2"},
-      {&Writer::forget_imported,
-       "DELETE FROM imported_entries WHERE import_id = ?1 AND namespace = ?2 AND key = ?3"},
-      {&Writer::finish_import, "DELETE FROM imported_entries WHERE import_id = ?1"},
-      {&Writer::unfinished_imports, "SELECT DISTINCT import_id FROM imported_entries"},
       {&Writer::served_copy_recorded,
        "SELECT 1 FROM served_copies c JOIN blobs b ON b.id = c.blob_id "
        "WHERE b.digest = ?1 AND c.extension = ?2"},
@@ -251,6 +243,7 @@ absl::Status ArtifactStore::Initialize() {
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
   }
+  RETURN_IF_ERROR(writer->imports.Prepare(db));
   {
     ASSIGN_OR_RETURN(sqlite::Statement last_id, db.Prepare("SELECT ifnull(max(id), 0) FROM blobs"));
     ASSIGN_OR_RETURN(bool has_row, last_id.Step());
@@ -268,7 +261,7 @@ absl::Status ArtifactStore::Initialize() {
   writer_ = std::move(writer);
   {
     std::lock_guard lock(writer_mutex_);
-    RETURN_IF_ERROR(FindUnfinishedImportsLocked());
+    RETURN_IF_ERROR(writer_->imports.FindUnfinished());
   }
   RETURN_IF_ERROR(served_files_.Initialize(options_.served_file_readers));
   served_files_.AddRecordedBytes(totals.served_bytes);
@@ -765,10 +758,7 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
     if (put.imported_as == ImportedAs::kUnchanged || put.imported_as == ImportedAs::kConflict) {
       return absl::OkStatus();  // kept as it is
     }
-    RETURN_IF_ERROR(w.journal_import.Bind(1, put.import->id)
-                        .BindText(2, put.ns)
-                        .BindText(3, put.key)
-                        .Run());
+    RETURN_IF_ERROR(w.imports.Journal(put.import->id, put.ns, put.key));
   }
   std::vector<int64_t> replaced_blob_ids;
   ASSIGN_OR_RETURN(const int64_t entry_id, ReplaceEntryLocked(put.ns, put.key, replaced_blob_ids,

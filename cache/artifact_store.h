@@ -361,10 +361,9 @@ class ArtifactStore {
   absl::StatusOr<ImportedAs> ImportedAsLocked(absl::string_view ns, absl::string_view key,
                                               const std::vector<PreparedBlob>& blobs,
                                               bool replace);
-  // The imports that a stop or a crash cut short, as the open found them:
-  // their entries go (the maintenance thread). Only those: an import begun
-  // since, before the thread got there, is no earlier run's.
-  absl::Status FindUnfinishedImportsLocked();
+  // Takes back the entries of the imports that a stop or a crash cut short,
+  // as the open found them (the maintenance thread). Only those: an import
+  // begun since, before the thread got there, is no earlier run's.
   void AbandonUnfinishedImports();
   void RemovePublishedFiles(const QueuedPut& put);
   // Deletes entries; appends the ids of the blobs they used (candidates for
@@ -476,8 +475,6 @@ class ArtifactStore {
   std::atomic<uint64_t> evicted_entries_{0};
   std::atomic<uint64_t> corrupt_entries_dropped_{0};
   std::atomic<uint64_t> temp_file_counter_{0};
-  // Set by the open, emptied by the maintenance thread (AbandonUnfinishedImports).
-  std::vector<int64_t> unfinished_imports_;  // guarded by writer_mutex_
 
   // Set once kilnd stops: every long loop (eviction, sweeps, verify) ends at
   // its next step, so that a stop takes no longer than one batch.

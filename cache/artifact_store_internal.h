@@ -28,6 +28,7 @@
 
 #include "cache/artifact_store.h"
 #include "cache/blob_codec.h"
+#include "cache/import_journal.h"
 #include "cache/served_files.h"
 #include "cache/sqlite.h"
 #include "cache/store_schema.h"
@@ -166,11 +167,8 @@ struct ArtifactStore::Writer {
   sqlite::Statement leftovers;
   sqlite::Statement forget_leftover;
   sqlite::Statement entry_digests;  // an entry's (name, digest) by its names
-  sqlite::Statement journal_import;
-  sqlite::Statement imported_entries;
-  sqlite::Statement forget_imported;
-  sqlite::Statement finish_import;
-  sqlite::Statement unfinished_imports;
+  // Prepared after `db` on it, and so finalized before it closes.
+  ImportJournal imports;
 };
 
 struct ArtifactStore::PreparedBlob {

@@ -47,7 +47,7 @@ absl::StatusOr<ArtifactStore::ImportedAs> ArtifactStore::ImportedAsLocked(
 
 absl::Status ArtifactStore::FinishImport(int64_t import_id) {
   std::lock_guard lock(writer_mutex_);
-  return writer_->finish_import.Bind(1, import_id).Run();
+  return writer_->imports.Finish(import_id);
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
@@ -56,15 +56,7 @@ absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
     std::lock_guard lock(writer_mutex_);
     Writer& w = *writer_;
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-    std::vector<std::pair<std::string, std::string>> names;
-    w.imported_entries.Bind(1, import_id).Bind(2, kAbandonBatch);
-    absl::StatusOr<bool> row;
-    while ((row = w.imported_entries.Step()).ok() && *row) {
-      names.emplace_back(std::string(w.imported_entries.ColumnText(0)),
-                         std::string(w.imported_entries.ColumnText(1)));
-    }
-    w.imported_entries.Reset();
-    RETURN_IF_ERROR(row.status());
+    ASSIGN_OR_RETURN(auto names, w.imports.TakeBatch(import_id, kAbandonBatch));
     if (names.empty()) break;
     std::vector<int64_t> entry_ids;
     for (const auto& [ns, key] : names) {
@@ -73,7 +65,6 @@ absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
       if (found.ok() && *found) entry_ids.push_back(w.find_entry.ColumnInt(0));  // else gone already
       w.find_entry.Reset();
       RETURN_IF_ERROR(found.status());
-      RETURN_IF_ERROR(w.forget_imported.Bind(1, import_id).BindText(2, ns).BindText(3, key).Run());
     }
     FreedBlobs freed;
     RETURN_IF_ERROR(EvictEntriesLocked(entry_ids, freed));
@@ -84,19 +75,11 @@ absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
   return removed;
 }
 
-absl::Status ArtifactStore::FindUnfinishedImportsLocked() {
-  sqlite::Statement& unfinished = writer_->unfinished_imports;
-  absl::StatusOr<bool> row;
-  while ((row = unfinished.Step()).ok() && *row) unfinished_imports_.push_back(unfinished.ColumnInt(0));
-  unfinished.Reset();
-  return row.status();
-}
-
 void ArtifactStore::AbandonUnfinishedImports() {
   std::vector<int64_t> imports;
   {
     std::lock_guard lock(writer_mutex_);
-    imports.swap(unfinished_imports_);
+    imports = writer_->imports.TakeUnfinished();
   }
   for (int64_t import_id : imports) {
     absl::StatusOr<uint64_t> removed = AbandonImport(import_id);
