@@ -26,14 +26,6 @@ namespace kiln::cache {
 namespace {
 
 namespace fs = std::filesystem;
-using platform::FileStamp;
-using platform::ReadWholeFile;
-using platform::StampOf;
-using store_internal::Decode;
-using store_internal::EncodedBlob;
-using store_internal::EncodeIfItGains;
-using store_internal::kFile;
-using store_internal::kInline;
 using store_internal::kRetiredDir;
 using store_internal::OpenedIndex;
 using store_internal::OpenIndex;
@@ -56,7 +48,8 @@ absl::string_view DomainOf(absl::string_view ns) { return ns.substr(0, ns.find('
 
 ArtifactStore::ArtifactStore(StoreOptions options)
     : options_(std::move(options)),
-      trusted_blob_files_(options_.trust_files_changed_before),
+      blobs_({options_.data_dir, options_.inline_threshold_bytes, options_.zstd_level,
+              options_.trust_files_changed_before}),
       served_files_(options_.data_dir / "files", options_.trust_files_changed_before),
       hit_journal_(served_files_.hits_dir()),
       accounting_(options_.data_dir) {}
@@ -113,19 +106,8 @@ absl::StatusOr<std::unique_ptr<ArtifactStore>> ArtifactStore::Open(StoreOptions 
 }
 
 absl::Status ArtifactStore::Initialize() {
+  RETURN_IF_ERROR(blobs_.Initialize());
   std::error_code error;
-  fs::create_directories(options_.data_dir / "blobs" / "tmp", error);
-  if (error) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot create cache directory %s: %s; choose a writable --data-dir",
-        options_.data_dir.string(), error.message()));
-  }
-  for (const fs::directory_entry& temp :
-       fs::directory_iterator(options_.data_dir / "blobs" / "tmp", error)) {
-    // Left by a process killed mid-put; the index never referenced them. Swept
-    // before the first put can start one of its own.
-    fs::remove(temp.path(), error);
-  }
   auto writer = std::make_unique<Writer>();
   ASSIGN_OR_RETURN(OpenedIndex index,
                    OpenIndex(options_.data_dir / "kiln.db", options_.busy_timeout,
@@ -305,41 +287,6 @@ void ArtifactStore::ReleaseReader(std::unique_ptr<ReaderConnection> reader) {
   idle_readers_.push_back(std::move(reader));
 }
 
-fs::path ArtifactStore::BlobPath(absl::string_view digest) const {
-  const std::string hex = DigestHex(digest);
-  return options_.data_dir / "blobs" / hex.substr(0, 2) / hex;
-}
-
-absl::StatusOr<std::string> ArtifactStore::ReadBlobContent(int64_t codec, int64_t location,
-                                                           absl::string_view inline_data,
-                                                           absl::string_view digest,
-                                                           uint64_t size, IntegrityCheck check) {
-  std::string stored;
-  std::optional<FileStamp> stamp;  // of a blob file read whole between two equal stamps
-  if (location == kFile) {
-    const fs::path path = BlobPath(digest);
-    ASSIGN_OR_RETURN(const FileStamp before, StampOf(path));
-    ASSIGN_OR_RETURN(stored, ReadWholeFile(path));
-    ASSIGN_OR_RETURN(const FileStamp after, StampOf(path));
-    if (after == before) {
-      if (check == IntegrityCheck::kTrustUnchangedFiles &&
-          trusted_blob_files_.Unchanged(digest, before)) {
-        // Unchanged since its content was checked: no need to hash it again.
-        return Decode(codec, std::move(stored), size);
-      }
-      stamp = before;
-    }
-  } else {
-    stored.assign(inline_data.data(), inline_data.size());
-  }
-  ASSIGN_OR_RETURN(std::string content, Decode(codec, std::move(stored), size));
-  if (content.size() != size || DigestBytes(Sha256(content)) != digest) {
-    return absl::DataLossError("content does not match its SHA-256");
-  }
-  if (stamp.has_value()) trusted_blob_files_.Remember(digest, *stamp);
-  return content;
-}
-
 absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     absl::string_view ns, absl::string_view key,
     const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
@@ -369,7 +316,8 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
         continue;  // read through Lookup alone
       }
       if (as_files != nullptr) {
-        if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5), lookup.ColumnInt(6),
+        if (absl::Status served = ServeAsFile(blob, lookup.ColumnInt(5),
+                                              static_cast<BlobLocation>(lookup.ColumnInt(6)),
                                               lookup.ColumnBlob(7), writes);
             !served.ok()) {
           broken.push_back({row_key, blob.digest, std::string(served.message())});
@@ -377,8 +325,9 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
         }
       } else if (!digests_to_skip.contains(blob.digest)) {
         absl::StatusOr<std::string> content =
-            ReadBlobContent(lookup.ColumnInt(5), lookup.ColumnInt(6), lookup.ColumnBlob(7),
-                            blob.digest, blob.size, IntegrityCheck::kTrustUnchangedFiles);
+            blobs_.Read(lookup.ColumnInt(5), static_cast<BlobLocation>(lookup.ColumnInt(6)),
+                        lookup.ColumnBlob(7), blob.digest, blob.size,
+                        BlobStorage::IntegrityCheck::kTrustUnchangedFiles);
         if (!content.ok()) {
           broken.push_back({row_key, blob.digest, std::string(content.status().message())});
           continue;
@@ -462,41 +411,6 @@ void ArtifactStore::CountLookup(absl::string_view ns, bool hit) {
 }
 
 
-absl::StatusOr<ArtifactStore::PreparedBlob> ArtifactStore::PrepareBlob(BlobInput input) {
-  PreparedBlob blob;
-  blob.name = std::move(input.name);
-  blob.digest = DigestBytes(Sha256(input.data));
-  blob.size = input.data.size();
-  if (!input.expected_digest.empty() && input.expected_digest != blob.digest) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "blob '%s': data has SHA-256 %s but the request claims %s; the upload was damaged or "
-        "the client hashed different bytes",
-        blob.name, DigestHex(blob.digest), DigestHex(input.expected_digest)));
-  }
-  EncodedBlob encoded = EncodeIfItGains(std::move(input.data), options_.zstd_level);
-  blob.codec = encoded.codec;
-  blob.stored = std::move(encoded.stored);
-  blob.stored_size = blob.stored.size();
-  if (blob.stored_size >= options_.inline_threshold_bytes) {
-    blob.location = kFile;
-    blob.temp_path = options_.data_dir / "blobs" / "tmp" /
-                     absl::StrCat(DigestHex(blob.digest).substr(0, 16), ".",
-                                  temp_file_counter_.fetch_add(1), ".tmp");
-    RETURN_IF_ERROR(platform::WriteFileDurably(blob.temp_path, blob.stored));
-    blob.stored.clear();
-  }
-  return blob;
-}
-
-absl::Status ArtifactStore::PublishBlobFile(const PreparedBlob& blob) {
-  const fs::path target = BlobPath(blob.digest);
-  std::error_code error;
-  fs::create_directories(target.parent_path(), error);  // counted by MeasureUnrecordedBytes
-  // Blob files are named for their content: if a reader holds the target open
-  // (Windows refuses to replace it), the file there already has these bytes.
-  return platform::PublishContentAddressedFile(blob.temp_path, target);
-}
-
 absl::Status ArtifactStore::ValidateEntry(absl::string_view ns, absl::string_view key,
                                           const std::vector<BlobInput>& blobs,
                                           const BlobReferences& stored) {
@@ -521,14 +435,15 @@ absl::Status ArtifactStore::ValidateEntry(absl::string_view ns, absl::string_vie
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ArtifactStore::PreparedBlob>> ArtifactStore::PrepareBlobs(
+absl::StatusOr<std::vector<PreparedBlob>> ArtifactStore::PrepareBlobs(
     std::vector<BlobInput> blobs) {
   std::vector<PreparedBlob> prepared;
   prepared.reserve(blobs.size());
   for (BlobInput& blob : blobs) {
-    absl::StatusOr<PreparedBlob> ready = PrepareBlob(std::move(blob));
+    absl::StatusOr<PreparedBlob> ready =
+        blobs_.Prepare(std::move(blob.name), std::move(blob.data), blob.expected_digest);
     if (!ready.ok()) {
-      RemoveTempFiles(prepared);
+      BlobStorage::RemoveTempFiles(prepared);
       return ready.status();
     }
     prepared.push_back(*std::move(ready));
@@ -683,17 +598,10 @@ void ArtifactStore::CommitInGroup(std::vector<QueuedPut>& puts, size_t first, si
   }
   lock.unlock();
   for (size_t i = first; i < end; ++i) {
-    RemoveTempFiles(puts[i].prepared);
+    BlobStorage::RemoveTempFiles(puts[i].prepared);
     if (absl::IsResourceExhausted(puts[i].result)) accounting_.NoteDiskFull(puts[i].result);
   }
   NoteEntriesStored(puts, first, end);
-}
-
-void ArtifactStore::RemoveTempFiles(const std::vector<PreparedBlob>& prepared) {
-  std::error_code ignored;
-  for (const PreparedBlob& blob : prepared) {
-    if (!blob.temp_path.empty()) fs::remove(blob.temp_path, ignored);
-  }
 }
 
 void ArtifactStore::CommitGroupLocked(const std::vector<QueuedPut*>& group) {
@@ -768,7 +676,7 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
     // for an equal one, and keying it by content, would each cost a random
     // page of the digest index, here and at its eviction. A file blob is
     // named for its content, and shared.
-    const bool keyed_by_content = blob.location == kFile;
+    const bool keyed_by_content = blob.location == BlobLocation::kFile;
     bool known = false;
     int64_t blob_id = -1;
     if (keyed_by_content) {
@@ -778,9 +686,9 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
       w.find_blob.Reset();
     }
     if (!known) {
-      if (blob.location == kFile) {
-        RETURN_IF_ERROR(PublishBlobFile(blob));
-        put.published_files.push_back(BlobPath(blob.digest));
+      if (blob.location == BlobLocation::kFile) {
+        RETURN_IF_ERROR(blobs_.Publish(blob));
+        put.published_files.push_back(blobs_.PathOf(blob.digest));
       }
       blob_id = w.next_blob_id++;
       if (!keyed_by_content) blob.store_key = store_internal::PlaceholderKey(blob_id);
@@ -788,9 +696,9 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
           .Bind(2, static_cast<int64_t>(blob.size))
           .Bind(3, static_cast<int64_t>(blob.stored_size))
           .Bind(4, blob.codec)
-          .Bind(5, blob.location)
+          .Bind(5, static_cast<int64_t>(blob.location))
           .Bind(7, blob_id);
-      if (blob.location == kInline) {
+      if (blob.location == BlobLocation::kInline) {
         w.insert_blob.BindBlob(6, blob.stored);
       } else {
         w.insert_blob.BindNull(6);
@@ -803,7 +711,7 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
       RETURN_IF_ERROR(w.insert_blob.Run());
       put.inserted_digests.push_back(blob.digest);
       put.added_bytes += blob.stored_size;
-      if (blob.location == kFile) put.added_file_bytes += OnDisk(blob.stored_size);
+      if (blob.location == BlobLocation::kFile) put.added_file_bytes += OnDisk(blob.stored_size);
     }
     RETURN_IF_ERROR(
         w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
@@ -896,9 +804,9 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
       orphans.push_back(blob_id);
       const auto stored_size = static_cast<uint64_t>(w.orphan_blobs.ColumnInt(2));
       freed.bytes += stored_size;
-      if (w.orphan_blobs.ColumnInt(3) == kFile) {
+      if (static_cast<BlobLocation>(w.orphan_blobs.ColumnInt(3)) == BlobLocation::kFile) {
         freed.file_bytes += OnDisk(stored_size);
-        freed.files.push_back(BlobPath(w.orphan_blobs.ColumnBlob(1)));
+        freed.files.push_back(blobs_.PathOf(w.orphan_blobs.ColumnBlob(1)));
       }
     }
     if (w.orphan_blobs.ColumnIsNull(4)) continue;

@@ -40,11 +40,11 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "absl/time/time.h"
+#include "cache/blob_storage.h"
 #include "cache/hit_journal.h"
 #include "cache/lru_policy.h"
 #include "cache/served_files.h"
 #include "cache/store_accounting.h"
-#include "cache/trusted_stamps.h"
 #include "cache/wal_checkpointer.h"
 #include "common/platform.h"
 
@@ -297,7 +297,6 @@ class ArtifactStore {
  private:
   struct ReaderConnection;
   struct Writer;
-  struct PreparedBlob;
   struct FreedBlobs;
   struct EntryToEvict;
   struct ServedWrites;
@@ -326,19 +325,11 @@ class ArtifactStore {
   // blob or entry went meanwhile.
   void RecordServedWrites(absl::string_view ns, absl::string_view key, const ServedWrites& writes);
 
-  absl::StatusOr<PreparedBlob> PrepareBlob(BlobInput input);
-  // How much a blob read checks: lookups trust a blob file that is unchanged
-  // since its content last matched its digest; verify hashes everything.
-  enum class IntegrityCheck { kTrustUnchangedFiles, kHashEverything };
   // Sets `blob.file` to its served file, writing the file first if needed;
   // otherwise (a name that cannot be a file, a file held open with other
   // content) sets `blob.data`. Fails only when the blob's content is corrupt.
-  absl::Status ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
+  absl::Status ServeAsFile(StoredBlob& blob, int64_t codec, BlobLocation location,
                            absl::string_view inline_data, ServedWrites& writes);
-  absl::StatusOr<std::string> ReadBlobContent(int64_t codec, int64_t location,
-                                              absl::string_view inline_data,
-                                              absl::string_view digest, uint64_t size,
-                                              IntegrityCheck check);
   // Methods named *Locked run with writer_mutex_ held.
   struct QueuedPut;
   // Checks an entry's names before anything of it is prepared.
@@ -352,8 +343,6 @@ class ArtifactStore {
   // After puts[first, end) were committed: those stored are counted, and
   // their domains' caps and the store's are checked.
   void NoteEntriesStored(const std::vector<QueuedPut>& puts, size_t first, size_t end);
-  // The temp files of blobs that were or could not be published.
-  static void RemoveTempFiles(const std::vector<PreparedBlob>& prepared);
   void CommitGroupLocked(const std::vector<QueuedPut*>& group);
   // One put's rows, within the group's transaction.
   absl::Status PutInTransactionLocked(QueuedPut& put);
@@ -374,7 +363,6 @@ class ArtifactStore {
   // ids the old one used, to be checked for orphans before commit.
   absl::StatusOr<int64_t> ReplaceEntryLocked(absl::string_view ns, absl::string_view key,
                                              std::vector<int64_t>& replaced_blob_ids, bool& is_new);
-  absl::Status PublishBlobFile(const PreparedBlob& blob);
   absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
   void ReleaseFreedBlobs(const FreedBlobs& freed);
   // A file whose removal failed (held open by another process, on Windows):
@@ -424,7 +412,6 @@ class ArtifactStore {
   // <data dir>/retired, which DeleteRetiredFiles empties in the background.
   void RetireUnrecordedServedFiles();
   void DeleteRetiredFiles();
-  std::filesystem::path BlobPath(absl::string_view digest) const;
 
   const StoreOptions options_;
   // Served copies of blobs that went, counted as leftovers until removed.
@@ -453,8 +440,8 @@ class ArtifactStore {
 
   std::mutex namespace_stats_mutex_;
   absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> lookups_by_namespace_;
-  // Blob files, by digest, that need no hashing while their stamp is unchanged.
-  TrustedStamps trusted_blob_files_;
+  // Blobs' bytes: encoded, inline or in files, read back checked.
+  BlobStorage blobs_;
 
   ServedFiles served_files_;
   HitJournal hit_journal_;
@@ -474,7 +461,6 @@ class ArtifactStore {
   std::atomic<uint64_t> puts_{0};
   std::atomic<uint64_t> evicted_entries_{0};
   std::atomic<uint64_t> corrupt_entries_dropped_{0};
-  std::atomic<uint64_t> temp_file_counter_{0};
 
   // Set once kilnd stops: every long loop (eviction, sweeps, verify) ends at
   // its next step, so that a stop takes no longer than one batch.

@@ -8,12 +8,12 @@
 //   artifact_store.cc          open and close, lookups and hits, puts (group
 //                              commit), deletes and leftover files, stats
 //   store_schema.cc            the index's schema, migration and open
-//   blob_codec.cc              how a blob's content is stored (zstd or raw)
 //   store_served_files.cc      blobs served as files, and their records
 //   store_eviction.cc          eviction to a size, and trust domains' caps
-//   store_accounting.cc        (a part of its own: StoreAccounting) what the
-//                              store holds and takes on disk, the reserve
+//   store_imports.cc           imports: kept, replaced or refused; taken back
 //   store_maintenance.cc       the maintenance thread, sweeps, verify
+// ArtifactStore holds the parts with state of their own: StoreAccounting,
+// LruPolicy, BlobStorage, ImportJournal (their headers say what each owns).
 
 #include <algorithm>
 #include <cstdint>
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "cache/artifact_store.h"
-#include "cache/blob_codec.h"
+#include "cache/blob_storage.h"
 #include "cache/import_journal.h"
 #include "cache/served_files.h"
 #include "cache/sqlite.h"
@@ -169,18 +169,6 @@ struct ArtifactStore::Writer {
   sqlite::Statement entry_digests;  // an entry's (name, digest) by its names
   // Prepared after `db` on it, and so finalized before it closes.
   ImportJournal imports;
-};
-
-struct ArtifactStore::PreparedBlob {
-  std::string name;
-  std::string digest;
-  std::string store_key;  // its placeholder, once stored as a row of its own; else empty
-  uint64_t size = 0;
-  store_internal::Codec codec = store_internal::kRaw;
-  std::string stored;  // the bytes as stored; empty for file blobs once written
-  uint64_t stored_size = 0;
-  store_internal::Location location = store_internal::kInline;
-  std::filesystem::path temp_path;  // file blobs: written durably, renamed into place on publish
 };
 
 // Returns a reader connection to the pool when the lookup is done.

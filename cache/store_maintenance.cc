@@ -162,8 +162,9 @@ absl::StatusOr<ArtifactStore::VerifyReport> ArtifactStore::VerifyAll() {
       ++report.blobs_checked;
       const std::string digest(all.ColumnBlob(1));
       absl::StatusOr<std::string> content =
-          ReadBlobContent(all.ColumnInt(3), all.ColumnInt(4), all.ColumnBlob(5), digest,
-                          static_cast<uint64_t>(all.ColumnInt(2)), IntegrityCheck::kHashEverything);
+          blobs_.Read(all.ColumnInt(3), static_cast<BlobLocation>(all.ColumnInt(4)),
+                      all.ColumnBlob(5), digest, static_cast<uint64_t>(all.ColumnInt(2)),
+                      BlobStorage::IntegrityCheck::kHashEverything);
       if (!content.ok()) {
         broken.push_back({std::string(all.ColumnBlob(0)), digest, std::string(content.status().message())});
       }

@@ -29,9 +29,6 @@ inline constexpr int kMinWalCheckpointPages = 1000;
 inline constexpr int kMaxWalCheckpointPages = 16384;
 int WalCheckpointPages(uint64_t max_size_bytes);
 
-// Where a blob's stored bytes are (the blobs.location column).
-enum Location : int64_t { kInline = 0, kFile = 1 };
-
 struct OpenedIndex {
   std::unique_ptr<sqlite::Database> db;
   // The schema version the database had before this open; 0 for a new one.

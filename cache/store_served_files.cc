@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 
 }  // namespace
 
-absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, int64_t location,
+absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, BlobLocation location,
                                         absl::string_view inline_data, ServedWrites& writes) {
   const std::optional<std::string> extension = ServedFiles::ExtensionOf(blob.name);
   if (extension.has_value()) {
@@ -34,8 +34,8 @@ absl::Status ArtifactStore::ServeAsFile(StoredBlob& blob, int64_t codec, int64_t
     }
   }
   ASSIGN_OR_RETURN(std::string content,
-                   ReadBlobContent(codec, location, inline_data, blob.digest, blob.size,
-                                   IntegrityCheck::kTrustUnchangedFiles));
+                   blobs_.Read(codec, location, inline_data, blob.digest, blob.size,
+                               BlobStorage::IntegrityCheck::kTrustUnchangedFiles));
   if (extension.has_value()) {
     absl::StatusOr<ServedFiles::Written> published =
         served_files_.Publish(blob.digest, *extension, content);
