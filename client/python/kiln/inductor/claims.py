@@ -106,6 +106,14 @@ def _renew_claims():
                     _renewals[key][0] = time.monotonic() + left / 3
 
 
+def storing(key):
+    """This process is storing key's entry: kilnd ends the claim once it is
+    stored, so the claim is renewed no more. A renewal answered after the
+    store would find it gone, and would be taken for a lapse."""
+    with _claims_lock:
+        _renewals.pop(key, None)
+
+
 def release(key):
     """Ends this process's claim on key, if it holds one: kilnd has ended it
     already when the key was stored; otherwise its waiters look again now."""
