@@ -45,7 +45,10 @@ while it evicted (and its rate then: a lookup loop takes more than one core of
 two, and eviction yields to lookups). Then once more with a cap of a sixteenth of the du left (a long
 eviction): SIGTERM 2 s after a GetStats first answered with entries gone (it
 waits for eviction batches, so that is 2 s or more into the eviction), and
-how long kilnd takes to exit (killed after 30 s). Every wait has a limit: a
+how long kilnd takes to exit (killed after 30 s); with --stops-mid-eviction
+D1,D2..., also D1, D2... seconds into an eviction of the whole store to a
+sixteenth of it (a copy of the filled data dir put back before each): run
+beside a load (stress-ng --cpu 2) for a loaded machine's. Every wait has a limit: a
 kilnd that does not evict, or stop, is reported as such.
 
 Bare SQLite, on the same disk first: Python's sqlite3 with kilnd's durability
@@ -64,7 +67,8 @@ eviction; disk_bytes within 5% of du, also 1 s after a restart; restart <= 2 s;
 RSS <= 256 MiB; <= 1.2 files per entry.
 
 usage: python bench/store_bench.py [--sizes 100000,300000,1000000] [--writers 16]
-           [--as-files] [--build-dir build] [--evict-timeout 600] [--keep]
+           [--as-files] [--build-dir build] [--evict-timeout 600] [--stops-mid-eviction 1,3,6]
+           [--keep]
        (a quick try: --sizes 2000,5000; needs grpcio: run it with .venv's python,
        which it uses itself when the python running it lacks grpc)
 """
@@ -620,6 +624,33 @@ def measure_stop_mid_eviction(kilnd):
     return stop_seconds, evicting
 
 
+def measure_stops_mid_eviction(kilnd, full_copy, delays):
+    """For each of `delays`: the store as the fill left it (`full_copy`) back
+    in place, kilnd restarted with a cap of a sixteenth of its du, and SIGTERM
+    that many seconds after its entry count first fell. Returns, per delay,
+    (seconds to exit, or None when killed; whether it was still evicting)."""
+    results = []
+    for delay in delays:
+        kilnd.stop()
+        shutil.rmtree(kilnd.data)
+        shutil.copytree(full_copy, kilnd.data, symlinks=True)
+        cap = du_bytes(kilnd.data) // 16
+        evictions_logged = kilnd.log_text().count(EVICTION_DONE_LOG)
+        kilnd.start(cap)
+        began = time.monotonic()
+        full = kilnd.stats().entries
+        while kilnd.stats().entries == full and time.monotonic() - began < START_LIMIT:
+            time.sleep(0.05)
+        time.sleep(delay)
+        evicting = kilnd.log_text().count(EVICTION_DONE_LOG) == evictions_logged
+        stop_seconds = kilnd.stop()
+        results.append((stop_seconds, evicting))
+        print(f"SIGTERM {delay:g} s into an eviction of {full} entries to a cap of {cap / 2**20:.1f} MiB: "
+              f"{'still evicting' if evicting else 'eviction already over'}; exit took "
+              f"{fmt_seconds(stop_seconds)} s{' (killed)' if stop_seconds is None else ''}", flush=True)
+    return results
+
+
 def check(label, value, ok):
     print(f"  {'ok  ' if ok else 'MISS'} {label}: {value}")
 
@@ -701,6 +732,11 @@ def run(args, work):
         print(HEADER, flush=True)
         rows = [measure_size(kilnd, writers, salts, start, end, rate)
                 for (start, end), rate in zip(bounds, insert_rates)]
+        full_copy = work / "data.full"
+        if args.stops_mid_eviction:
+            kilnd.stop()
+            shutil.copytree(kilnd.data, full_copy, symlinks=True)
+            kilnd.start(FILL_CAP)
         # Its rate alone, as bare SQLite's deletes run (a client's lookup loop
         # takes more than a core of two, and eviction yields to lookups); then
         # the lookups' latency during a second eviction, which keeps the newest
@@ -709,7 +745,14 @@ def run(args, work):
         eviction["hit_p99"] = measure_eviction(kilnd, writers, sizes[-1], bare_delete_rate, args.evict_timeout,
                                                looked_up=0.1)["hit_p99"]
         mid_eviction = measure_stop_mid_eviction(kilnd)
+        stops = measure_stops_mid_eviction(kilnd, full_copy, args.stops_mid_eviction)
         report_targets(sizes[-1], rows, (insert_rates[-1], bare_delete_rate), eviction, mid_eviction)
+        if stops:
+            timed = [seconds for seconds, evicting in stops if evicting]
+            check(f"SIGTERM <= 2 s, {', '.join(f'{d:g}' for d in args.stops_mid_eviction)} s into an "
+                  "eviction of the full store",
+                  ", ".join(fmt_seconds(seconds) + ("" if evicting else " (over)") for seconds, evicting in stops),
+                  bool(timed) and all(seconds is not None and seconds <= 2 for seconds in timed))
         report_log(kilnd)
         print(f"load at the end {os.getloadavg()[0]:.1f} (other processes share the CPUs and the disk)")
     finally:
@@ -732,6 +775,10 @@ def main():
                         help="puts of a client that reads entries as kilnd's served files (the Python client's)")
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build")
     parser.add_argument("--evict-timeout", type=float, default=600)
+    parser.add_argument("--stops-mid-eviction", default=[],
+                        type=lambda text: [float(delay) for delay in text.split(",")],
+                        help="also SIGTERM kilnd these many seconds into an eviction of the store as "
+                             "the fill left it (a copy put back each time), e.g. 1,3,6")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (data dir, kilnd's logs)")
     args = parser.parse_args()
     if args.sizes != sorted(set(args.sizes)) or args.sizes[0] <= 0:
