@@ -110,6 +110,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+KilnService::~KilnService() {
+  std::unique_lock gone(lifetime_->mutex);
+  lifetime_->alive = false;
+}
+
 KilnService::KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
                          CompileCoordinator& coordinator, std::string data_dir,
                          ClaimLimits claim_limits, TcpAccess tcp_access)
@@ -424,9 +429,11 @@ void KilnService::StartCompile(const Caller& caller, const v1::CompileRequest& r
           finish(absl::OkStatus());
         },
         // Stored under the caller's key, or failed: clients waiting on it look again.
-        [this, caller, alias_ns,
+        [this, lifetime = lifetime_, caller, alias_ns,
          client_ns = request.namespace_().empty() ? "triton" : request.namespace_(),
          key = request.cache_key()] {
+          std::shared_lock alive(lifetime->mutex);
+          if (!lifetime->alive) return;  // kilnd stopped serving: nobody waits on the key
           claims_.Release(alias_ns, key);
           ServeAheadOfLookups(caller, alias_ns, client_ns, key);
         });

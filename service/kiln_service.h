@@ -4,7 +4,9 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "absl/time/time.h"
@@ -56,6 +58,8 @@ class KilnService final : public v1::Kiln::CallbackService {
   KilnService(cache::ArtifactStore& store, compiler::ToolchainRegistry& toolchains,
               CompileCoordinator& coordinator, std::string data_dir,
               ClaimLimits claim_limits, TcpAccess tcp_access = {});
+  // Waits for a compile's `recorded` callback running now; later ones do nothing.
+  ~KilnService() override;
 
   // Answers every lookup still waiting on another client's compile, so that
   // shutdown does not wait on them.
@@ -210,6 +214,15 @@ class KilnService final : public v1::Kiln::CallbackService {
   static constexpr int kMaxServeAheadBacklog = 256;
   std::atomic<int> serve_ahead_backlog_{0};
   ThreadPool serve_ahead_pool_{1};
+  // Whether this service still is, for what the coordinator (which outlives
+  // it: kilnd stops its server first) calls once a compile is stored, after
+  // the call it came from ended. Each such callback holds it shared while it
+  // runs; the destructor takes it alone and marks the service gone.
+  struct Lifetime {
+    std::shared_mutex mutex;
+    bool alive = true;  // guarded by mutex
+  };
+  const std::shared_ptr<Lifetime> lifetime_ = std::make_shared<Lifetime>();
   ThreadPool blocking_pool_;  // last: drains before the members it uses go
 };
 
