@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<ArtifactStore>> ArtifactStore::Open(StoreOptions 
 absl::Status ArtifactStore::Initialize() {
   RETURN_IF_ERROR(blobs_.Initialize());
   std::error_code error;
-  auto writer = std::make_unique<Writer>();
+  auto writer = std::make_unique<Writer>(options_, accounting_);
   ASSIGN_OR_RETURN(OpenedIndex index,
                    OpenIndex(options_.data_dir / "kiln.db", options_.busy_timeout,
                              [this] { RetireUnrecordedServedFiles(); }));
@@ -148,12 +148,6 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::delete_blobs_of_entries,
        "DELETE FROM entry_blobs WHERE entry_id IN (SELECT value FROM json_each(?1))"},
       {&Writer::delete_entries, "DELETE FROM entries WHERE id IN (SELECT value FROM json_each(?1))"},
-      // The columns of an EntryToEvict (store_eviction.cc), as the two
-      // least_recently_used below: the last one what its blobs store.
-      {&Writer::entries_to_evict,
-       "SELECT e.id, e.namespace, e.key, e.index_disk_bytes, e.link_extension, e.index_namespace, "
-       "(SELECT total(b.stored_size) FROM entry_blobs eb JOIN blobs b ON b.id = eb.blob_id "
-       "WHERE eb.entry_id = e.id) FROM entries e WHERE e.id IN (SELECT value FROM json_each(?1))"},
       {&Writer::find_blob, "SELECT id FROM blobs WHERE digest = ?1"},
       {&Writer::insert_blob,
        "INSERT INTO blobs (digest, size, stored_size, codec, location, data, id, content_digest) "
@@ -178,23 +172,8 @@ absl::Status ArtifactStore::Initialize() {
        "LEFT JOIN served_copies s ON s.blob_id = b.id WHERE b.id IN (SELECT value FROM json_each(?1)) "
        "AND NOT EXISTS (SELECT 1 FROM entry_blobs WHERE blob_id = b.id) ORDER BY b.id"},
       {&Writer::delete_blobs, "DELETE FROM blobs WHERE id IN (SELECT value FROM json_each(?1))"},
-      {&Writer::delete_served_copies,
-       "DELETE FROM served_copies WHERE blob_id IN (SELECT value FROM json_each(?1))"},
       {&Writer::touch_entry,
        "UPDATE entries SET last_use = max(last_use, ?2) WHERE id = ?1"},
-      {&Writer::least_recently_used,
-       "SELECT e.id, e.namespace, e.key, e.index_disk_bytes, e.link_extension, e.index_namespace, "
-       "(SELECT total(b.stored_size) FROM entry_blobs eb JOIN blobs b ON b.id = eb.blob_id "
-       "WHERE eb.entry_id = e.id) FROM entries e ORDER BY e.last_use LIMIT ?1"},
-      // Namespaces in [?1, ?2): one trust domain's (see DomainRange).
-      {&Writer::least_recently_used_in_range,
-       "SELECT e.id, e.namespace, e.key, e.index_disk_bytes, e.link_extension, e.index_namespace, "
-       "(SELECT total(b.stored_size) FROM entry_blobs eb JOIN blobs b ON b.id = eb.blob_id "
-       "WHERE eb.entry_id = e.id) FROM entries e WHERE e.namespace >= ?1 AND e.namespace < ?2 "
-       "ORDER BY e.last_use LIMIT ?3"},
-      {&Writer::bytes_in_range,
-       "SELECT total(b.stored_size) FROM entries e JOIN entry_blobs eb ON eb.entry_id = e.id "
-       "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace >= ?1 AND e.namespace < ?2"},
       {&Writer::entries_with_blob,
        "SELECT b.id, eb.entry_id FROM blobs b LEFT JOIN entry_blobs eb ON eb.blob_id = b.id "
        "WHERE b.digest = ?1"},
@@ -203,29 +182,18 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::entries_after,
        "SELECT id, namespace, key, created_ms FROM entries WHERE namespace >= ?1 AND "
        "namespace < ?2 AND created_ms >= ?3 AND id > ?4 ORDER BY id LIMIT ?5"},
-      // Nothing when the blob went meanwhile: the caller then removes the file.
-      {&Writer::record_served_copy,
-       "INSERT OR REPLACE INTO served_copies (blob_id, extension, disk_bytes) "
-       "SELECT id, ?2, ?3 FROM blobs WHERE digest = ?1"},
-      {&Writer::record_index,
-       "UPDATE entries SET index_disk_bytes = ?3, link_extension = ?4, index_namespace = ?5 "
-       "WHERE namespace = ?1 AND key = ?2"},
-      {&Writer::record_leftover,
-       "INSERT OR REPLACE INTO leftover_files (path, disk_bytes) VALUES (?1, ?2)"},
-      {&Writer::leftovers, "SELECT path, disk_bytes FROM leftover_files LIMIT 1000"},
-      {&Writer::forget_leftover, "DELETE FROM leftover_files WHERE path = ?1"},
       {&Writer::entry_digests,
        "SELECT eb.name, coalesce(b.content_digest, b.digest) FROM entries e "
        "JOIN entry_blobs eb ON eb.entry_id = e.id "
        "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace = ?1 AND e.key = ?2"},
-      {&Writer::served_copy_recorded,
-       "SELECT 1 FROM served_copies c JOIN blobs b ON b.id = c.blob_id "
-       "WHERE b.digest = ?1 AND c.extension = ?2"},
   };
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
   }
   RETURN_IF_ERROR(writer->imports.Prepare(db));
+  RETURN_IF_ERROR(writer->leftover_files.Prepare(db));
+  RETURN_IF_ERROR(writer->eviction_candidates.Prepare(db));
+  RETURN_IF_ERROR(writer->served_file_records.Prepare(db));
   {
     ASSIGN_OR_RETURN(sqlite::Statement last_id, db.Prepare("SELECT ifnull(max(id), 0) FROM blobs"));
     ASSIGN_OR_RETURN(bool has_row, last_id.Step());
@@ -739,7 +707,7 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
 absl::Status ArtifactStore::DeleteEntriesLocked(const std::vector<int64_t>& entry_ids,
                                                 std::vector<int64_t>& freed_candidates) {
   Writer& w = *writer_;
-  const std::string ids = store_internal::IdsAsJson(entry_ids);
+  const std::string ids = sqlite::IdsAsJson(entry_ids);
   w.blob_ids_of_entries.BindText(1, ids);
   absl::StatusOr<bool> row;
   while ((row = w.blob_ids_of_entries.Step()).ok() && *row) {
@@ -795,7 +763,7 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
   // Unused by any entry now: their rows, and their served copies' records.
   std::vector<int64_t> orphans;
   std::vector<int64_t> served;  // orphans with served copies
-  const std::string candidates = store_internal::IdsAsJson(candidate_ids);
+  const std::string candidates = sqlite::IdsAsJson(candidate_ids);
   w.orphan_blobs.BindText(1, candidates);
   absl::StatusOr<bool> row;
   while ((row = w.orphan_blobs.Step()).ok() && *row) {
@@ -820,11 +788,9 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
   }
   w.orphan_blobs.Reset();
   RETURN_IF_ERROR(row.status());
-  if (!served.empty()) {
-    RETURN_IF_ERROR(w.delete_served_copies.BindText(1, store_internal::IdsAsJson(served)).Run());
-  }
+  RETURN_IF_ERROR(w.served_file_records.ForgetCopiesOf(served));
   if (!orphans.empty()) {
-    RETURN_IF_ERROR(w.delete_blobs.BindText(1, store_internal::IdsAsJson(orphans)).Run());
+    RETURN_IF_ERROR(w.delete_blobs.BindText(1, sqlite::IdsAsJson(orphans)).Run());
   }
   freed.blob_rows = orphans.size();
   return freed;
@@ -835,15 +801,9 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
                       .file_blob_bytes = freed.file_bytes,
                       .blobs = freed.blob_rows,
                       .entries = freed.entries.size()});
-  std::vector<ServedFiles::Leftover> leftovers;
-  for (const fs::path& file : freed.files) {
-    std::error_code error;
-    // A file another process holds open (Windows) stays behind: it is
-    // recorded and retried until its holder lets go.
-    if (!fs::remove(file, error) && fs::exists(file, error)) {
-      leftovers.push_back({file, platform::AllocatedBytes(file)});
-    }
-  }
+  // A file another process holds open (Windows) stays behind: it is
+  // recorded and tried again until its holder lets go.
+  for (const fs::path& file : freed.files) writer_->leftover_files.Remove(file);
   // Not removed yet: a local client that found the entry in the served index
   // a moment ago may be about to read them. The index entries and links go
   // now, so no new reader finds them.
@@ -852,29 +812,13 @@ void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
     std::vector<ServedFiles::Leftover> detached;
     served_files_.Detach(digest, extensions, detached);
     for (ServedFiles::Leftover& copy : detached) {
-      accounting_.AddLeftover(copy.disk_bytes);
-      served_copies_going_.push_back({now, std::move(copy)});
+      writer_->leftover_files.KeepForGrace(std::move(copy), now);
     }
   }
   for (const FreedBlobs::Entry& entry : freed.entries) {
     if (entry.index_namespace.has_value()) {
       served_files_.RemoveIndex(*entry.index_namespace, entry.key, entry.link_extension);
     }
-  }
-  for (const ServedFiles::Leftover& leftover : leftovers) RecordLeftoverLocked(leftover);
-}
-
-void ArtifactStore::RecordLeftoverLocked(const ServedFiles::Leftover& leftover) {
-  spdlog::info("cache: {} is held open by another process; it is deleted once let go",
-               leftover.path.string());
-  accounting_.AddLeftover(leftover.disk_bytes);
-  const std::string relative = leftover.path.lexically_relative(options_.data_dir).generic_string();
-  if (absl::Status status = writer_->record_leftover.BindText(1, relative)
-                                .Bind(2, static_cast<int64_t>(leftover.disk_bytes))
-                                .Run();
-      !status.ok()) {
-    spdlog::warn("cache: {} not recorded for deletion: {}", leftover.path.string(),
-                 status.message());
   }
 }
 
@@ -888,58 +832,39 @@ bool ArtifactStore::RecordedAgainLocked(const fs::path& path) {
     return false;
   }
   const std::string digest = absl::HexStringToBytes(hex);
-  sqlite::Statement& recorded = name.size() == hex.size() ? w.file_blob_exists : w.served_copy_recorded;
-  recorded.BindBlob(1, digest);
-  if (name.size() != hex.size()) recorded.BindText(2, absl::string_view(name).substr(hex.size()));
-  absl::StatusOr<bool> found = recorded.Step();
-  recorded.Reset();
+  if (name.size() != hex.size()) {
+    absl::StatusOr<bool> served = w.served_file_records.IsCopyRecorded(
+        digest, absl::string_view(name).substr(hex.size()));
+    return served.ok() && *served;
+  }
+  w.file_blob_exists.BindBlob(1, digest);
+  absl::StatusOr<bool> found = w.file_blob_exists.Step();
+  w.file_blob_exists.Reset();
   return found.ok() && *found;
 }
 
 void ArtifactStore::RemoveServedCopiesGoneLocked(bool all) {
-  const absl::Time now = absl::Now();
-  while (!served_copies_going_.empty() &&
-         (all || now - served_copies_going_.front().since >= options_.served_copy_grace)) {
-    const ServedFiles::Leftover copy = served_copies_going_.front().copy;
-    served_copies_going_.pop_front();
-    accounting_.RemoveLeftover(copy.disk_bytes);
-    if (RecordedAgainLocked(copy.path)) continue;
-    std::error_code error;
-    // One held open (Windows) is retried as any leftover is.
-    if (!fs::remove(copy.path, error) && fs::exists(copy.path, error)) RecordLeftoverLocked(copy);
-  }
+  writer_->leftover_files.RemoveCopiesPastGrace(
+      absl::Now(), [this](const fs::path& path) { return RecordedAgainLocked(path); }, all);
 }
 
 void ArtifactStore::RemoveServedCopiesGone() {
-  absl::Time until;
+  std::optional<absl::Time> until;
   {
     std::lock_guard lock(writer_mutex_);
-    if (served_copies_going_.empty()) return;
-    until = served_copies_going_.back().since + options_.served_copy_grace;
+    until = writer_->leftover_files.LastGraceEnds();
+    if (!until.has_value()) return;
   }
-  for (absl::Time now = absl::Now(); now < until && !stop_requested_.load(); now = absl::Now()) {
-    absl::SleepFor(std::min(until - now, absl::Milliseconds(50)));
+  for (absl::Time now = absl::Now(); now < *until && !stop_requested_.load(); now = absl::Now()) {
+    absl::SleepFor(std::min(*until - now, absl::Milliseconds(50)));
   }
   std::lock_guard lock(writer_mutex_);
   RemoveServedCopiesGoneLocked(/*all=*/false);
 }
 
 void ArtifactStore::RemoveLeftoversLocked() {
-  Writer& w = *writer_;
-  std::vector<std::pair<std::string, uint64_t>> leftovers;
-  absl::StatusOr<bool> row;
-  while ((row = w.leftovers.Step()).ok() && *row) {
-    leftovers.emplace_back(w.leftovers.ColumnText(0), static_cast<uint64_t>(w.leftovers.ColumnInt(1)));
-  }
-  w.leftovers.Reset();
-  for (const auto& [relative, disk_bytes] : leftovers) {
-    const fs::path path = options_.data_dir / fs::path(relative);
-    const bool in_use = RecordedAgainLocked(path);
-    std::error_code error;
-    if (!in_use && !fs::remove(path, error) && fs::exists(path, error)) continue;  // still held
-    accounting_.RemoveLeftover(disk_bytes);
-    w.forget_leftover.BindText(1, relative).Run().IgnoreError();
-  }
+  writer_->leftover_files.RetryRecorded(
+      [this](const fs::path& path) { return RecordedAgainLocked(path); });
 }
 
 void ArtifactStore::DropCorruptBlob(const BrokenBlob& blob) {

@@ -22,7 +22,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -54,6 +53,8 @@ class Statement;
 }
 
 namespace kiln::cache {
+
+struct EntryToEvict;  // eviction_candidates.h
 
 // Blobs whose stored size is below this stay inline in SQLite. Chosen by
 // measurement (build/bench/inline_threshold_bench, median lookup, 2-core
@@ -298,7 +299,6 @@ class ArtifactStore {
   struct ReaderConnection;
   struct Writer;
   struct FreedBlobs;
-  struct EntryToEvict;
   struct ServedWrites;
   struct BrokenBlob;
   class ReaderLease;
@@ -365,9 +365,8 @@ class ArtifactStore {
                                              std::vector<int64_t>& replaced_blob_ids, bool& is_new);
   absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
   void ReleaseFreedBlobs(const FreedBlobs& freed);
-  // A file whose removal failed (held open by another process, on Windows):
-  // recorded, counted, and retried by RemoveLeftoversLocked every 2 s.
-  void RecordLeftoverLocked(const ServedFiles::Leftover& leftover);
+  // Tries again to remove the files whose removal failed (LeftoverFiles):
+  // the maintenance thread, every lru_flush_interval.
   void RemoveLeftoversLocked();
   // Whether a blob file or served copy at `path` is recorded again since it went.
   bool RecordedAgainLocked(const std::filesystem::path& path);
@@ -387,10 +386,6 @@ class ArtifactStore {
   // already are passed over.
   absl::Status EvictEntriesLocked(const std::vector<int64_t>& entry_ids, FreedBlobs& freed);
   absl::Status EvictEntriesLocked(absl::Span<const EntryToEvict> entries, FreedBlobs& freed);
-  // The EntryToEvict at `row` of a query selecting its columns (entries_to_evict,
-  // least_recently_used...); every one `query` (bound) selects, in its order.
-  static EntryToEvict EntryToEvictAt(const sqlite::Statement& row);
-  static absl::StatusOr<std::vector<EntryToEvict>> EntriesToEvict(sqlite::Statement& query);
   // Writes the uses lookups recorded (lru_) to the index's LRU column.
   absl::Status FlushTouches();
   absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
@@ -414,12 +409,6 @@ class ArtifactStore {
   void DeleteRetiredFiles();
 
   const StoreOptions options_;
-  // Served copies of blobs that went, counted as leftovers until removed.
-  struct ServedCopyGoing {
-    absl::Time since;
-    ServedFiles::Leftover copy;
-  };
-  std::deque<ServedCopyGoing> served_copies_going_;  // guarded by writer_mutex_
   // Hears of the writer's commits until the destructor's last one, then goes.
   std::unique_ptr<WalCheckpointer> checkpointer_;
   std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_

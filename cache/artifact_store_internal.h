@@ -13,7 +13,8 @@
 //   store_imports.cc           imports: kept, replaced or refused; taken back
 //   store_maintenance.cc       the maintenance thread, sweeps, verify
 // ArtifactStore holds the parts with state of their own: StoreAccounting,
-// LruPolicy, BlobStorage, ImportJournal (their headers say what each owns).
+// LruPolicy, BlobStorage, ImportJournal, LeftoverFiles, EvictionCandidates,
+// ServedFileRecords (their headers say what each owns).
 
 #include <algorithm>
 #include <cstdint>
@@ -28,7 +29,10 @@
 
 #include "cache/artifact_store.h"
 #include "cache/blob_storage.h"
+#include "cache/eviction_candidates.h"
 #include "cache/import_journal.h"
+#include "cache/leftover_files.h"
+#include "cache/served_file_records.h"
 #include "cache/served_files.h"
 #include "cache/sqlite.h"
 #include "cache/store_schema.h"
@@ -38,18 +42,6 @@ namespace store_internal {
 
 // Where the unrecorded served files of a version 1 store go to be deleted.
 inline constexpr char kRetiredDir[] = "retired";
-
-// Row ids as a JSON array: the ?1 of the writer's statements on a set of
-// entries or blobs (json_each).
-inline std::string IdsAsJson(const std::vector<int64_t>& ids) {
-  std::string json = "[";
-  for (int64_t id : ids) {
-    if (json.size() > 1) json += ',';
-    json += std::to_string(id);
-  }
-  json += ']';
-  return json;
-}
 
 // The key of a blob row not keyed by its content's digest (store_schema.cc):
 // a zero byte and its id, big-endian (9 bytes), so that keys ascend with ids.
@@ -72,12 +64,7 @@ struct ArtifactStore::FreedBlobs {
   uint64_t blob_rows = 0;
   std::vector<std::filesystem::path> files;
   // Deleted entries: their served index entries and links go too.
-  struct Entry {
-    std::string ns;
-    std::string key;
-    std::optional<std::string> index_namespace;
-    std::optional<std::string> link_extension;
-  };
+  using Entry = EntryNames;
   std::vector<Entry> entries;
   // Freed blobs that have served copies (keyed by content, as every served
   // blob is): digest, the copies' extensions.
@@ -92,17 +79,6 @@ struct ArtifactStore::FreedBlobs {
     std::move(other.served_copies.begin(), other.served_copies.end(),
               std::back_inserter(served_copies));
   }
-};
-
-// An entry eviction takes, as its queries select it (entry_name,
-// least_recently_used...): what its going frees besides its blobs.
-struct ArtifactStore::EntryToEvict {
-  int64_t id = 0;
-  FreedBlobs::Entry names;
-  uint64_t index_disk_bytes = 0;  // its served index entry and link
-  // What its blobs store, shared ones included: what its going frees at most
-  // besides its served copies, to know how many entries a batch takes.
-  uint64_t stored_bytes = 0;
 };
 
 // Served files a lookup wrote, to record in one transaction once it has read.
@@ -129,6 +105,8 @@ struct ArtifactStore::ReaderConnection {
 };
 
 struct ArtifactStore::Writer {
+  Writer(const StoreOptions& options, StoreAccounting& accounting)
+      : leftover_files(options.data_dir, options.served_copy_grace, accounting) {}
   std::unique_ptr<sqlite::Database> db;
   sqlite::Statement index_pages;  // the database's bytes as last committed
   // A put's savepoint within its group's transaction (CommitGroupLocked).
@@ -139,7 +117,6 @@ struct ArtifactStore::Writer {
   sqlite::Statement blob_ids_of_entries;
   sqlite::Statement delete_blobs_of_entries;
   sqlite::Statement delete_entries;
-  sqlite::Statement entries_to_evict;
   sqlite::Statement find_blob;  // by its key: the content's digest or a placeholder
   sqlite::Statement insert_blob;
   // Keys a placeholder row by its content, or (another row has that key
@@ -152,23 +129,16 @@ struct ArtifactStore::Writer {
   sqlite::Statement insert_entry_blob;
   sqlite::Statement orphan_blobs;
   sqlite::Statement delete_blobs;
-  sqlite::Statement delete_served_copies;
   sqlite::Statement touch_entry;
-  sqlite::Statement least_recently_used;
-  sqlite::Statement least_recently_used_in_range;
-  sqlite::Statement bytes_in_range;
   sqlite::Statement entries_with_blob;
   sqlite::Statement file_blob_exists;
   sqlite::Statement entries_after;
-  sqlite::Statement record_served_copy;
-  sqlite::Statement record_index;
-  sqlite::Statement served_copy_recorded;
-  sqlite::Statement record_leftover;
-  sqlite::Statement leftovers;
-  sqlite::Statement forget_leftover;
   sqlite::Statement entry_digests;  // an entry's (name, digest) by its names
   // Prepared after `db` on it, and so finalized before it closes.
   ImportJournal imports;
+  LeftoverFiles leftover_files;
+  EvictionCandidates eviction_candidates;
+  ServedFileRecords served_file_records;
 };
 
 // Returns a reader connection to the pool when the lookup is done.

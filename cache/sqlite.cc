@@ -194,4 +194,14 @@ absl::Status Transaction::Commit() {
   return status;
 }
 
+std::string IdsAsJson(const std::vector<int64_t>& ids) {
+  std::string json = "[";
+  for (int64_t id : ids) {
+    if (json.size() > 1) json += ',';
+    json += std::to_string(id);
+  }
+  json += ']';
+  return json;
+}
+
 }  // namespace kiln::sqlite

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -102,6 +103,10 @@ class Transaction {
   explicit Transaction(Database& db) : db_(&db) {}
   Database* db_;
 };
+
+// Row ids as a JSON array, to bind as a set a statement walks with
+// json_each(?N): one prepared statement for any number of ids.
+std::string IdsAsJson(const std::vector<int64_t>& ids);
 
 }  // namespace kiln::sqlite
 

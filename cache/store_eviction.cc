@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "cache/artifact_store.h"
 #include "cache/artifact_store_internal.h"
 #include "cache/sqlite.h"
@@ -31,61 +30,13 @@ constexpr int kEvictionBatch = 1024;
 // How often an eviction's last checkpoint is tried, 50 ms apart.
 constexpr int kTruncateAttempts = 40;
 
-// The namespaces of `domain` as a range [from, to): "<domain>/" up to
-// "<domain>0", '0' being the character after '/'.
-std::pair<std::string, std::string> DomainRange(absl::string_view domain) {
-  return {absl::StrCat(domain, "/"), absl::StrCat(domain, "0")};
-}
-
-// What a domain's cap counts is its blobs' stored bytes; the store's size
-// counts its served index files and links too.
-enum class IndexFiles { kCounted, kNotCounted };
-
-// What each entry's going frees at most, for LruPolicy::EntriesToFree: a blob
-// another entry shares counts in full (the caller measures again after the
-// batch).
-template <typename Entry>
-std::vector<uint64_t> BytesFreedByEach(const std::vector<Entry>& entries, IndexFiles index_files) {
-  std::vector<uint64_t> bytes;
-  bytes.reserve(entries.size());
-  for (const Entry& entry : entries) {
-    bytes.push_back(entry.stored_bytes +
-                    (index_files == IndexFiles::kCounted ? entry.index_disk_bytes : 0));
-  }
-  return bytes;
-}
-
 }  // namespace
-
-ArtifactStore::EntryToEvict ArtifactStore::EntryToEvictAt(const sqlite::Statement& row) {
-  EntryToEvict entry;
-  entry.id = row.ColumnInt(0);
-  entry.names.ns = std::string(row.ColumnText(1));
-  entry.names.key = std::string(row.ColumnText(2));
-  entry.index_disk_bytes = static_cast<uint64_t>(row.ColumnInt(3));
-  if (!row.ColumnIsNull(4)) entry.names.link_extension = std::string(row.ColumnText(4));
-  if (!row.ColumnIsNull(5)) entry.names.index_namespace = std::string(row.ColumnText(5));
-  entry.stored_bytes = static_cast<uint64_t>(row.ColumnInt(6));
-  return entry;
-}
-
-absl::StatusOr<std::vector<ArtifactStore::EntryToEvict>> ArtifactStore::EntriesToEvict(
-    sqlite::Statement& query) {
-  std::vector<EntryToEvict> entries;
-  absl::StatusOr<bool> row;
-  while ((row = query.Step()).ok() && *row) entries.push_back(EntryToEvictAt(query));
-  query.Reset();
-  RETURN_IF_ERROR(row.status());
-  return entries;
-}
 
 absl::Status ArtifactStore::EvictEntriesLocked(const std::vector<int64_t>& entry_ids,
                                                FreedBlobs& freed) {
   if (entry_ids.empty()) return absl::OkStatus();
-  Writer& w = *writer_;
-  const std::string ids = store_internal::IdsAsJson(entry_ids);
-  w.entries_to_evict.BindText(1, ids);
-  ASSIGN_OR_RETURN(std::vector<EntryToEvict> found, EntriesToEvict(w.entries_to_evict));
+  ASSIGN_OR_RETURN(std::vector<EntryToEvict> found,
+                   writer_->eviction_candidates.ById(entry_ids));
   return EvictEntriesLocked(found, freed);
 }
 
@@ -109,10 +60,11 @@ absl::Status ArtifactStore::EvictEntriesLocked(absl::Span<const EntryToEvict> en
 absl::StatusOr<uint64_t> ArtifactStore::EvictBatchLocked(uint64_t target_bytes) {
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  w.least_recently_used.Bind(1, kEvictionBatch);
-  ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates, EntriesToEvict(w.least_recently_used));
+  ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates,
+                   w.eviction_candidates.LeastRecentlyUsed(kEvictionBatch));
   candidates.resize(LruPolicy::EntriesToFree(
-      BytesFreedByEach(candidates, IndexFiles::kCounted), EvictionBytesLocked(), target_bytes));
+      EvictionCandidates::BytesFreedByEach(candidates, EvictionCandidates::IndexFiles::kCounted),
+      EvictionBytesLocked(), target_bytes));
   FreedBlobs freed;
   RETURN_IF_ERROR(EvictEntriesLocked(candidates, freed));
   RETURN_IF_ERROR(txn.Commit());
@@ -136,14 +88,7 @@ absl::StatusOr<uint64_t> ArtifactStore::DomainBytes(absl::string_view domain) {
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::DomainBytesLocked(absl::string_view domain) {
-  const auto [from, to] = DomainRange(domain);
-  sqlite::Statement& bytes = writer_->bytes_in_range;
-  bytes.BindText(1, from).BindText(2, to);
-  absl::StatusOr<bool> row = bytes.Step();
-  const uint64_t total = row.ok() && *row ? static_cast<uint64_t>(bytes.ColumnInt(0)) : 0;
-  bytes.Reset();
-  RETURN_IF_ERROR(row.status());
-  return total;
+  return writer_->eviction_candidates.DomainBytes(domain);
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::EnforceDomainCaps() {
@@ -202,13 +147,12 @@ absl::StatusOr<uint64_t> ArtifactStore::EvictDomainBatchLocked(absl::string_view
                                                                uint64_t& held,
                                                                uint64_t target_bytes) {
   Writer& w = *writer_;
-  const auto [from, to] = DomainRange(domain);
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-  w.least_recently_used_in_range.BindText(1, from).BindText(2, to).Bind(3, kEvictionBatch);
   ASSIGN_OR_RETURN(std::vector<EntryToEvict> candidates,
-                   EntriesToEvict(w.least_recently_used_in_range));
+                   w.eviction_candidates.LeastRecentlyUsedOf(domain, kEvictionBatch));
   candidates.resize(LruPolicy::EntriesToFree(
-      BytesFreedByEach(candidates, IndexFiles::kNotCounted), held, target_bytes));
+      EvictionCandidates::BytesFreedByEach(candidates, EvictionCandidates::IndexFiles::kNotCounted),
+      held, target_bytes));
   FreedBlobs freed;
   RETURN_IF_ERROR(EvictEntriesLocked(candidates, freed));
   for (const EntryToEvict& entry : candidates) held -= std::min(held, entry.stored_bytes);

@@ -51,11 +51,8 @@ bool ArtifactStore::RemoveOrphanFiles() {
   return served_files_.RemoveOrphans(
       [this](absl::string_view digest, absl::string_view extension) {
         std::lock_guard lock(writer_mutex_);
-        sqlite::Statement& recorded = writer_->served_copy_recorded;
-        recorded.BindBlob(1, digest).BindText(2, extension);
-        absl::StatusOr<bool> row = recorded.Step();
-        recorded.Reset();
-        return !row.ok() || *row;  // keep what cannot be checked
+        absl::StatusOr<bool> recorded = writer_->served_file_records.IsCopyRecorded(digest, extension);
+        return !recorded.ok() || *recorded;  // keep what cannot be checked
       },
       [this] { return stop_requested_.load(); });
 }

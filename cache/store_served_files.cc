@@ -82,23 +82,13 @@ void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view k
         RETURN_IF_ERROR(KeyByContentLocked(placeholder, rows_merged));
       }
       for (const auto& [digest, extension, disk_bytes] : writes.copies) {
-        RETURN_IF_ERROR(w.record_served_copy.BindBlob(1, digest)
-                            .BindText(2, extension)
-                            .Bind(3, static_cast<int64_t>(disk_bytes))
-                            .Run());
-        if (w.db->ChangedRows() == 0) unrecorded.emplace_back(digest, extension);
+        ASSIGN_OR_RETURN(bool recorded, w.served_file_records.RecordCopy(digest, extension, disk_bytes));
+        if (!recorded) unrecorded.emplace_back(digest, extension);
       }
       if (writes.index.has_value()) {
-        w.record_index.BindText(1, ns).BindText(2, key);
-        w.record_index.Bind(3, static_cast<int64_t>(writes.index->disk_bytes));
-        if (writes.index->link_extension.has_value()) {
-          w.record_index.BindText(4, *writes.index->link_extension);
-        } else {
-          w.record_index.BindNull(4);
-        }
-        w.record_index.BindText(5, writes.index_namespace);
-        RETURN_IF_ERROR(w.record_index.Run());
-        index_unrecorded = w.db->ChangedRows() == 0;
+        ASSIGN_OR_RETURN(bool recorded, w.served_file_records.RecordIndex(
+                                            ns, key, *writes.index, writes.index_namespace));
+        index_unrecorded = !recorded;
       }
       return txn.Commit();
     };
@@ -136,7 +126,7 @@ absl::Status ArtifactStore::KeyByContentLocked(absl::string_view placeholder, Fr
   if (!found) return absl::OkStatus();  // keyed by content by a lookup before, or evicted
   if (!shared) return w.key_by_content.Bind(1, row).Run();
   RETURN_IF_ERROR(w.move_blob_references.Bind(1, row).Bind(2, content_row).Run());
-  RETURN_IF_ERROR(w.delete_blobs.BindText(1, store_internal::IdsAsJson({row})).Run());
+  RETURN_IF_ERROR(w.delete_blobs.BindText(1, sqlite::IdsAsJson({row})).Run());
   merged.bytes += stored_size;
   ++merged.blob_rows;
   return absl::OkStatus();
