@@ -48,6 +48,7 @@ absl::string_view DomainOf(absl::string_view ns) { return ns.substr(0, ns.find('
 
 ArtifactStore::ArtifactStore(StoreOptions options)
     : options_(std::move(options)),
+      readers_(options_.data_dir / "kiln.db", options_.busy_timeout),
       blobs_({options_.data_dir, options_.inline_threshold_bytes, options_.zstd_level,
               options_.trust_files_changed_before}),
       served_files_(options_.data_dir / "files", options_.trust_files_changed_before),
@@ -220,41 +221,6 @@ absl::Status ArtifactStore::Initialize() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ArtifactStore::ReaderConnection>> ArtifactStore::OpenReader() {
-  auto reader = std::make_unique<ReaderConnection>();
-  ASSIGN_OR_RETURN(reader->db,
-                   sqlite::Database::Open(options_.data_dir / "kiln.db", options_.busy_timeout));
-  ASSIGN_OR_RETURN(reader->lookup,
-                   reader->db->Prepare(
-                       "SELECT e.id, e.created_ms, eb.name, coalesce(b.content_digest, b.digest), "
-                       "b.size, b.codec, b.location, b.data, b.digest FROM entries e "
-                       "JOIN entry_blobs eb ON eb.entry_id = e.id "
-                       "JOIN blobs b ON b.id = eb.blob_id "
-                       "WHERE e.namespace = ?1 AND e.key = ?2 ORDER BY eb.name"));
-  ASSIGN_OR_RETURN(reader->find_entry,
-                   reader->db->Prepare("SELECT id FROM entries WHERE namespace = ?1 AND key = ?2"));
-  return reader;
-}
-
-absl::StatusOr<ArtifactStore::ReaderLease> ArtifactStore::AcquireReader() {
-  {
-    std::lock_guard lock(readers_mutex_);
-    if (!idle_readers_.empty()) {
-      std::unique_ptr<ReaderConnection> reader = std::move(idle_readers_.back());
-      idle_readers_.pop_back();
-      return ReaderLease(this, std::move(reader));
-    }
-  }
-  // The pool grows to the peak number of concurrent lookups.
-  ASSIGN_OR_RETURN(std::unique_ptr<ReaderConnection> reader, OpenReader());
-  return ReaderLease(this, std::move(reader));
-}
-
-void ArtifactStore::ReleaseReader(std::unique_ptr<ReaderConnection> reader) {
-  std::lock_guard lock(readers_mutex_);
-  idle_readers_.push_back(std::move(reader));
-}
-
 absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
     absl::string_view ns, absl::string_view key,
     const absl::flat_hash_set<std::string>& digests_to_skip, const AsFiles* as_files) {
@@ -262,11 +228,9 @@ absl::StatusOr<ArtifactStore::ReadResult> ArtifactStore::ReadEntry(
   std::vector<BrokenBlob> broken;
   ServedWrites writes;
   {
-    ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
-    sqlite::Statement& lookup = reader->lookup;
+    ASSIGN_OR_RETURN(IndexReaders::Lease reader, readers_.Acquire());
+    sqlite::Statement& lookup = reader->entry_blobs;
     lookup.BindText(1, ns).BindText(2, key);
-    // One statement is one read transaction: eviction cannot remove a blob
-    // between reading the manifest and reading its rows.
     while (true) {
       absl::StatusOr<bool> row = lookup.Step();
       if (!row.ok()) {
@@ -345,16 +309,11 @@ absl::Status ArtifactStore::ServeAsFiles(absl::string_view ns, absl::string_view
 absl::StatusOr<uint64_t> ArtifactStore::RecordHits(absl::string_view ns,
                                                    const std::vector<std::string>& keys) {
   uint64_t recorded = 0;
-  ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
-  sqlite::Statement& find = reader->find_entry;
+  ASSIGN_OR_RETURN(IndexReaders::Lease reader, readers_.Acquire());
   for (const std::string& key : keys) {
-    find.BindText(1, ns).BindText(2, key);
-    absl::StatusOr<bool> row = find.Step();
-    const int64_t entry_id = row.ok() && *row ? find.ColumnInt(0) : -1;
-    find.Reset();
-    RETURN_IF_ERROR(row.status());
-    if (entry_id < 0) continue;  // evicted meanwhile: the client's copy still served it
-    lru_.RecordUse(entry_id);
+    ASSIGN_OR_RETURN(std::optional<int64_t> entry_id, reader->FindEntry(ns, key));
+    if (!entry_id.has_value()) continue;  // evicted meanwhile: the client's copy still served it
+    lru_.RecordUse(*entry_id);
     CountLookup(ns, true);
     hits_.fetch_add(1, std::memory_order_relaxed);
     ++recorded;

@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "cache/blob_storage.h"
 #include "cache/hit_journal.h"
+#include "cache/index_readers.h"
 #include "cache/lru_policy.h"
 #include "cache/served_files.h"
 #include "cache/store_accounting.h"
@@ -296,18 +297,13 @@ class ArtifactStore {
   absl::StatusOr<VerifyReport> VerifyAll();
 
  private:
-  struct ReaderConnection;
   struct Writer;
   struct FreedBlobs;
   struct ServedWrites;
   struct BrokenBlob;
-  class ReaderLease;
 
   explicit ArtifactStore(StoreOptions options);
   absl::Status Initialize();
-  absl::StatusOr<std::unique_ptr<ReaderConnection>> OpenReader();
-  absl::StatusOr<ReaderLease> AcquireReader();
-  void ReleaseReader(std::unique_ptr<ReaderConnection> reader);
 
   struct ReadResult {
     CacheEntry entry;
@@ -420,8 +416,10 @@ class ArtifactStore {
   bool committing_ = false;            // guarded by put_queue_mutex_
   std::condition_variable put_committed_;
 
-  std::mutex readers_mutex_;
-  std::vector<std::unique_ptr<ReaderConnection>> idle_readers_;
+  // Lookups' connections, which never wait for the writer. Closed before the
+  // writer's, which is the last and so checkpoints the WAL.
+  IndexReaders readers_;
+
 
   // Lookups record entry ids here; the maintenance thread writes them to the
   // LRU column in one transaction, so a hit never waits for the writer.

@@ -98,12 +98,6 @@ struct ArtifactStore::BrokenBlob {
   std::string reason;
 };
 
-struct ArtifactStore::ReaderConnection {
-  std::unique_ptr<sqlite::Database> db;
-  sqlite::Statement lookup;
-  sqlite::Statement find_entry;
-};
-
 struct ArtifactStore::Writer {
   Writer(const StoreOptions& options, StoreAccounting& accounting)
       : leftover_files(options.data_dir, options.served_copy_grace, accounting) {}
@@ -139,22 +133,6 @@ struct ArtifactStore::Writer {
   LeftoverFiles leftover_files;
   EvictionCandidates eviction_candidates;
   ServedFileRecords served_file_records;
-};
-
-// Returns a reader connection to the pool when the lookup is done.
-class ArtifactStore::ReaderLease {
- public:
-  ReaderLease(ArtifactStore* store, std::unique_ptr<ReaderConnection> reader)
-      : store_(store), reader_(std::move(reader)) {}
-  ReaderLease(ReaderLease&&) = default;
-  ~ReaderLease() {
-    if (reader_) store_->ReleaseReader(std::move(reader_));
-  }
-  ReaderConnection* operator->() { return reader_.get(); }
-
- private:
-  ArtifactStore* store_;
-  std::unique_ptr<ReaderConnection> reader_;
 };
 
 }  // namespace kiln::cache

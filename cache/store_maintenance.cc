@@ -148,7 +148,7 @@ absl::StatusOr<ArtifactStore::VerifyReport> ArtifactStore::VerifyAll() {
   VerifyReport report;
   std::vector<BrokenBlob> broken;
   {
-    ASSIGN_OR_RETURN(ReaderLease reader, AcquireReader());
+    ASSIGN_OR_RETURN(IndexReaders::Lease reader, readers_.Acquire());
     // One read transaction: blobs dropped meanwhile by eviction are not seen.
     ASSIGN_OR_RETURN(sqlite::Statement all,
                      reader->db->Prepare("SELECT digest, coalesce(content_digest, digest), size, codec, "
