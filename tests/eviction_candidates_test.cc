@@ -8,27 +8,18 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cache/store_schema.h"
 #include "gtest/gtest.h"
-#include "tests/test_dir.h"
+#include "tests/fresh_index.h"
 
 namespace kiln::cache {
 namespace {
 
-namespace fs = std::filesystem;
-using ::kiln::testing::TestDir;
-
-class EvictionCandidatesTest : public ::testing::Test {
+class EvictionCandidatesTest : public ::kiln::testing::FreshIndexTest {
  protected:
   void SetUp() override {
-    fs::create_directories(dir_.path() / "data");
-    absl::StatusOr<store_internal::OpenedIndex> index =
-        store_internal::OpenIndex(dir_.path() / "data" / "kiln.db", absl::Seconds(5), [] {});
-    ASSERT_TRUE(index.ok()) << index.status();
-    db_ = std::move(index->db);
+    ASSERT_NO_FATAL_FAILURE(FreshIndexTest::SetUp());
     ASSERT_TRUE(candidates_.Prepare(*db_).ok());
   }
-  void Exec(const std::string& sql) { ASSERT_TRUE(db_->Exec(sql).ok()) << sql; }
   // A blob row of `stored_size` bytes; returns its id.
   int64_t Blob(uint64_t stored_size) {
     const int64_t id = next_blob_id_++;
@@ -55,9 +46,7 @@ class EvictionCandidatesTest : public ::testing::Test {
     return keys;
   }
 
-  TestDir dir_;
-  std::unique_ptr<sqlite::Database> db_;
-  EvictionCandidates candidates_;  // after db_: its statements go first
+  EvictionCandidates candidates_;
   int64_t next_blob_id_ = 1;
 };
 

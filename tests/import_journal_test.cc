@@ -3,30 +3,22 @@
 
 #include "cache/import_journal.h"
 
-#include "cache/store_schema.h"
 #include "gtest/gtest.h"
-#include "tests/test_dir.h"
+#include "tests/fresh_index.h"
 
 namespace kiln::cache {
 namespace {
 
-using ::kiln::testing::TestDir;
 using Names = std::vector<std::pair<std::string, std::string>>;
 
-class ImportJournalTest : public ::testing::Test {
+class ImportJournalTest : public ::kiln::testing::FreshIndexTest {
  protected:
   void SetUp() override {
-    std::filesystem::create_directories(dir_.path() / "data");
-    absl::StatusOr<store_internal::OpenedIndex> index =
-        store_internal::OpenIndex(dir_.path() / "data" / "kiln.db", absl::Seconds(5), [] {});
-    ASSERT_TRUE(index.ok()) << index.status();
-    db_ = std::move(index->db);
+    ASSERT_NO_FATAL_FAILURE(FreshIndexTest::SetUp());
     ASSERT_TRUE(journal_.Prepare(*db_).ok());
   }
 
-  TestDir dir_;
-  std::unique_ptr<sqlite::Database> db_;
-  ImportJournal journal_;  // after db_: its statements go first
+  ImportJournal journal_;  // the fixture's: its statements go before db_ closes
 };
 
 TEST_F(ImportJournalTest, AnImportsEntriesComeBackInBatchesOnceEach) {

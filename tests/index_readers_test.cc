@@ -4,30 +4,15 @@
 
 #include "cache/index_readers.h"
 
-#include "cache/store_schema.h"
 #include "gtest/gtest.h"
-#include "tests/test_dir.h"
+#include "tests/fresh_index.h"
 
 namespace kiln::cache {
 namespace {
 
-namespace fs = std::filesystem;
-using ::kiln::testing::TestDir;
-
-class IndexReadersTest : public ::testing::Test {
+// db_ is the writer's connection.
+class IndexReadersTest : public ::kiln::testing::FreshIndexTest {
  protected:
-  void SetUp() override {
-    fs::create_directories(dir_.path() / "data");
-    absl::StatusOr<store_internal::OpenedIndex> index =
-        store_internal::OpenIndex(index_path(), absl::Seconds(5), [] {});
-    ASSERT_TRUE(index.ok()) << index.status();
-    writer_ = std::move(index->db);
-  }
-  fs::path index_path() const { return dir_.path() / "data" / "kiln.db"; }
-  void Exec(const std::string& sql) { ASSERT_TRUE(writer_->Exec(sql).ok()) << sql; }
-
-  TestDir dir_;
-  std::unique_ptr<sqlite::Database> writer_;
   IndexReaders readers_{index_path(), absl::Seconds(5)};
 };
 
@@ -55,7 +40,7 @@ TEST_F(IndexReadersTest, AReaderFindsWhatTheWriterCommittedAndNothingElse) {
   EXPECT_FALSE(missing->has_value());
 
   {
-    absl::StatusOr<sqlite::Transaction> txn = sqlite::Transaction::Begin(*writer_);
+    absl::StatusOr<sqlite::Transaction> txn = sqlite::Transaction::Begin(*db_);
     ASSERT_TRUE(txn.ok());
     Exec("INSERT INTO entries (id, namespace, key, created_ms, last_use) "
          "VALUES (42, 'local/triton', 'k', 0, 0)");

@@ -10,29 +10,22 @@
 
 #include <fstream>
 
-#include "cache/store_schema.h"
 #include "gtest/gtest.h"
-#include "tests/test_dir.h"
+#include "tests/fresh_index.h"
 
 namespace kiln::cache {
 namespace {
 
 namespace fs = std::filesystem;
-using ::kiln::testing::TestDir;
 
 constexpr absl::Duration kGrace = absl::Seconds(2);
 
-class LeftoverFilesTest : public ::testing::Test {
+class LeftoverFilesTest : public ::kiln::testing::FreshIndexTest {
  protected:
   void SetUp() override {
-    fs::create_directories(data_dir());
-    absl::StatusOr<store_internal::OpenedIndex> index =
-        store_internal::OpenIndex(data_dir() / "kiln.db", absl::Seconds(5), [] {});
-    ASSERT_TRUE(index.ok()) << index.status();
-    db_ = std::move(index->db);
+    ASSERT_NO_FATAL_FAILURE(FreshIndexTest::SetUp());
     ASSERT_TRUE(leftovers_.Prepare(*db_).ok());
   }
-  fs::path data_dir() const { return dir_.path() / "data"; }
   fs::path WriteFile(const std::string& relative) {
     const fs::path path = data_dir() / relative;
     fs::create_directories(path.parent_path());
@@ -45,18 +38,11 @@ class LeftoverFilesTest : public ::testing::Test {
     return data_dir() / relative;
   }
   static void Release(const fs::path& held) { fs::remove(held / "holder"); }
-  int64_t RecordedRows() {
-    absl::StatusOr<sqlite::Statement> count = db_->Prepare("SELECT count(*) FROM leftover_files");
-    EXPECT_TRUE(count.ok());
-    EXPECT_TRUE(count->Step().value_or(false));
-    return count->ColumnInt(0);
-  }
+  int64_t RecordedRows() { return QueryInt("SELECT count(*) FROM leftover_files"); }
   static bool NeverRecordedAgain(const fs::path&) { return false; }
 
-  TestDir dir_;
-  std::unique_ptr<sqlite::Database> db_;
   StoreAccounting accounting_{data_dir()};
-  LeftoverFiles leftovers_{data_dir(), kGrace, accounting_};  // after db_: its statements go first
+  LeftoverFiles leftovers_{data_dir(), kGrace, accounting_};
 };
 
 TEST_F(LeftoverFilesTest, AFileThatCanBeRemovedGoesAtOnceAndIsNeitherRecordedNorCounted) {

@@ -9,31 +9,15 @@
 
 #include "absl/status/status.h"
 #include "cache/disk_usage.h"
-#include "cache/store_schema.h"
 #include "gtest/gtest.h"
-#include "tests/test_dir.h"
+#include "tests/fresh_index.h"
 
 namespace kiln::cache {
 namespace {
 
 namespace fs = std::filesystem;
-using ::kiln::testing::TestDir;
 
-class StoreAccountingTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    fs::create_directories(data_dir());
-    absl::StatusOr<store_internal::OpenedIndex> index =
-        store_internal::OpenIndex(data_dir() / "kiln.db", absl::Seconds(5), [] {});
-    ASSERT_TRUE(index.ok()) << index.status();
-    db_ = std::move(index->db);
-  }
-  fs::path data_dir() const { return dir_.path() / "data"; }
-  void Exec(const char* sql) { ASSERT_TRUE(db_->Exec(sql).ok()) << sql; }
-
-  TestDir dir_;
-  std::unique_ptr<sqlite::Database> db_;
-};
+class StoreAccountingTest : public ::kiln::testing::FreshIndexTest {};
 
 TEST_F(StoreAccountingTest, CountsWhatCommitsAddAndTakeAwayAndNeverGoesBelowZero) {
   StoreAccounting accounting(data_dir());
