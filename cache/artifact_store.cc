@@ -48,6 +48,11 @@ absl::string_view DomainOf(absl::string_view ns) { return ns.substr(0, ns.find('
 
 ArtifactStore::ArtifactStore(StoreOptions options)
     : options_(std::move(options)),
+      group_commit_(kPutsPerCommit,
+                    [this](const std::vector<QueuedPut*>& group) {
+                      std::lock_guard writer_lock(writer_mutex_);
+                      CommitGroupLocked(group);
+                    }),
       readers_(options_.data_dir / "kiln.db", options_.busy_timeout),
       blobs_({options_.data_dir, options_.inline_threshold_bytes, options_.zstd_level,
               options_.trust_files_changed_before}),
@@ -378,13 +383,12 @@ absl::StatusOr<std::vector<PreparedBlob>> ArtifactStore::PrepareBlobs(
   return prepared;
 }
 
-// One put waiting for a group commit: what it stores, and once `done`, how it went.
+// One put waiting for a group commit: what it stores, and once committed, how it went.
 struct ArtifactStore::QueuedPut {
   absl::string_view ns;
   absl::string_view key;
   std::vector<PreparedBlob> prepared;
   const BlobReferences* stored = nullptr;
-  bool done = false;  // guarded by put_queue_mutex_
   absl::Status result;
   // Within the group's transaction, until it commits.
   uint64_t added_bytes = 0;
@@ -496,34 +500,10 @@ void ArtifactStore::NoteEntriesStored(const std::vector<QueuedPut>& puts, size_t
 }
 
 void ArtifactStore::CommitInGroup(std::vector<QueuedPut>& puts, size_t first, size_t end) {
-  std::unique_lock lock(put_queue_mutex_);
-  for (size_t i = first; i < end; ++i) put_queue_.push_back(&puts[i]);
-  // Whoever finds no commit running commits what is queued, a group a
-  // transaction, until its own puts are done; the others wait for theirs.
-  // Puts that arrive while a commit runs share the next one, so sixteen
-  // writers pay for about one commit, not sixteen, and a waiter never queues
-  // for the writer just to learn it is done. Groups are taken in order, so
-  // the last put of a call is done last.
-  while (!puts[end - 1].done) {
-    if (committing_) {
-      put_committed_.wait(lock);
-      continue;
-    }
-    committing_ = true;
-    const size_t taken = std::min(put_queue_.size(), kPutsPerCommit);
-    std::vector<QueuedPut*> group(put_queue_.begin(), put_queue_.begin() + taken);
-    put_queue_.erase(put_queue_.begin(), put_queue_.begin() + taken);
-    lock.unlock();
-    {
-      std::lock_guard writer_lock(writer_mutex_);
-      CommitGroupLocked(group);
-    }
-    lock.lock();
-    for (QueuedPut* put : group) put->done = true;
-    committing_ = false;
-    put_committed_.notify_all();
-  }
-  lock.unlock();
+  std::vector<QueuedPut*> queued;
+  queued.reserve(end - first);
+  for (size_t i = first; i < end; ++i) queued.push_back(&puts[i]);
+  group_commit_.Commit(queued);
   for (size_t i = first; i < end; ++i) {
     BlobStorage::RemoveTempFiles(puts[i].prepared);
     if (absl::IsResourceExhausted(puts[i].result)) accounting_.NoteDiskFull(puts[i].result);

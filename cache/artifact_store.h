@@ -40,6 +40,7 @@
 #include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "cache/blob_storage.h"
+#include "cache/group_commit.h"
 #include "cache/hit_journal.h"
 #include "cache/index_readers.h"
 #include "cache/lru_policy.h"
@@ -409,12 +410,9 @@ class ArtifactStore {
   std::unique_ptr<WalCheckpointer> checkpointer_;
   std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_
   std::mutex writer_mutex_;
-  // Puts waiting for the next group commit (CommitInGroup), and whether one
-  // is being committed; put_committed_ wakes their callers.
-  std::mutex put_queue_mutex_;
-  std::vector<QueuedPut*> put_queue_;  // guarded by put_queue_mutex_
-  bool committing_ = false;            // guarded by put_queue_mutex_
-  std::condition_variable put_committed_;
+  // Puts share transactions (CommitInGroup), each group committed with the
+  // writer held.
+  GroupCommit<QueuedPut> group_commit_;
 
   // Lookups' connections, which never wait for the writer. Closed before the
   // writer's, which is the last and so checkpoints the WAL.
