@@ -1,20 +1,20 @@
 #ifndef KILN_CACHE_ARTIFACT_STORE_INTERNAL_H_
 #define KILN_CACHE_ARTIFACT_STORE_INTERNAL_H_
 
-// The artifact store's private parts that its files share: the writer's and
-// readers' connections with their prepared statements, blobs on their way in
-// and out, and the names of its files in the data directory. Included only by
-// the store's own files, which divide ArtifactStore's members by job:
-//   artifact_store.cc          open and close, lookups and hits, puts (group
-//                              commit), deletes and leftover files, stats
-//   store_schema.cc            the index's schema, migration and open
-//   store_served_files.cc      blobs served as files, and their records
+// The artifact store's private parts that its files share: the writer's
+// connection with its prepared statements, and what a transaction frees or
+// a lookup serves on the way. Included only by the store's own files, which
+// divide ArtifactStore's members by job:
+//   artifact_store.cc          open and close, lookups and hits, puts, deletes,
+//                              the files blobs that went leave, stats
+//   store_served_files.cc      blobs served as files, recorded
 //   store_eviction.cc          eviction to a size, and trust domains' caps
 //   store_imports.cc           imports: kept, replaced or refused; taken back
 //   store_maintenance.cc       the maintenance thread, sweeps, verify
 // ArtifactStore holds the parts with state of their own: StoreAccounting,
-// LruPolicy, BlobStorage, ImportJournal, LeftoverFiles, EvictionCandidates,
-// ServedFileRecords (their headers say what each owns).
+// LruPolicy, BlobStorage, IndexReaders, GroupCommit, ImportJournal,
+// LeftoverFiles, EvictionCandidates, ServedFileRecords (their headers say what
+// each owns; ARCHITECTURE.md has the table of which owns which table).
 
 #include <algorithm>
 #include <cstdint>
