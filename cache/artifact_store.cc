@@ -58,15 +58,12 @@ ArtifactStore::ArtifactStore(StoreOptions options)
               options_.trust_files_changed_before}),
       served_files_(options_.data_dir / "files", options_.trust_files_changed_before),
       hit_journal_(served_files_.hits_dir()),
-      accounting_(options_.data_dir) {}
+      accounting_(options_.data_dir),
+      maintenance_schedule_(options_.lru_flush_interval) {}
 
 void ArtifactStore::RequestStop() {
   stop_requested_ = true;
-  {
-    std::lock_guard lock(maintenance_mutex_);
-    stopping_ = true;
-  }
-  maintenance_wakeup_.notify_all();
+  maintenance_schedule_.Stop();
 }
 
 ArtifactStore::~ArtifactStore() {
@@ -490,13 +487,7 @@ void ArtifactStore::NoteEntriesStored(const std::vector<QueuedPut>& puts, size_t
   if (!any_stored) return;
   if (accounting_.NoteStored()) accounting_.EnsureSpaceReserve(options_.max_size_bytes);
   const bool over_cap = DiskBytes() > options_.max_size_bytes;
-  if (capped_domains.empty() && !over_cap) return;
-  {
-    std::lock_guard lock(maintenance_mutex_);
-    domains_put_to_.insert(capped_domains.begin(), capped_domains.end());
-    if (over_cap) eviction_needed_ = true;
-  }
-  maintenance_wakeup_.notify_one();
+  maintenance_schedule_.NotePuts(capped_domains, over_cap);
 }
 
 void ArtifactStore::CommitInGroup(std::vector<QueuedPut>& puts, size_t first, size_t end) {

@@ -20,7 +20,6 @@
 // store_*.cc files beside it; artifact_store_internal.h says which holds what.
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -44,6 +43,7 @@
 #include "cache/hit_journal.h"
 #include "cache/index_readers.h"
 #include "cache/lru_policy.h"
+#include "cache/maintenance_schedule.h"
 #include "cache/served_files.h"
 #include "cache/store_accounting.h"
 #include "cache/wal_checkpointer.h"
@@ -455,12 +455,9 @@ class ArtifactStore {
   std::atomic<bool> sweep_orphans_{false};
   std::thread retired_files_thread_;
 
-  std::mutex maintenance_mutex_;
-  std::condition_variable maintenance_wakeup_;
-  bool stopping_ = false;       // guarded by maintenance_mutex_
-  bool eviction_needed_ = false;  // guarded by maintenance_mutex_
-  // Capped domains with puts since EnforceDomainCaps last looked at them.
-  absl::flat_hash_set<std::string> domains_put_to_;  // guarded by maintenance_mutex_
+  // When the maintenance thread's next round is due, and the capped domains
+  // puts went to since EnforceDomainCaps last looked.
+  MaintenanceSchedule maintenance_schedule_;
   std::thread maintenance_thread_;
 };
 

@@ -13,8 +13,9 @@
 //   store_maintenance.cc       the maintenance thread, sweeps, verify
 // ArtifactStore holds the parts with state of their own: StoreAccounting,
 // LruPolicy, BlobStorage, IndexReaders, GroupCommit, ImportJournal,
-// LeftoverFiles, EvictionCandidates, ServedFileRecords (their headers say what
-// each owns; ARCHITECTURE.md has the table of which owns which table).
+// LeftoverFiles, EvictionCandidates, ServedFileRecords, MaintenanceSchedule
+// (their headers say what each owns; ARCHITECTURE.md has the table of which
+// owns which table).
 
 #include <algorithm>
 #include <cstdint>

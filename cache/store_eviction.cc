@@ -92,15 +92,10 @@ absl::StatusOr<uint64_t> ArtifactStore::DomainBytesLocked(absl::string_view doma
 }
 
 absl::StatusOr<uint64_t> ArtifactStore::EnforceDomainCaps() {
-  absl::flat_hash_set<std::string> domains;
-  {
-    std::lock_guard lock(maintenance_mutex_);
-    domains.swap(domains_put_to_);
-  }
+  const absl::flat_hash_set<std::string> domains = maintenance_schedule_.TakeDomainsPutTo();
   // Domains not looked at (a stop, an error) wait for the next call.
   const auto look_again_later = [&](auto from) {
-    std::lock_guard lock(maintenance_mutex_);
-    domains_put_to_.insert(from, domains.end());
+    maintenance_schedule_.LookAgainLater(std::vector<std::string>(from, domains.end()));
   };
   uint64_t evicted = 0;
   for (auto domain = domains.begin(); domain != domains.end(); ++domain) {

@@ -112,13 +112,7 @@ void ArtifactStore::MaintenanceLoop() {
     sweep_orphans_ = false;
   }
   AbandonUnfinishedImports();
-  std::unique_lock lock(maintenance_mutex_);
-  while (!stopping_) {
-    maintenance_wakeup_.wait_for(lock, absl::ToChronoMilliseconds(options_.lru_flush_interval),
-                                 [this] { return stopping_ || eviction_needed_; });
-    if (stopping_) break;
-    eviction_needed_ = false;
-    lock.unlock();
+  while (maintenance_schedule_.WaitForNextRound()) {
     MeasureUnrecordedBytes();
     CollectJournaledHits();
     if (absl::StatusOr<uint64_t> evicted = EnforceDomainCaps(); !evicted.ok()) {
@@ -140,7 +134,6 @@ void ArtifactStore::MaintenanceLoop() {
         spdlog::error("cache: eviction failed: {}", evicted.status().message());
       }
     }
-    lock.lock();
   }
 }
 
