@@ -151,36 +151,13 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::delete_blobs_of_entries,
        "DELETE FROM entry_blobs WHERE entry_id IN (SELECT value FROM json_each(?1))"},
       {&Writer::delete_entries, "DELETE FROM entries WHERE id IN (SELECT value FROM json_each(?1))"},
-      {&Writer::find_blob, "SELECT id FROM blobs WHERE digest = ?1"},
-      {&Writer::insert_blob,
-       "INSERT INTO blobs (digest, size, stored_size, codec, location, data, id, content_digest) "
-       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
-      // The row keyed by placeholder ?1, its stored size, and the row keyed by
-      // its content, if any.
-      {&Writer::placeholder_row,
-       "SELECT b.id, b.stored_size, c.id FROM blobs b LEFT JOIN blobs c ON c.digest = b.content_digest "
-       "WHERE b.digest = ?1"},
-      {&Writer::key_by_content,
-       "UPDATE blobs SET digest = content_digest, content_digest = NULL WHERE id = ?1"},
-      {&Writer::move_blob_references, "UPDATE entry_blobs SET blob_id = ?2 WHERE blob_id = ?1"},
       {&Writer::insert_entry,
        "INSERT INTO entries (namespace, key, created_ms, last_use, index_disk_bytes, "
        "link_extension, index_namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
       {&Writer::insert_entry_blob,
        "INSERT INTO entry_blobs (entry_id, name, blob_id) VALUES (?1, ?2, ?3)"},
-      // Of the blobs ?1, those no entry uses: a row per served copy
-      // (extension NULL when it has none), a blob's rows one after another.
-      {&Writer::orphan_blobs,
-       "SELECT b.id, b.digest, b.stored_size, b.location, s.extension, s.disk_bytes FROM blobs b "
-       "LEFT JOIN served_copies s ON s.blob_id = b.id WHERE b.id IN (SELECT value FROM json_each(?1)) "
-       "AND NOT EXISTS (SELECT 1 FROM entry_blobs WHERE blob_id = b.id) ORDER BY b.id"},
-      {&Writer::delete_blobs, "DELETE FROM blobs WHERE id IN (SELECT value FROM json_each(?1))"},
       {&Writer::touch_entry,
        "UPDATE entries SET last_use = max(last_use, ?2) WHERE id = ?1"},
-      {&Writer::entries_with_blob,
-       "SELECT b.id, eb.entry_id FROM blobs b LEFT JOIN entry_blobs eb ON eb.blob_id = b.id "
-       "WHERE b.digest = ?1"},
-      {&Writer::file_blob_exists, "SELECT 1 FROM blobs WHERE digest = ?1 AND location = 1"},
       // Namespaces in [?1, ?2), created since ?3, after entry ?4.
       {&Writer::entries_after,
        "SELECT id, namespace, key, created_ms FROM entries WHERE namespace >= ?1 AND "
@@ -197,11 +174,7 @@ absl::Status ArtifactStore::Initialize() {
   RETURN_IF_ERROR(writer->leftover_files.Prepare(db));
   RETURN_IF_ERROR(writer->eviction_candidates.Prepare(db));
   RETURN_IF_ERROR(writer->served_file_records.Prepare(db));
-  {
-    ASSIGN_OR_RETURN(sqlite::Statement last_id, db.Prepare("SELECT ifnull(max(id), 0) FROM blobs"));
-    ASSIGN_OR_RETURN(bool has_row, last_id.Step());
-    writer->next_blob_id = (has_row ? last_id.ColumnInt(0) : 0) + 1;
-  }
+  RETURN_IF_ERROR(writer->blob_rows.Prepare(db));
   // The files of a kilnd that did not stop cleanly may include some it wrote
   // and never recorded: the maintenance thread sweeps them (RemoveOrphanFiles).
   // A new store has none.
@@ -575,60 +548,35 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
     // page of the digest index, here and at its eviction. A file blob is
     // named for its content, and shared.
     const bool keyed_by_content = blob.location == BlobLocation::kFile;
-    bool known = false;
-    int64_t blob_id = -1;
+    std::optional<int64_t> blob_id;
     if (keyed_by_content) {
-      w.find_blob.BindBlob(1, blob.digest);
-      ASSIGN_OR_RETURN(known, w.find_blob.Step());
-      if (known) blob_id = w.find_blob.ColumnInt(0);
-      w.find_blob.Reset();
+      ASSIGN_OR_RETURN(blob_id, w.blob_rows.Find(blob.digest));
     }
-    if (!known) {
+    if (!blob_id.has_value()) {
       if (blob.location == BlobLocation::kFile) {
         RETURN_IF_ERROR(blobs_.Publish(blob));
         put.published_files.push_back(blobs_.PathOf(blob.digest));
       }
-      blob_id = w.next_blob_id++;
-      if (!keyed_by_content) blob.store_key = store_internal::PlaceholderKey(blob_id);
-      w.insert_blob.BindBlob(1, keyed_by_content ? blob.digest : blob.store_key)
-          .Bind(2, static_cast<int64_t>(blob.size))
-          .Bind(3, static_cast<int64_t>(blob.stored_size))
-          .Bind(4, blob.codec)
-          .Bind(5, static_cast<int64_t>(blob.location))
-          .Bind(7, blob_id);
-      if (blob.location == BlobLocation::kInline) {
-        w.insert_blob.BindBlob(6, blob.stored);
-      } else {
-        w.insert_blob.BindNull(6);
-      }
-      if (keyed_by_content) {
-        w.insert_blob.BindNull(8);
-      } else {
-        w.insert_blob.BindBlob(8, blob.digest);
-      }
-      RETURN_IF_ERROR(w.insert_blob.Run());
+      ASSIGN_OR_RETURN(blob_id, w.blob_rows.Insert(blob, keyed_by_content));
       put.inserted_digests.push_back(blob.digest);
       put.added_bytes += blob.stored_size;
       if (blob.location == BlobLocation::kFile) put.added_file_bytes += OnDisk(blob.stored_size);
     }
     RETURN_IF_ERROR(
-        w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, blob_id).Run());
+        w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, *blob_id).Run());
   }
   for (const BlobReference& reference : *put.stored) {
-    int64_t blob_id = -1;
+    std::optional<int64_t> blob_id;
     for (const std::string* key : {&reference.store_key, &reference.digest}) {
-      if (key->empty() || blob_id >= 0) continue;
-      w.find_blob.BindBlob(1, *key);
-      ASSIGN_OR_RETURN(bool known, w.find_blob.Step());
-      if (known) blob_id = w.find_blob.ColumnInt(0);
-      w.find_blob.Reset();
+      if (key->empty() || blob_id.has_value()) continue;
+      ASSIGN_OR_RETURN(blob_id, w.blob_rows.Find(*key));
     }
-    if (blob_id < 0) {
+    if (!blob_id.has_value()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "blob %s of '%s' is no longer stored", DigestHex(reference.digest), reference.name));
     }
     RETURN_IF_ERROR(
-        w.insert_entry_blob.Bind(1, entry_id).BindText(2, reference.name).Bind(3, blob_id).Run());
+        w.insert_entry_blob.Bind(1, entry_id).BindText(2, reference.name).Bind(3, *blob_id).Run());
   }
   ASSIGN_OR_RETURN(put.freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
   return absl::OkStatus();
@@ -689,39 +637,25 @@ absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked
     const std::vector<int64_t>& candidate_ids) {
   Writer& w = *writer_;
   FreedBlobs freed;
-  if (candidate_ids.empty()) return freed;
   // Unused by any entry now: their rows, and their served copies' records.
-  std::vector<int64_t> orphans;
+  ASSIGN_OR_RETURN(std::vector<BlobRows::Orphan> orphans, w.blob_rows.DeleteOrphans(candidate_ids));
   std::vector<int64_t> served;  // orphans with served copies
-  const std::string candidates = sqlite::IdsAsJson(candidate_ids);
-  w.orphan_blobs.BindText(1, candidates);
-  absl::StatusOr<bool> row;
-  while ((row = w.orphan_blobs.Step()).ok() && *row) {
-    const int64_t blob_id = w.orphan_blobs.ColumnInt(0);
-    if (orphans.empty() || orphans.back() != blob_id) {  // its first row
-      orphans.push_back(blob_id);
-      const auto stored_size = static_cast<uint64_t>(w.orphan_blobs.ColumnInt(2));
-      freed.bytes += stored_size;
-      if (static_cast<BlobLocation>(w.orphan_blobs.ColumnInt(3)) == BlobLocation::kFile) {
-        freed.file_bytes += OnDisk(stored_size);
-        freed.files.push_back(blobs_.PathOf(w.orphan_blobs.ColumnBlob(1)));
-      }
+  for (BlobRows::Orphan& orphan : orphans) {
+    freed.bytes += orphan.stored_size;
+    if (orphan.location == BlobLocation::kFile) {
+      freed.file_bytes += OnDisk(orphan.stored_size);
+      freed.files.push_back(blobs_.PathOf(orphan.key));
     }
-    if (w.orphan_blobs.ColumnIsNull(4)) continue;
-    if (served.empty() || served.back() != blob_id) {
-      served.push_back(blob_id);
-      freed.served_copies.emplace_back(std::string(w.orphan_blobs.ColumnBlob(1)),
-                                       std::vector<std::string>());
+    if (orphan.served_copies.empty()) continue;
+    served.push_back(orphan.id);
+    auto& [digest, extensions] = freed.served_copies.emplace_back(std::move(orphan.key),
+                                                                  std::vector<std::string>());
+    for (auto& [extension, disk_bytes] : orphan.served_copies) {
+      extensions.push_back(std::move(extension));
+      freed.served_bytes += disk_bytes;
     }
-    freed.served_copies.back().second.emplace_back(w.orphan_blobs.ColumnText(4));
-    freed.served_bytes += static_cast<uint64_t>(w.orphan_blobs.ColumnInt(5));
   }
-  w.orphan_blobs.Reset();
-  RETURN_IF_ERROR(row.status());
   RETURN_IF_ERROR(w.served_file_records.ForgetCopiesOf(served));
-  if (!orphans.empty()) {
-    RETURN_IF_ERROR(w.delete_blobs.BindText(1, sqlite::IdsAsJson(orphans)).Run());
-  }
   freed.blob_rows = orphans.size();
   return freed;
 }
@@ -767,9 +701,7 @@ bool ArtifactStore::RecordedAgainLocked(const fs::path& path) {
         digest, absl::string_view(name).substr(hex.size()));
     return served.ok() && *served;
   }
-  w.file_blob_exists.BindBlob(1, digest);
-  absl::StatusOr<bool> found = w.file_blob_exists.Step();
-  w.file_blob_exists.Reset();
+  absl::StatusOr<bool> found = w.blob_rows.IsFileBlob(digest);
   return found.ok() && *found;
 }
 
@@ -804,24 +736,17 @@ void ArtifactStore::DropCorruptBlob(const BrokenBlob& blob) {
   Writer& w = *writer_;
   auto drop = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
-    std::vector<int64_t> blob_ids;
-    std::vector<int64_t> entry_ids;
-    w.entries_with_blob.BindBlob(1, blob.store_key);
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, w.entries_with_blob.Step());
-      if (!row) break;
-      blob_ids.push_back(w.entries_with_blob.ColumnInt(0));
-      if (!w.entries_with_blob.ColumnIsNull(1)) entry_ids.push_back(w.entries_with_blob.ColumnInt(1));
-    }
-    w.entries_with_blob.Reset();
+    ASSIGN_OR_RETURN(BlobRows::Users users, w.blob_rows.EntriesNaming(blob.store_key));
     // Each entry goes as an evicted one does (its other blobs, its served index
     // entry); then the blob itself, which no entry uses any more.
     FreedBlobs freed;
-    RETURN_IF_ERROR(EvictEntriesLocked(entry_ids, freed));
-    ASSIGN_OR_RETURN(FreedBlobs blob_freed, DeleteOrphanBlobsLocked(blob_ids));
-    freed.Add(std::move(blob_freed));
+    RETURN_IF_ERROR(EvictEntriesLocked(users.entry_ids, freed));
+    if (users.blob_id.has_value()) {
+      ASSIGN_OR_RETURN(FreedBlobs blob_freed, DeleteOrphanBlobsLocked({*users.blob_id}));
+      freed.Add(std::move(blob_freed));
+    }
     RETURN_IF_ERROR(txn.Commit());
-    corrupt_entries_dropped_ += entry_ids.size();
+    corrupt_entries_dropped_ += users.entry_ids.size();
     ReleaseFreedBlobs(freed);
     return absl::OkStatus();
   };

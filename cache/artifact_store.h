@@ -371,10 +371,6 @@ class ArtifactStore {
   // options_.served_copy_grace ago (`all`: every one, at a stop).
   void RemoveServedCopiesGoneLocked(bool all);
   void DropCorruptBlob(const BrokenBlob& blob);
-  // Keys the blob row of `placeholder` by its content, or where a row has
-  // that key already, moves its entries there and deletes it (`merged`
-  // counts it); nothing when it went. With writer_mutex_ held, in a transaction.
-  absl::Status KeyByContentLocked(absl::string_view placeholder, FreedBlobs& merged);
   // Evicts up to one batch of least recently used entries, stopping once the
   // store fits `target_bytes`.
   absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cache/artifact_store.h"
+#include "cache/blob_rows.h"
 #include "cache/blob_storage.h"
 #include "cache/eviction_candidates.h"
 #include "cache/import_journal.h"
@@ -43,17 +44,6 @@ namespace store_internal {
 
 // Where the unrecorded served files of a version 1 store go to be deleted.
 inline constexpr char kRetiredDir[] = "retired";
-
-// The key of a blob row not keyed by its content's digest (store_schema.cc):
-// a zero byte and its id, big-endian (9 bytes), so that keys ascend with ids.
-// A SHA-256 digest has 32 bytes: no placeholder is ever one.
-inline std::string PlaceholderKey(int64_t blob_id) {
-  std::string key(1, '\0');
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    key.push_back(static_cast<char>(static_cast<uint64_t>(blob_id) >> shift));
-  }
-  return key;
-}
 
 }  // namespace store_internal
 
@@ -112,21 +102,9 @@ struct ArtifactStore::Writer {
   sqlite::Statement blob_ids_of_entries;
   sqlite::Statement delete_blobs_of_entries;
   sqlite::Statement delete_entries;
-  sqlite::Statement find_blob;  // by its key: the content's digest or a placeholder
-  sqlite::Statement insert_blob;
-  // Keys a placeholder row by its content, or (another row has that key
-  // already) hands its entries to that row (store_served_files.cc).
-  sqlite::Statement placeholder_row;
-  sqlite::Statement key_by_content;
-  sqlite::Statement move_blob_references;
-  int64_t next_blob_id = 1;  // a new row's id, which its placeholder key is made of
   sqlite::Statement insert_entry;
   sqlite::Statement insert_entry_blob;
-  sqlite::Statement orphan_blobs;
-  sqlite::Statement delete_blobs;
   sqlite::Statement touch_entry;
-  sqlite::Statement entries_with_blob;
-  sqlite::Statement file_blob_exists;
   sqlite::Statement entries_after;
   sqlite::Statement entry_digests;  // an entry's (name, digest) by its names
   // Prepared after `db` on it, and so finalized before it closes.
@@ -134,6 +112,7 @@ struct ArtifactStore::Writer {
   LeftoverFiles leftover_files;
   EvictionCandidates eviction_candidates;
   ServedFileRecords served_file_records;
+  BlobRows blob_rows;
 };
 
 }  // namespace kiln::cache

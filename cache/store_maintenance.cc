@@ -42,11 +42,8 @@ bool ArtifactStore::RemoveOrphanFiles() {
     }
     const std::string digest = absl::HexStringToBytes(name);
     std::lock_guard lock(writer_mutex_);
-    sqlite::Statement& exists = writer_->file_blob_exists;
-    exists.BindBlob(1, digest);
-    absl::StatusOr<bool> row = exists.Step();
-    exists.Reset();
-    if (row.ok() && !*row) fs::remove(file.path(), error);
+    absl::StatusOr<bool> recorded = writer_->blob_rows.IsFileBlob(digest);
+    if (recorded.ok() && !*recorded) fs::remove(file.path(), error);
   }
   return served_files_.RemoveOrphans(
       [this](absl::string_view digest, absl::string_view extension) {

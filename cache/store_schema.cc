@@ -20,7 +20,7 @@ constexpr int64_t kSchemaVersion = 4;
 // Version 4. Blobs are shared between entries; a blob row is deleted when no
 // entry references it any more. A blob row is found by its content's digest
 // (deduplicated) unless it is a small one no local client has asked for as a
-// file: its `digest` is then a placeholder (store_internal::PlaceholderKey,
+// file: its `digest` is then a placeholder (PlaceholderKey, blob_rows.h,
 // after its id, so new rows append to the index and old ones leave from its
 // front) and `content_digest` is the content's. Keyed by content, each of the
 // many small blobs a farm's cache takes and evicts would write a random page

@@ -72,14 +72,14 @@ void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view k
                                        const ServedWrites& writes) {
   std::vector<std::pair<std::string, std::string>> unrecorded;  // digest, extension
   bool index_unrecorded = false;
-  FreedBlobs rows_merged;  // placeholder rows whose entries went to the row of their content
+  BlobRows::Merged rows_merged;  // placeholder rows whose entries went to the row of their content
   {
     std::lock_guard lock(writer_mutex_);
     Writer& w = *writer_;
     auto record = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
       for (const std::string& placeholder : writes.to_key_by_content) {
-        RETURN_IF_ERROR(KeyByContentLocked(placeholder, rows_merged));
+        RETURN_IF_ERROR(w.blob_rows.KeyByContent(placeholder, rows_merged));
       }
       for (const auto& [digest, extension, disk_bytes] : writes.copies) {
         ASSIGN_OR_RETURN(bool recorded, w.served_file_records.RecordCopy(digest, extension, disk_bytes));
@@ -93,7 +93,7 @@ void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view k
       return txn.Commit();
     };
     if (absl::Status status = record(); status.ok()) {
-      accounting_.Remove({.stored_bytes = rows_merged.bytes, .blobs = rows_merged.blob_rows});
+      accounting_.Remove({.stored_bytes = rows_merged.stored_bytes, .blobs = rows_merged.rows});
     } else {
       // Unrecorded, they would be counted by no one and removed by nothing.
       spdlog::warn("cache: served files of {}/{} not recorded ({}); removing them",
@@ -110,26 +110,6 @@ void ArtifactStore::RecordServedWrites(absl::string_view ns, absl::string_view k
   if (index_unrecorded) {
     served_files_.RemoveIndex(writes.index_namespace, key, writes.index->link_extension);
   }
-}
-
-absl::Status ArtifactStore::KeyByContentLocked(absl::string_view placeholder, FreedBlobs& merged) {
-  Writer& w = *writer_;
-  sqlite::Statement& rows = w.placeholder_row;
-  rows.BindBlob(1, placeholder);
-  ASSIGN_OR_RETURN(bool found, rows.Step());
-  const int64_t row = found ? rows.ColumnInt(0) : -1;
-  const auto stored_size = found ? static_cast<uint64_t>(rows.ColumnInt(1)) : 0;
-  // The content's row, if one has its key already (file blobs, blobs served before).
-  const bool shared = found && !rows.ColumnIsNull(2);
-  const int64_t content_row = shared ? rows.ColumnInt(2) : -1;
-  rows.Reset();
-  if (!found) return absl::OkStatus();  // keyed by content by a lookup before, or evicted
-  if (!shared) return w.key_by_content.Bind(1, row).Run();
-  RETURN_IF_ERROR(w.move_blob_references.Bind(1, row).Bind(2, content_row).Run());
-  RETURN_IF_ERROR(w.delete_blobs.BindText(1, sqlite::IdsAsJson({row})).Run());
-  merged.bytes += stored_size;
-  ++merged.blob_rows;
-  return absl::OkStatus();
 }
 
 }  // namespace kiln::cache
