@@ -138,34 +138,6 @@ absl::Status ArtifactStore::Initialize() {
       {&Writer::end_put, "RELEASE put"},
       {&Writer::index_pages,
        "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"},
-      {&Writer::find_entry,
-       "SELECT id, index_disk_bytes, link_extension, index_namespace FROM entries "
-       "WHERE namespace = ?1 AND key = ?2"},
-      // Entries and blobs go a set at a time, their ids a JSON array (?1):
-      // a statement per entry and blob was a third of eviction's CPU time.
-      // Not one DELETE ... RETURNING: SQLite gathers a RETURNING's rows in a
-      // temporary b-tree, and with it the heap grew and was trimmed back
-      // each time (18% of eviction's time when it was one per entry).
-      {&Writer::blob_ids_of_entries,
-       "SELECT DISTINCT blob_id FROM entry_blobs WHERE entry_id IN (SELECT value FROM json_each(?1))"},
-      {&Writer::delete_blobs_of_entries,
-       "DELETE FROM entry_blobs WHERE entry_id IN (SELECT value FROM json_each(?1))"},
-      {&Writer::delete_entries, "DELETE FROM entries WHERE id IN (SELECT value FROM json_each(?1))"},
-      {&Writer::insert_entry,
-       "INSERT INTO entries (namespace, key, created_ms, last_use, index_disk_bytes, "
-       "link_extension, index_namespace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
-      {&Writer::insert_entry_blob,
-       "INSERT INTO entry_blobs (entry_id, name, blob_id) VALUES (?1, ?2, ?3)"},
-      {&Writer::touch_entry,
-       "UPDATE entries SET last_use = max(last_use, ?2) WHERE id = ?1"},
-      // Namespaces in [?1, ?2), created since ?3, after entry ?4.
-      {&Writer::entries_after,
-       "SELECT id, namespace, key, created_ms FROM entries WHERE namespace >= ?1 AND "
-       "namespace < ?2 AND created_ms >= ?3 AND id > ?4 ORDER BY id LIMIT ?5"},
-      {&Writer::entry_digests,
-       "SELECT eb.name, coalesce(b.content_digest, b.digest) FROM entries e "
-       "JOIN entry_blobs eb ON eb.entry_id = e.id "
-       "JOIN blobs b ON b.id = eb.blob_id WHERE e.namespace = ?1 AND e.key = ?2"},
   };
   for (const StatementSpec& spec : specs) {
     ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
@@ -175,6 +147,7 @@ absl::Status ArtifactStore::Initialize() {
   RETURN_IF_ERROR(writer->eviction_candidates.Prepare(db));
   RETURN_IF_ERROR(writer->served_file_records.Prepare(db));
   RETURN_IF_ERROR(writer->blob_rows.Prepare(db));
+  RETURN_IF_ERROR(writer->entry_rows.Prepare(db));
   // The files of a kilnd that did not stop cleanly may include some it wrote
   // and never recorded: the maintenance thread sweeps them (RemoveOrphanFiles).
   // A new store has none.
@@ -563,7 +536,7 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
       if (blob.location == BlobLocation::kFile) put.added_file_bytes += OnDisk(blob.stored_size);
     }
     RETURN_IF_ERROR(
-        w.insert_entry_blob.Bind(1, entry_id).BindText(2, blob.name).Bind(3, *blob_id).Run());
+        w.entry_rows.Name(entry_id, blob.name, *blob_id));
   }
   for (const BlobReference& reference : *put.stored) {
     std::optional<int64_t> blob_id;
@@ -576,7 +549,7 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
           "blob %s of '%s' is no longer stored", DigestHex(reference.digest), reference.name));
     }
     RETURN_IF_ERROR(
-        w.insert_entry_blob.Bind(1, entry_id).BindText(2, reference.name).Bind(3, *blob_id).Run());
+        w.entry_rows.Name(entry_id, reference.name, *blob_id));
   }
   ASSIGN_OR_RETURN(put.freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
   return absl::OkStatus();
@@ -584,53 +557,24 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
 
 absl::Status ArtifactStore::DeleteEntriesLocked(const std::vector<int64_t>& entry_ids,
                                                 std::vector<int64_t>& freed_candidates) {
-  Writer& w = *writer_;
-  const std::string ids = sqlite::IdsAsJson(entry_ids);
-  w.blob_ids_of_entries.BindText(1, ids);
-  absl::StatusOr<bool> row;
-  while ((row = w.blob_ids_of_entries.Step()).ok() && *row) {
-    freed_candidates.push_back(w.blob_ids_of_entries.ColumnInt(0));
-  }
-  w.blob_ids_of_entries.Reset();
-  RETURN_IF_ERROR(row.status());
-  RETURN_IF_ERROR(w.delete_blobs_of_entries.BindText(1, ids).Run());
-  return w.delete_entries.BindText(1, ids).Run();
+  return writer_->entry_rows.Delete(entry_ids, freed_candidates);
 }
 
 absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
                                                          absl::string_view key,
                                                          std::vector<int64_t>& replaced_blob_ids,
                                                          bool& is_new) {
-  Writer& w = *writer_;
-  w.find_entry.BindText(1, ns).BindText(2, key);
-  ASSIGN_OR_RETURN(bool exists, w.find_entry.Step());
-  const int64_t old_entry = exists ? w.find_entry.ColumnInt(0) : -1;
-  is_new = !exists;
+  EntryRows& entries = writer_->entry_rows;
+  ASSIGN_OR_RETURN(std::optional<EntryRows::Found> old_entry, entries.Find(ns, key));
+  is_new = !old_entry.has_value();
   // The served index file and link of (ns, key) stay where they are (a lookup
   // as files rewrites the index): the new entry owns them.
-  const int64_t index_disk_bytes = exists ? w.find_entry.ColumnInt(1) : 0;
-  std::optional<std::string> link_extension;
-  if (exists && !w.find_entry.ColumnIsNull(2)) link_extension = std::string(w.find_entry.ColumnText(2));
-  std::optional<std::string> index_namespace;
-  if (exists && !w.find_entry.ColumnIsNull(3)) index_namespace = std::string(w.find_entry.ColumnText(3));
-  w.find_entry.Reset();
-  if (exists) {
-    RETURN_IF_ERROR(DeleteEntriesLocked({old_entry}, replaced_blob_ids));
+  EntryRows::ServedIndex served_index;
+  if (old_entry.has_value()) {
+    served_index = std::move(old_entry->served_index);
+    RETURN_IF_ERROR(DeleteEntriesLocked({old_entry->id}, replaced_blob_ids));
   }
-  w.insert_entry.BindText(1, ns).BindText(2, key).Bind(3, NowMillis()).Bind(4, lru_.Tick());
-  w.insert_entry.Bind(5, index_disk_bytes);
-  if (link_extension.has_value()) {
-    w.insert_entry.BindText(6, *link_extension);
-  } else {
-    w.insert_entry.BindNull(6);
-  }
-  if (index_namespace.has_value()) {
-    w.insert_entry.BindText(7, *index_namespace);
-  } else {
-    w.insert_entry.BindNull(7);
-  }
-  RETURN_IF_ERROR(w.insert_entry.Run());
-  return w.db->LastInsertId();
+  return entries.Insert(ns, key, NowMillis(), lru_.Tick(), served_index);
 }
 
 absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked(
@@ -762,7 +706,7 @@ absl::Status ArtifactStore::FlushTouches() {
   Writer& w = *writer_;
   ASSIGN_OR_RETURN(sqlite::Transaction txn, sqlite::Transaction::Begin(*w.db));
   for (const auto& [entry_id, last_use] : touches) {
-    RETURN_IF_ERROR(w.touch_entry.Bind(1, entry_id).Bind(2, last_use).Run());
+    RETURN_IF_ERROR(w.entry_rows.Touch(entry_id, last_use));
   }
   return txn.Commit();
 }
@@ -774,17 +718,15 @@ absl::StatusOr<std::vector<ArtifactStore::ListedEntry>> ArtifactStore::ListEntri
   // namespaces are printable ASCII, so "\x7f" ends the range.
   const std::string from(ns_prefix);
   const std::string to = absl::StrCat(ns_prefix, "\x7f");
-  sqlite::Statement& page = writer_->entries_after;
-  page.BindText(1, from).BindText(2, to).Bind(3, absl::ToUnixMillis(since)).Bind(4, after_id);
-  page.Bind(5, static_cast<int64_t>(limit));
+  ASSIGN_OR_RETURN(std::vector<EntryRows::Listed> page,
+                   writer_->entry_rows.ListAfter(from, to, absl::ToUnixMillis(since), after_id,
+                                                 static_cast<int64_t>(limit)));
   std::vector<ListedEntry> entries;
-  absl::StatusOr<bool> row;
-  while ((row = page.Step()).ok() && *row) {
-    entries.push_back({page.ColumnInt(0), std::string(page.ColumnText(1)),
-                       std::string(page.ColumnText(2)), absl::FromUnixMillis(page.ColumnInt(3))});
+  entries.reserve(page.size());
+  for (EntryRows::Listed& listed : page) {
+    entries.push_back({listed.id, std::move(listed.ns), std::move(listed.key),
+                       absl::FromUnixMillis(listed.created_ms)});
   }
-  page.Reset();
-  RETURN_IF_ERROR(row.status());
   return entries;
 }
 

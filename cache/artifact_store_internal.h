@@ -12,10 +12,10 @@
 //   store_imports.cc           imports: kept, replaced or refused; taken back
 //   store_maintenance.cc       the maintenance thread, sweeps, verify
 // ArtifactStore holds the parts with state of their own: StoreAccounting,
-// LruPolicy, BlobStorage, IndexReaders, GroupCommit, ImportJournal,
-// LeftoverFiles, EvictionCandidates, ServedFileRecords, MaintenanceSchedule
-// (their headers say what each owns; ARCHITECTURE.md has the table of which
-// owns which table).
+// LruPolicy, BlobStorage, IndexReaders, GroupCommit, EntryRows, BlobRows,
+// ImportJournal, LeftoverFiles, EvictionCandidates, ServedFileRecords,
+// MaintenanceSchedule (their headers say what each owns; ARCHITECTURE.md has
+// the table of which owns which table).
 
 #include <algorithm>
 #include <cstdint>
@@ -31,6 +31,7 @@
 #include "cache/artifact_store.h"
 #include "cache/blob_rows.h"
 #include "cache/blob_storage.h"
+#include "cache/entry_rows.h"
 #include "cache/eviction_candidates.h"
 #include "cache/import_journal.h"
 #include "cache/leftover_files.h"
@@ -89,6 +90,11 @@ struct ArtifactStore::BrokenBlob {
   std::string reason;
 };
 
+// The writer: the one connection that writes the index, which is the handle
+// each part is given, and the parts whose statements run on it, inside the
+// transactions the store begins (a put's on a savepoint of its own within its
+// group's). The parts come after `db`, so their statements are finalized
+// before it closes.
 struct ArtifactStore::Writer {
   Writer(const StoreOptions& options, StoreAccounting& accounting)
       : leftover_files(options.data_dir, options.served_copy_grace, accounting) {}
@@ -98,21 +104,12 @@ struct ArtifactStore::Writer {
   sqlite::Statement begin_put;
   sqlite::Statement undo_put;
   sqlite::Statement end_put;
-  sqlite::Statement find_entry;
-  sqlite::Statement blob_ids_of_entries;
-  sqlite::Statement delete_blobs_of_entries;
-  sqlite::Statement delete_entries;
-  sqlite::Statement insert_entry;
-  sqlite::Statement insert_entry_blob;
-  sqlite::Statement touch_entry;
-  sqlite::Statement entries_after;
-  sqlite::Statement entry_digests;  // an entry's (name, digest) by its names
-  // Prepared after `db` on it, and so finalized before it closes.
+  EntryRows entry_rows;
+  BlobRows blob_rows;
   ImportJournal imports;
   LeftoverFiles leftover_files;
   EvictionCandidates eviction_candidates;
   ServedFileRecords served_file_records;
-  BlobRows blob_rows;
 };
 
 }  // namespace kiln::cache

@@ -27,15 +27,7 @@ constexpr int kAbandonBatch = 512;
 absl::StatusOr<ArtifactStore::ImportedAs> ArtifactStore::ImportedAsLocked(
     absl::string_view ns, absl::string_view key, const std::vector<PreparedBlob>& blobs,
     bool replace) {
-  sqlite::Statement& stored = writer_->entry_digests;
-  stored.BindText(1, ns).BindText(2, key);
-  std::vector<std::pair<std::string, std::string>> stored_blobs;
-  absl::StatusOr<bool> row;
-  while ((row = stored.Step()).ok() && *row) {
-    stored_blobs.emplace_back(std::string(stored.ColumnText(0)), std::string(stored.ColumnBlob(1)));
-  }
-  stored.Reset();
-  RETURN_IF_ERROR(row.status());
+  ASSIGN_OR_RETURN(auto stored_blobs, writer_->entry_rows.Blobs(ns, key));
   if (stored_blobs.empty()) return ImportedAs::kStored;
   std::vector<std::pair<std::string, std::string>> imported_blobs;
   for (const PreparedBlob& blob : blobs) imported_blobs.emplace_back(blob.name, blob.digest);
@@ -60,11 +52,8 @@ absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
     if (names.empty()) break;
     std::vector<int64_t> entry_ids;
     for (const auto& [ns, key] : names) {
-      w.find_entry.BindText(1, ns).BindText(2, key);
-      absl::StatusOr<bool> found = w.find_entry.Step();
-      if (found.ok() && *found) entry_ids.push_back(w.find_entry.ColumnInt(0));  // else gone already
-      w.find_entry.Reset();
-      RETURN_IF_ERROR(found.status());
+      ASSIGN_OR_RETURN(std::optional<EntryRows::Found> found, w.entry_rows.Find(ns, key));
+      if (found.has_value()) entry_ids.push_back(found->id);  // else gone already
     }
     FreedBlobs freed;
     RETURN_IF_ERROR(EvictEntriesLocked(entry_ids, freed));
