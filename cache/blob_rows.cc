@@ -50,13 +50,7 @@ absl::Status BlobRows::Prepare(sqlite::Database& writer) {
 }
 
 absl::StatusOr<std::optional<int64_t>> BlobRows::Find(absl::string_view key) {
-  find_.BindBlob(1, key);
-  absl::StatusOr<bool> row = find_.Step();
-  const std::optional<int64_t> id =
-      row.ok() && *row ? std::optional<int64_t>(find_.ColumnInt(0)) : std::nullopt;
-  find_.Reset();
-  RETURN_IF_ERROR(row.status());
-  return id;
+  return find_.BindBlob(1, key).RunForInt();
 }
 
 absl::StatusOr<int64_t> BlobRows::Insert(PreparedBlob& blob, bool keyed_by_content) {

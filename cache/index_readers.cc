@@ -6,13 +6,7 @@ namespace kiln::cache {
 
 absl::StatusOr<std::optional<int64_t>> IndexReaders::Reader::FindEntry(absl::string_view ns,
                                                                        absl::string_view key) {
-  find_entry_.BindText(1, ns).BindText(2, key);
-  absl::StatusOr<bool> row = find_entry_.Step();
-  const std::optional<int64_t> id =
-      row.ok() && *row ? std::optional<int64_t>(find_entry_.ColumnInt(0)) : std::nullopt;
-  find_entry_.Reset();
-  RETURN_IF_ERROR(row.status());
-  return id;
+  return find_entry_.BindText(1, ns).BindText(2, key).RunForInt();
 }
 
 absl::StatusOr<IndexReaders::Lease> IndexReaders::Acquire() {

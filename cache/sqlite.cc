@@ -77,6 +77,15 @@ absl::Status Statement::Run() {
   return row.status();
 }
 
+absl::StatusOr<std::optional<int64_t>> Statement::RunForInt() {
+  absl::StatusOr<bool> row = Step();
+  const std::optional<int64_t> value =
+      row.ok() && *row ? std::optional<int64_t>(ColumnInt(0)) : std::nullopt;
+  Reset();
+  if (!row.ok()) return row.status();
+  return value;
+}
+
 void Statement::Reset() {
   sqlite3_reset(stmt_);
   sqlite3_clear_bindings(stmt_);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,9 @@ class Statement {
   absl::StatusOr<bool> Step();
   // Runs a statement that returns no rows, then resets it for reuse.
   absl::Status Run();
+  // Runs a statement that returns one row at most: its first column as an
+  // integer, nullopt when there is no row; then resets it for reuse.
+  absl::StatusOr<std::optional<int64_t>> RunForInt();
   void Reset();
 
   int64_t ColumnInt(int column) const;
