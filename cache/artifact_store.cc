@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "cache/artifact_store_internal.h"
 #include "cache/disk_usage.h"
+#include "cache/evictor.h"
 #include "cache/sqlite.h"
 #include "common/fmt_absl.h"
 #include "common/platform.h"
@@ -78,7 +79,7 @@ ArtifactStore::~ArtifactStore() {
 void ArtifactStore::SaveStateAtStop() {
   std::lock_guard lock(writer_mutex_);
   if (writer_) {
-    RemoveServedCopiesGoneLocked(/*all=*/true);
+    writer_->removal.RemoveCopiesPastGrace(/*all=*/true);
     if (absl::Status status = FlushTouches(); !status.ok()) {
       spdlog::warn("cache: last-use times not saved at shutdown: {}", status.message());
     }
@@ -111,13 +112,13 @@ absl::StatusOr<std::unique_ptr<ArtifactStore>> ArtifactStore::Open(StoreOptions 
 absl::Status ArtifactStore::Initialize() {
   RETURN_IF_ERROR(blobs_.Initialize());
   std::error_code error;
-  auto writer = std::make_unique<Writer>(options_, accounting_);
+  auto writer = std::make_unique<Writer>(options_, accounting_, blobs_, served_files_);
   ASSIGN_OR_RETURN(OpenedIndex index,
                    OpenIndex(options_.data_dir / "kiln.db", options_.busy_timeout,
                              [this] { RetireUnrecordedServedFiles(); }));
   writer->db = std::move(index.db);
   // The writer deletes what the schema's foreign keys would cascade to itself
-  // (DeleteEntriesLocked, DeleteOrphanBlobsLocked), knowing when there is
+  // (EntryRows::Delete, EntryRemoval::DeleteOrphanBlobs), knowing when there is
   // nothing to delete: enforced, each evicted blob cost two more index probes
   // (its entry_blobs, which the orphan check had just looked at, and its
   // served copies, which few blobs have), a fifth of eviction's time.
@@ -128,20 +129,12 @@ absl::Status ArtifactStore::Initialize() {
                                           writer_mutex_));
   const int64_t found_version = index.found_version;
   sqlite::Database& db = *writer->db;
-  struct StatementSpec {
-    sqlite::Statement Writer::*member;
-    absl::string_view sql;
-  };
-  const StatementSpec specs[] = {
-      {&Writer::begin_put, "SAVEPOINT put"},
-      {&Writer::undo_put, "ROLLBACK TO put"},
-      {&Writer::end_put, "RELEASE put"},
-      {&Writer::index_pages,
-       "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"},
-  };
-  for (const StatementSpec& spec : specs) {
-    ASSIGN_OR_RETURN(writer.get()->*spec.member, db.Prepare(spec.sql));
-  }
+  ASSIGN_OR_RETURN(writer->begin_put, db.Prepare("SAVEPOINT put"));
+  ASSIGN_OR_RETURN(writer->undo_put, db.Prepare("ROLLBACK TO put"));
+  ASSIGN_OR_RETURN(writer->end_put, db.Prepare("RELEASE put"));
+  ASSIGN_OR_RETURN(writer->index_pages,
+                   db.Prepare("SELECT page_count * page_size FROM pragma_page_count(), "
+                              "pragma_page_size()"));
   RETURN_IF_ERROR(writer->imports.Prepare(db));
   RETURN_IF_ERROR(writer->leftover_files.Prepare(db));
   RETURN_IF_ERROR(writer->eviction_candidates.Prepare(db));
@@ -158,6 +151,19 @@ absl::Status ArtifactStore::Initialize() {
   accounting_.Restore(totals);
   lru_.StartClockAt(static_cast<int64_t>(totals.use_clock));
   writer_ = std::move(writer);
+  evictor_ = std::make_unique<Evictor>(
+      Evictor::Parts{.writer_mutex = writer_mutex_,
+                     .db = *writer_->db,
+                     .index_pages = writer_->index_pages,
+                     .candidates = writer_->eviction_candidates,
+                     .removal = writer_->removal,
+                     .accounting = accounting_,
+                     .served_files = served_files_,
+                     .schedule = maintenance_schedule_,
+                     .stop_requested = stop_requested_,
+                     .record_uses = [this] { return FlushTouches(); }},
+      Evictor::Limits{.max_size_bytes = options_.max_size_bytes,
+                      .max_domain_bytes = options_.max_domain_bytes});
   {
     std::lock_guard lock(writer_mutex_);
     RETURN_IF_ERROR(writer_->imports.FindUnfinished());
@@ -491,9 +497,9 @@ void ArtifactStore::CommitGroupLocked(const std::vector<QueuedPut*>& group) {
     std::erase_if(put->freed.files, [&](const fs::path& file) {
       return stored_again.contains(absl::HexStringToBytes(file.filename().string()));
     });
-    ReleaseFreedBlobs(put->freed);
+    w.removal.Release(put->freed);
   }
-  RemoveServedCopiesGoneLocked(/*all=*/false);  // those past their grace already
+  w.removal.RemoveCopiesPastGrace(/*all=*/false);  // those past their grace already
 }
 
 void ArtifactStore::RemovePublishedFiles(const QueuedPut& put) {
@@ -551,13 +557,8 @@ absl::Status ArtifactStore::PutInTransactionLocked(QueuedPut& put) {
     RETURN_IF_ERROR(
         w.entry_rows.Name(entry_id, reference.name, *blob_id));
   }
-  ASSIGN_OR_RETURN(put.freed, DeleteOrphanBlobsLocked(replaced_blob_ids));
+  ASSIGN_OR_RETURN(put.freed, w.removal.DeleteOrphanBlobs(replaced_blob_ids));
   return absl::OkStatus();
-}
-
-absl::Status ArtifactStore::DeleteEntriesLocked(const std::vector<int64_t>& entry_ids,
-                                                std::vector<int64_t>& freed_candidates) {
-  return writer_->entry_rows.Delete(entry_ids, freed_candidates);
 }
 
 absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
@@ -572,86 +573,9 @@ absl::StatusOr<int64_t> ArtifactStore::ReplaceEntryLocked(absl::string_view ns,
   EntryRows::ServedIndex served_index;
   if (old_entry.has_value()) {
     served_index = std::move(old_entry->served_index);
-    RETURN_IF_ERROR(DeleteEntriesLocked({old_entry->id}, replaced_blob_ids));
+    RETURN_IF_ERROR(entries.Delete({old_entry->id}, replaced_blob_ids));
   }
   return entries.Insert(ns, key, NowMillis(), lru_.Tick(), served_index);
-}
-
-absl::StatusOr<ArtifactStore::FreedBlobs> ArtifactStore::DeleteOrphanBlobsLocked(
-    const std::vector<int64_t>& candidate_ids) {
-  Writer& w = *writer_;
-  FreedBlobs freed;
-  // Unused by any entry now: their rows, and their served copies' records.
-  ASSIGN_OR_RETURN(std::vector<BlobRows::Orphan> orphans, w.blob_rows.DeleteOrphans(candidate_ids));
-  std::vector<int64_t> served;  // orphans with served copies
-  for (BlobRows::Orphan& orphan : orphans) {
-    freed.bytes += orphan.stored_size;
-    if (orphan.location == BlobLocation::kFile) {
-      freed.file_bytes += OnDisk(orphan.stored_size);
-      freed.files.push_back(blobs_.PathOf(orphan.key));
-    }
-    if (orphan.served_copies.empty()) continue;
-    served.push_back(orphan.id);
-    auto& [digest, extensions] = freed.served_copies.emplace_back(std::move(orphan.key),
-                                                                  std::vector<std::string>());
-    for (auto& [extension, disk_bytes] : orphan.served_copies) {
-      extensions.push_back(std::move(extension));
-      freed.served_bytes += disk_bytes;
-    }
-  }
-  RETURN_IF_ERROR(w.served_file_records.ForgetCopiesOf(served));
-  freed.blob_rows = orphans.size();
-  return freed;
-}
-
-void ArtifactStore::ReleaseFreedBlobs(const FreedBlobs& freed) {
-  accounting_.Remove({.stored_bytes = freed.bytes,
-                      .file_blob_bytes = freed.file_bytes,
-                      .blobs = freed.blob_rows,
-                      .entries = freed.entries.size()});
-  // A file another process holds open (Windows) stays behind: it is
-  // recorded and tried again until its holder lets go.
-  for (const fs::path& file : freed.files) writer_->leftover_files.Remove(file);
-  // Not removed yet: a local client that found the entry in the served index
-  // a moment ago may be about to read them. The index entries and links go
-  // now, so no new reader finds them.
-  const absl::Time now = absl::Now();
-  for (const auto& [digest, extensions] : freed.served_copies) {
-    std::vector<ServedFiles::Leftover> detached;
-    served_files_.Detach(digest, extensions, detached);
-    for (ServedFiles::Leftover& copy : detached) {
-      writer_->leftover_files.KeepForGrace(std::move(copy), now);
-    }
-  }
-  for (const FreedBlobs::Entry& entry : freed.entries) {
-    if (entry.index_namespace.has_value()) {
-      served_files_.RemoveIndex(*entry.index_namespace, entry.key, entry.link_extension);
-    }
-  }
-}
-
-bool ArtifactStore::RecordedAgainLocked(const fs::path& path) {
-  // Stored or served again since under the same name (content-addressed):
-  // the file is in use again, and counted where it is recorded now.
-  Writer& w = *writer_;
-  const std::string name = path.filename().string();
-  const std::string hex = name.substr(0, 2 * kSha256Size);
-  if (hex.size() != 2 * kSha256Size || !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
-    return false;
-  }
-  const std::string digest = absl::HexStringToBytes(hex);
-  if (name.size() != hex.size()) {
-    absl::StatusOr<bool> served = w.served_file_records.IsCopyRecorded(
-        digest, absl::string_view(name).substr(hex.size()));
-    return served.ok() && *served;
-  }
-  absl::StatusOr<bool> found = w.blob_rows.IsFileBlob(digest);
-  return found.ok() && *found;
-}
-
-void ArtifactStore::RemoveServedCopiesGoneLocked(bool all) {
-  writer_->leftover_files.RemoveCopiesPastGrace(
-      absl::Now(), [this](const fs::path& path) { return RecordedAgainLocked(path); }, all);
 }
 
 void ArtifactStore::RemoveServedCopiesGone() {
@@ -665,12 +589,7 @@ void ArtifactStore::RemoveServedCopiesGone() {
     absl::SleepFor(std::min(*until - now, absl::Milliseconds(50)));
   }
   std::lock_guard lock(writer_mutex_);
-  RemoveServedCopiesGoneLocked(/*all=*/false);
-}
-
-void ArtifactStore::RemoveLeftoversLocked() {
-  writer_->leftover_files.RetryRecorded(
-      [this](const fs::path& path) { return RecordedAgainLocked(path); });
+  writer_->removal.RemoveCopiesPastGrace(/*all=*/false);
 }
 
 void ArtifactStore::DropCorruptBlob(const BrokenBlob& blob) {
@@ -684,14 +603,14 @@ void ArtifactStore::DropCorruptBlob(const BrokenBlob& blob) {
     // Each entry goes as an evicted one does (its other blobs, its served index
     // entry); then the blob itself, which no entry uses any more.
     FreedBlobs freed;
-    RETURN_IF_ERROR(EvictEntriesLocked(users.entry_ids, freed));
+    RETURN_IF_ERROR(w.removal.DeleteById(users.entry_ids, freed));
     if (users.blob_id.has_value()) {
-      ASSIGN_OR_RETURN(FreedBlobs blob_freed, DeleteOrphanBlobsLocked({*users.blob_id}));
+      ASSIGN_OR_RETURN(FreedBlobs blob_freed, w.removal.DeleteOrphanBlobs({*users.blob_id}));
       freed.Add(std::move(blob_freed));
     }
     RETURN_IF_ERROR(txn.Commit());
     corrupt_entries_dropped_ += users.entry_ids.size();
-    ReleaseFreedBlobs(freed);
+    w.removal.Release(freed);
     return absl::OkStatus();
   };
   if (absl::Status status = drop(); !status.ok()) {
@@ -709,6 +628,17 @@ absl::Status ArtifactStore::FlushTouches() {
     RETURN_IF_ERROR(w.entry_rows.Touch(entry_id, last_use));
   }
   return txn.Commit();
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EvictToSize(uint64_t target_bytes) {
+  return evictor_->EvictToSize(target_bytes);
+}
+
+absl::StatusOr<uint64_t> ArtifactStore::EnforceDomainCaps() { return evictor_->EnforceDomainCaps(); }
+
+absl::StatusOr<uint64_t> ArtifactStore::DomainBytes(absl::string_view domain) {
+  std::lock_guard lock(writer_mutex_);
+  return writer_->eviction_candidates.DomainBytes(domain);
 }
 
 absl::StatusOr<std::vector<ArtifactStore::ListedEntry>> ArtifactStore::ListEntries(
@@ -736,7 +666,7 @@ absl::StatusOr<StoreStats> ArtifactStore::Stats() {
   stats.hits = hits_.load();
   stats.misses = misses_.load();
   stats.puts = puts_.load();
-  stats.evicted_entries = evicted_entries_.load();
+  stats.evicted_entries = evictor_->evicted();
   stats.corrupt_entries_dropped = corrupt_entries_dropped_.load();
   {
     // Between writes where it can: a checkpoint moves the WAL's pages into the

@@ -18,6 +18,8 @@
 //
 // ArtifactStore's members are defined by job in artifact_store.cc and the
 // store_*.cc files beside it; artifact_store_internal.h says which holds what.
+// The parts it ties together (eviction, the index's rows, blob files, served
+// files, accounting) each have a header of their own in cache/.
 
 #include <atomic>
 #include <cstdint>
@@ -36,7 +38,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "cache/blob_storage.h"
 #include "cache/group_commit.h"
@@ -56,7 +57,7 @@ class Statement;
 
 namespace kiln::cache {
 
-struct EntryToEvict;  // eviction_candidates.h
+class Evictor;  // evictor.h
 
 // Blobs whose stored size is below this stay inline in SQLite. Chosen by
 // measurement (build/bench/inline_threshold_bench, median lookup, 2-core
@@ -299,7 +300,6 @@ class ArtifactStore {
 
  private:
   struct Writer;
-  struct FreedBlobs;
   struct ServedWrites;
   struct BrokenBlob;
 
@@ -352,44 +352,13 @@ class ArtifactStore {
   // begun since, before the thread got there, is no earlier run's.
   void AbandonUnfinishedImports();
   void RemovePublishedFiles(const QueuedPut& put);
-  // Deletes entries; appends the ids of the blobs they used (candidates for
-  // orphan deletion before commit), each once.
-  absl::Status DeleteEntriesLocked(const std::vector<int64_t>& entry_ids,
-                                   std::vector<int64_t>& freed_candidates);
   // Replaces (ns, key) with a new, empty entry; returns its id and the blob
   // ids the old one used, to be checked for orphans before commit.
   absl::StatusOr<int64_t> ReplaceEntryLocked(absl::string_view ns, absl::string_view key,
                                              std::vector<int64_t>& replaced_blob_ids, bool& is_new);
-  absl::StatusOr<FreedBlobs> DeleteOrphanBlobsLocked(const std::vector<int64_t>& candidate_ids);
-  void ReleaseFreedBlobs(const FreedBlobs& freed);
-  // Tries again to remove the files whose removal failed (LeftoverFiles):
-  // the maintenance thread, every lru_flush_interval.
-  void RemoveLeftoversLocked();
-  // Whether a blob file or served copy at `path` is recorded again since it went.
-  bool RecordedAgainLocked(const std::filesystem::path& path);
-  // Removes the served copies of blobs that went at least
-  // options_.served_copy_grace ago (`all`: every one, at a stop).
-  void RemoveServedCopiesGoneLocked(bool all);
   void DropCorruptBlob(const BrokenBlob& blob);
-  // Evicts up to one batch of least recently used entries, stopping once the
-  // store fits `target_bytes`.
-  absl::StatusOr<uint64_t> EvictBatchLocked(uint64_t target_bytes);
-  // Deletes the entries and the blobs only they used, adding those to `freed`
-  // (ReleaseFreedBlobs once the transaction commits). Ids of entries gone
-  // already are passed over.
-  absl::Status EvictEntriesLocked(const std::vector<int64_t>& entry_ids, FreedBlobs& freed);
-  absl::Status EvictEntriesLocked(absl::Span<const EntryToEvict> entries, FreedBlobs& freed);
   // Writes the uses lookups recorded (lru_) to the index's LRU column.
   absl::Status FlushTouches();
-  absl::StatusOr<uint64_t> DomainBytesLocked(absl::string_view domain);
-  // Evicts `domain`'s least recently used entries, when it holds more than
-  // its cap, to below it; batch by batch until a stop is requested.
-  absl::StatusOr<uint64_t> EnforceDomainCap(absl::string_view domain);
-  // Evicts a batch of `domain`'s least recently used entries, in one
-  // transaction, while the bytes it holds (`held`, lowered by what goes) are
-  // above `target_bytes`. Returns how many went.
-  absl::StatusOr<uint64_t> EvictDomainBatchLocked(absl::string_view domain, uint64_t& held,
-                                                  uint64_t target_bytes);
   void CountLookup(absl::string_view ns, bool hit);
   void MaintenanceLoop();
   // At a stop: the LRU order, and the totals and clean-stop mark the next open reads.
@@ -406,6 +375,8 @@ class ArtifactStore {
   std::unique_ptr<WalCheckpointer> checkpointer_;
   std::unique_ptr<Writer> writer_;  // guarded by writer_mutex_
   std::mutex writer_mutex_;
+  // Eviction's loops, on the writer's parts: goes before the writer.
+  std::unique_ptr<Evictor> evictor_;
   // Puts share transactions (CommitInGroup), each group committed with the
   // writer held.
   GroupCommit<QueuedPut> group_commit_;
@@ -427,20 +398,13 @@ class ArtifactStore {
   ServedFiles served_files_;
   HitJournal hit_journal_;
 
-  // Evicts entries by the batch while the disk footprint is over
-  // `target_bytes`; needs no lock.
-  absl::StatusOr<uint64_t> EvictBatchesToSize(uint64_t target_bytes);
-
   // What the store holds and takes on disk, the reserve, disk-full episodes.
   StoreAccounting accounting_;
-  // What eviction measures between its batches (StoreAccounting::EvictionBytes).
-  uint64_t EvictionBytesLocked();
   // What the data directory holds beside what the store's parts count.
   void MeasureUnrecordedBytes();
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> puts_{0};
-  std::atomic<uint64_t> evicted_entries_{0};
   std::atomic<uint64_t> corrupt_entries_dropped_{0};
 
   // Set once kilnd stops: every long loop (eviction, sweeps, verify) ends at

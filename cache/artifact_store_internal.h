@@ -5,22 +5,19 @@
 // connection with its prepared statements, and what a transaction frees or
 // a lookup serves on the way. Included only by the store's own files, which
 // divide ArtifactStore's members by job:
-//   artifact_store.cc          open and close, lookups and hits, puts, deletes,
-//                              the files blobs that went leave, stats
+//   artifact_store.cc          open and close, lookups and hits, puts, a
+//                              corrupt blob's entries dropped, stats
 //   store_served_files.cc      blobs served as files, recorded
-//   store_eviction.cc          eviction to a size, and trust domains' caps
 //   store_imports.cc           imports: kept, replaced or refused; taken back
 //   store_maintenance.cc       the maintenance thread, sweeps, verify
 // ArtifactStore holds the parts with state of their own: StoreAccounting,
 // LruPolicy, BlobStorage, IndexReaders, GroupCommit, EntryRows, BlobRows,
 // ImportJournal, LeftoverFiles, EvictionCandidates, ServedFileRecords,
-// MaintenanceSchedule (their headers say what each owns; ARCHITECTURE.md has
-// the table of which owns which table).
+// EntryRemoval, Evictor, MaintenanceSchedule (their headers say what each
+// owns; ARCHITECTURE.md has the table of which owns which table).
 
-#include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +28,7 @@
 #include "cache/artifact_store.h"
 #include "cache/blob_rows.h"
 #include "cache/blob_storage.h"
+#include "cache/entry_removal.h"
 #include "cache/entry_rows.h"
 #include "cache/eviction_candidates.h"
 #include "cache/import_journal.h"
@@ -47,31 +45,6 @@ namespace store_internal {
 inline constexpr char kRetiredDir[] = "retired";
 
 }  // namespace store_internal
-
-// Blob and entry rows a transaction deleted; their files go only after it commits.
-struct ArtifactStore::FreedBlobs {
-  uint64_t bytes = 0;       // stored (compressed) bytes
-  uint64_t file_bytes = 0;  // what the freed blob files take on disk
-  uint64_t served_bytes = 0;  // what their served copies and index entries take
-  uint64_t blob_rows = 0;
-  std::vector<std::filesystem::path> files;
-  // Deleted entries: their served index entries and links go too.
-  using Entry = EntryNames;
-  std::vector<Entry> entries;
-  // Freed blobs that have served copies (keyed by content, as every served
-  // blob is): digest, the copies' extensions.
-  std::vector<std::pair<std::string, std::vector<std::string>>> served_copies;
-  void Add(FreedBlobs&& other) {
-    bytes += other.bytes;
-    file_bytes += other.file_bytes;
-    served_bytes += other.served_bytes;
-    blob_rows += other.blob_rows;
-    std::move(other.files.begin(), other.files.end(), std::back_inserter(files));
-    std::move(other.entries.begin(), other.entries.end(), std::back_inserter(entries));
-    std::move(other.served_copies.begin(), other.served_copies.end(),
-              std::back_inserter(served_copies));
-  }
-};
 
 // Served files a lookup wrote, to record in one transaction once it has read.
 struct ArtifactStore::ServedWrites {
@@ -96,8 +69,17 @@ struct ArtifactStore::BrokenBlob {
 // group's). The parts come after `db`, so their statements are finalized
 // before it closes.
 struct ArtifactStore::Writer {
-  Writer(const StoreOptions& options, StoreAccounting& accounting)
-      : leftover_files(options.data_dir, options.served_copy_grace, accounting) {}
+  Writer(const StoreOptions& options, StoreAccounting& accounting, const BlobStorage& blobs,
+         ServedFiles& served_files)
+      : leftover_files(options.data_dir, options.served_copy_grace, accounting),
+        removal({.entry_rows = entry_rows,
+                 .blob_rows = blob_rows,
+                 .served_file_records = served_file_records,
+                 .eviction_candidates = eviction_candidates,
+                 .leftover_files = leftover_files,
+                 .blobs = blobs,
+                 .served_files = served_files,
+                 .accounting = accounting}) {}
   std::unique_ptr<sqlite::Database> db;
   sqlite::Statement index_pages;  // the database's bytes as last committed
   // A put's savepoint within its group's transaction (CommitGroupLocked).
@@ -110,6 +92,8 @@ struct ArtifactStore::Writer {
   LeftoverFiles leftover_files;
   EvictionCandidates eviction_candidates;
   ServedFileRecords served_file_records;
+  // Takes entries and blobs out through the parts above (declared before it).
+  EntryRemoval removal;
 };
 
 }  // namespace kiln::cache

@@ -80,12 +80,9 @@ absl::StatusOr<std::vector<EntryToEvict>> EvictionCandidates::ById(
 
 absl::StatusOr<uint64_t> EvictionCandidates::DomainBytes(absl::string_view domain) {
   const auto [from, to] = DomainRange(domain);
-  bytes_in_range_.BindText(1, from).BindText(2, to);
-  absl::StatusOr<bool> row = bytes_in_range_.Step();
-  const uint64_t total = row.ok() && *row ? static_cast<uint64_t>(bytes_in_range_.ColumnInt(0)) : 0;
-  bytes_in_range_.Reset();
-  RETURN_IF_ERROR(row.status());
-  return total;
+  ASSIGN_OR_RETURN(std::optional<int64_t> total,
+                   bytes_in_range_.BindText(1, from).BindText(2, to).RunForInt());
+  return static_cast<uint64_t>(total.value_or(0));
 }
 
 std::vector<uint64_t> EvictionCandidates::BytesFreedByEach(const std::vector<EntryToEvict>& entries,

@@ -3,7 +3,7 @@
 
 // What eviction chooses from: the index's least recently used entries, the
 // store's or one trust domain's (StoreOptions::max_domain_bytes), what each
-// one's going frees, and what a domain holds. The evictor (store_eviction.cc)
+// one's going frees, and what a domain holds. The Evictor (evictor.h)
 // takes a batch of them in one transaction of the writer's; LruPolicy says
 // how many of a batch go. Its statements are prepared on the store's writer
 // connection and run in the writer's transactions; the caller holds the

@@ -30,7 +30,7 @@ absl::flat_hash_set<std::string> MaintenanceSchedule::TakeDomainsPutTo() {
   return domains;
 }
 
-void MaintenanceSchedule::LookAgainLater(const std::vector<std::string>& domains) {
+void MaintenanceSchedule::LookAgainLater(absl::Span<const std::string> domains) {
   std::lock_guard lock(mutex_);
   domains_put_to_.insert(domains.begin(), domains.end());
 }

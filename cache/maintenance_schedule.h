@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace kiln::cache {
 
@@ -34,7 +35,7 @@ class MaintenanceSchedule {
   // The capped domains puts went to since the last call.
   absl::flat_hash_set<std::string> TakeDomainsPutTo();
   // Domains a round did not get to (a stop, an error): the next looks at them.
-  void LookAgainLater(const std::vector<std::string>& domains);
+  void LookAgainLater(absl::Span<const std::string> domains);
 
   // Ends the wait, now and from now on.
   void Stop();

@@ -56,9 +56,9 @@ absl::StatusOr<uint64_t> ArtifactStore::AbandonImport(int64_t import_id) {
       if (found.has_value()) entry_ids.push_back(found->id);  // else gone already
     }
     FreedBlobs freed;
-    RETURN_IF_ERROR(EvictEntriesLocked(entry_ids, freed));
+    RETURN_IF_ERROR(w.removal.DeleteById(entry_ids, freed));
     RETURN_IF_ERROR(txn.Commit());
-    ReleaseFreedBlobs(freed);
+    w.removal.Release(freed);
     removed += freed.entries.size();
   }
   return removed;

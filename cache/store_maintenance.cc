@@ -121,8 +121,8 @@ void ArtifactStore::MaintenanceLoop() {
       if (absl::Status status = FlushTouches(); !status.ok()) {
         spdlog::warn("cache: cannot record last-use times: {}", status.message());
       }
-      RemoveLeftoversLocked();
-      RemoveServedCopiesGoneLocked(/*all=*/false);
+      writer_->removal.RetryLeftovers();
+      writer_->removal.RemoveCopiesPastGrace(/*all=*/false);
     }
     if (DiskBytes() > options_.max_size_bytes) {
       // Evict below the cap, not just to it, so the next put does not evict again.
