@@ -1,6 +1,8 @@
 // The artifact store's open and close, lookups and hits, puts with their
-// group commit, deletes (and files whose removal failed), and stats. Its
-// other jobs have files of their own (artifact_store_internal.h lists them).
+// group commit, a corrupt blob's entries dropped, and stats. Its other jobs
+// have files of their own (artifact_store_internal.h lists them), and its
+// parts headers of their own (eviction is evictor.h; how entries and their
+// files go, entry_removal.h).
 
 #include "cache/artifact_store.h"
 
