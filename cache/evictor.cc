@@ -108,14 +108,11 @@ absl::StatusOr<uint64_t> Evictor::EnforceDomainCaps() {
   uint64_t evicted = 0;
   for (size_t i = 0; i < domains.size(); ++i) {
     absl::StatusOr<uint64_t> went = EnforceDomainCap(domains[i]);
-    // Domains not looked at, or not done (a stop, an error), wait for the next call.
-    if (!went.ok()) {
+    if (went.ok()) evicted += *went;
+    if (!went.ok() || parts_.stop_requested.load()) {
+      // This domain, perhaps not done, and those not looked at wait for the next call.
       parts_.schedule.LookAgainLater(absl::MakeConstSpan(domains).subspan(i));
-      return went.status();
-    }
-    evicted += *went;
-    if (parts_.stop_requested.load()) {
-      parts_.schedule.LookAgainLater(absl::MakeConstSpan(domains).subspan(i));
+      if (!went.ok()) return went.status();
       break;
     }
   }
