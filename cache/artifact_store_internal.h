@@ -2,9 +2,9 @@
 #define KILN_CACHE_ARTIFACT_STORE_INTERNAL_H_
 
 // The artifact store's private parts that its files share: the writer's
-// connection with its prepared statements, and what a transaction frees or
-// a lookup serves on the way. Included only by the store's own files, which
-// divide ArtifactStore's members by job:
+// connection with its prepared statements and the parts that write through
+// it, the served files a lookup wrote, and a blob found corrupt. Included
+// only by the store's own files, which divide ArtifactStore's members by job:
 //   artifact_store.cc          open and close, lookups and hits, puts, a
 //                              corrupt blob's entries dropped, stats
 //   store_served_files.cc      blobs served as files, recorded
